@@ -1,0 +1,1 @@
+"""sitemesh operations: commands that talk to running peers, Slurm and simulators."""

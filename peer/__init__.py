@@ -1,0 +1,1 @@
+"""sitemesh peer: one identical process per site (membership, election, leases, exchange, trainer)."""

@@ -1,0 +1,63 @@
+from peer.gen.sitemesh.v1 import common_pb2 as _common_pb2
+from peer.gen.sitemesh.v1 import membership_pb2 as _membership_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemberStatus(_message.Message):
+    __slots__ = ("site", "address", "state", "incarnation", "last_heard_s", "meta")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARD_S_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    address: str
+    state: _membership_pb2.MemberState
+    incarnation: int
+    last_heard_s: float
+    meta: _common_pb2.MemberMeta
+    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_membership_pb2.MemberState, str]] = ..., incarnation: _Optional[int] = ..., last_heard_s: _Optional[float] = ..., meta: _Optional[_Union[_common_pb2.MemberMeta, _Mapping]] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("self", "members", "uptime_s", "version")
+    SELF_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    self: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
+    uptime_s: float
+    version: str
+    def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ("notified",)
+    NOTIFIED_FIELD_NUMBER: _ClassVar[int]
+    notified: int
+    def __init__(self, notified: _Optional[int] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("seeds",)
+    SEEDS_FIELD_NUMBER: _ClassVar[int]
+    seeds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seeds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: int
+    def __init__(self, members: _Optional[int] = ...) -> None: ...

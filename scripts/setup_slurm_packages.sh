@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs Debian's slurm-wlm and munge for the placement tests (which start their own single-node
+# cluster). Needs root and Debian's package registry; without them the Slurm tests are skipped
+# with the reason printed.
+set -uo pipefail
+if command -v sbatch >/dev/null && command -v munged >/dev/null; then exit 0; fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "setup_slurm_packages: not root or no apt-get; Slurm tests will be skipped" >&2; exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null 2>&1 || true
+apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1 || echo "setup_slurm_packages: install failed" >&2
+exit 0

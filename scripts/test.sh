@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: sets everything up on a fresh machine, then runs the fast tests and a bounded
+# simulator sweep. Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/setup_slurm_packages.sh
+export PYTHONUNBUFFERED=1
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
