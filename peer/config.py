@@ -1,0 +1,169 @@
+"""Peer configuration: one TOML run file for a whole multi-site run, a section per site.
+
+    peer serve --config examples/run.toml --site lumi
+
+Layout (every key optional unless said; unknown keys are an error that names the key and file):
+
+    [run]
+    name = "c4-qwen3"                 # run name, shown in status and logs
+
+    [membership]
+    preset = "wan"                    # lan | wan | local_test (peer.membership.MembershipConfig)
+    probe_interval_s = 1.5            # any MembershipConfig field overrides the preset
+
+    [sites.lumi]
+    listen = "0.0.0.0:7001"           # where this site's gRPC server binds
+    advertise = "lumi-uan01:7001"     # address other sites use (defaults to listen)
+    join = ["snellius-int4:7001"]     # seeds: any running member
+    data_dir = "/scratch/project_x/sitemesh"
+    accelerator = "4x MI250X"
+    tokens_per_s = 0.0
+
+`[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
+checks only that they are tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 sites only
+    import tomli as tomllib
+
+from peer.membership import MembershipConfig
+
+_ADDRESS_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+_PRESETS = {"lan": MembershipConfig.lan, "wan": MembershipConfig.wan, "local_test": MembershipConfig.local_test}
+# Tables of the run file that other components own; the peer accepts them without reading them.
+_FOREIGN_TOP = {"placement", "trainer", "data", "model"}
+_FOREIGN_SITE = {"slurm"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message says what and where."""
+
+
+def parse_address(text: str, what: str = "address") -> tuple[str, int]:
+    """Splits `host:port` (IPv6 in brackets) and validates the port range."""
+    m = _ADDRESS_RE.match(text.strip())
+    if not m:
+        raise ConfigError(f"malformed {what} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:7001 or [::1]:7001")
+    port = int(m.group("port"))
+    if port > 65535:
+        raise ConfigError(f"malformed {what} {text!r}: port {port} is out of range 0-65535")
+    return m.group("host"), port
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Everything `peer serve` needs, after merging the run file and command-line flags."""
+
+    site: str
+    """This site's name; unique in the run and stable across restarts."""
+    listen: str = "127.0.0.1:0"
+    """host:port the gRPC server binds; port 0 picks a free port (printed at start-up)."""
+    advertise: str = ""
+    """host:port other members dial; empty means the bound listen address."""
+    join: tuple[str, ...] = ()
+    """Seed addresses; empty means start a new mesh alone."""
+    data_dir: Path | None = None
+    """Where this site keeps its durable state (commit log, checkpoints); None for a throwaway peer."""
+    accelerator: str = "cpu"
+    """Free text describing the accelerators, gossiped to other sites."""
+    tokens_per_s: float = 0.0
+    """Measured training throughput, gossiped to other sites (0 = unknown)."""
+    run_name: str = "sitemesh"
+    """Name of the run, shown by `ops status`."""
+    membership: MembershipConfig = field(default_factory=MembershipConfig.lan)
+    """Failure-detector timings."""
+    join_timeout_s: float = 30.0
+    """How long to keep retrying unreachable seeds (exponential backoff) before giving up."""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.site):
+            raise ConfigError(
+                f"bad site name {self.site!r}: use letters, digits, '.', '_' or '-' (at most 63)"
+            )
+        parse_address(self.listen, "listen address")
+        if self.advertise:
+            parse_address(self.advertise, "advertise address")
+        for seed in self.join:
+            parse_address(seed, "seed address")
+        if self.join_timeout_s <= 0:
+            raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str, path: Path) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
+    table = dict(table)
+    preset = table.pop("preset", "lan")
+    if preset not in _PRESETS:
+        raise ConfigError(f"{path}: [membership] preset {preset!r} unknown; use one of {', '.join(_PRESETS)}")
+    base = _PRESETS[preset]()
+    fields = {f.name for f in dataclasses.fields(base)}
+    _check_keys(table, fields, "[membership]", path)
+    try:
+        return dataclasses.replace(base, **table)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{path}: [membership]: {err}") from err
+
+
+_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s"}
+
+
+def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
+    """Reads the run file, picks `[sites.<site>]`, applies command-line `overrides` (None = unset)."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file {path} does not exist") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from err
+    _check_keys(doc, {"run", "membership", "sites"} | _FOREIGN_TOP, "the top level", path)
+    run = doc.get("run", {})
+    _check_keys(run, {"name"}, "[run]", path)
+    sites = doc.get("sites", {})
+    if site not in sites:
+        known = ", ".join(sorted(sites)) or "none"
+        raise ConfigError(f"{path}: no [sites.{site}] section (sites in the file: {known})")
+    section = dict(sites[site])
+    for foreign in _FOREIGN_SITE:
+        section.pop(foreign, None)
+    _check_keys(section, _SITE_KEYS, f"[sites.{site}]", path)
+    values: dict[str, Any] = {
+        "site": site,
+        "run_name": run.get("name", "sitemesh"),
+        "membership": _membership_from(doc.get("membership", {}), path),
+    }
+    for key in _SITE_KEYS:
+        if key in section:
+            values[key] = section[key]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return from_values(values)
+
+
+def from_values(values: dict[str, Any]) -> PeerConfig:
+    """Builds a PeerConfig from plain values, normalising types (lists, paths)."""
+    values = dict(values)
+    if "join" in values:
+        values["join"] = tuple(values["join"])
+    if values.get("data_dir") is not None:
+        values["data_dir"] = Path(values["data_dir"])
+    try:
+        return PeerConfig(**values)
+    except TypeError as err:
+        raise ConfigError(str(err)) from err

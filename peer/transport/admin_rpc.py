@@ -1,0 +1,59 @@
+"""Thin servicer for `sitemesh.v1.Admin`: status, graceful leave and join, for `ops` and grpcurl."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import grpc
+
+from peer.config import ConfigError, parse_address
+from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
+from peer.transport.wire import to_proto
+
+if TYPE_CHECKING:
+    from peer.node import Node
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def Status(self, request, context):  # noqa: N802 - generated name
+        now = self._node.now()
+        reply = admin_pb2.StatusReply(
+            self=self._node.config.site, uptime_s=self._node.uptime_s(), version=self._node.version
+        )
+        for view in self._node.members():
+            reply.members.append(
+                admin_pb2.MemberStatus(
+                    site=view.site,
+                    address=view.address,
+                    state=membership_pb2.MemberState.Value(f"MEMBER_STATE_{view.state.name}"),
+                    incarnation=view.incarnation,
+                    last_heard_s=0.0 if view.site == self._node.config.site else max(now - view.last_heard, 0.0),
+                    meta=to_proto(view.meta, common_pb2.MemberMeta) if view.meta else None,
+                )
+            )
+        return reply
+
+    async def Leave(self, request, context):  # noqa: N802
+        # The reply must go out before the server stops, so the leave runs after we return.
+        asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._node.leave()))
+        live = sum(1 for v in self._node.members() if v.state.name in ("ALIVE", "SUSPECT"))
+        return admin_pb2.LeaveReply(notified=max(live - 1, 0))
+
+    async def Join(self, request, context):  # noqa: N802
+        from peer.node import JoinFailed
+
+        if not request.seeds:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinRequest.seeds is empty: give host:port of a member")
+        try:
+            for seed in request.seeds:
+                parse_address(seed, "seed address")
+            members = await self._node.join(request.seeds)
+        except ConfigError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except JoinFailed as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return admin_pb2.JoinReply(members=members)

@@ -1,0 +1,96 @@
+"""Real `peer serve` processes on loopback for integration tests, and `ops` invocations.
+
+Each peer binds port 0 and the harness reads the bound address from its first stdout line. Every
+process started here is killed when the cluster closes, SIGSTOPped ones included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class Peer:
+    site: str
+    proc: subprocess.Popen[str]
+    address: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    preset: str = "local_test"
+    peers: dict[str, Peer] = field(default_factory=dict)
+
+    def start(self, site: str, join: list[str] | None = None, extra: list[str] | None = None) -> Peer:
+        log_path = self.workdir / f"{site}.log"
+        args = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", "127.0.0.1:0",
+                "--preset", self.preset, *(extra or [])]
+        for seed in join or []:
+            args += ["--join", seed]
+        log_file = log_path.open("w")
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True, env=_env(), cwd=REPO)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "listening on" not in line:
+            proc.kill()
+            raise AssertionError(f"peer {site} did not start: {line!r}\n{log_path.read_text()}")
+        peer = Peer(site, proc, line.strip().rsplit(" ", 1)[-1], log_path)
+        self.peers[site] = peer
+        return peer
+
+    def close(self) -> None:
+        for peer in self.peers.values():
+            if peer.proc.poll() is None:
+                peer.proc.send_signal(signal.SIGCONT)
+                peer.proc.kill()
+            peer.proc.wait(timeout=10)
+
+
+def ops(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ops.cli", *args], capture_output=True, text=True,
+                          env=_env(), cwd=REPO, timeout=timeout)
+
+
+def status(address: str) -> dict[str, Any]:
+    result = ops("status", "--peer", address, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def states(address: str) -> dict[str, str]:
+    """site -> state in the view of the peer at `address`."""
+    return {m["site"]: m["state"] for m in status(address)["members"]}
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> float:
+    """Polls `predicate` until true; returns the seconds it took, fails the test after timeout_s."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}")
+        time.sleep(interval_s)
