@@ -1,0 +1,143 @@
+"""Value types of the membership protocol: states, metadata, rumours, the five messages, effects.
+
+They mirror `protos/sitemesh/v1/membership.proto` and `common.proto` one to one (field names and
+meaning), so the conversion to and from protobuf in the transport layer is mechanical. The core
+(`peer.membership.Membership`) consumes and produces only these frozen dataclasses; it never sees
+protobuf or gRPC. Import them from `peer.membership`, which re-exports everything here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+
+class MemberState(enum.Enum):
+    """Liveness of a member as one member sees it (proto `MemberState` minus the prefix)."""
+
+    ALIVE = 1
+    SUSPECT = 2
+    DEAD = 3
+    LEFT = 4
+
+
+# Precedence at equal incarnation (proto: ALIVE < SUSPECT < DEAD, LEFT). LEFT outranks DEAD so that a
+# member that left gracefully is never shown DEAD by a late failure detector at the same incarnation.
+STATE_RANK: dict[MemberState, int] = {
+    MemberState.ALIVE: 0,
+    MemberState.SUSPECT: 1,
+    MemberState.DEAD: 2,
+    MemberState.LEFT: 3,
+}
+
+
+@dataclass(frozen=True)
+class MemberMeta:
+    """What a member says about itself (proto `MemberMeta`)."""
+
+    site: str
+    address: str
+    role: str = "voter"
+    accelerator: str = ""
+    tokens_per_s: float = 0.0
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class MemberUpdate:
+    """A rumour about one member: `site` is in `state` at `incarnation`, asserted by `from_site`."""
+
+    site: str
+    state: MemberState
+    incarnation: int
+    meta: MemberMeta | None
+    from_site: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Direct probe; the target answers with an Ack carrying the same seq."""
+
+    seq: int
+    from_site: str
+    from_address: str
+    target_site: str
+    updates: tuple[MemberUpdate, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Answer to a Ping, or relayed by an intermediary to a PingReq (then from_site is the relay)."""
+
+    seq: int
+    from_site: str
+    updates: tuple[MemberUpdate, ...] = ()
+
+
+@dataclass(frozen=True)
+class PingReq:
+    """Indirect probe: ask `from_site`'s chosen intermediary to ping the target and relay the Ack."""
+
+    seq: int
+    from_site: str
+    from_address: str
+    target_site: str
+    target_address: str
+    updates: tuple[MemberUpdate, ...] = ()
+
+
+@dataclass(frozen=True)
+class Nack:
+    """The intermediary of a PingReq got no answer from the target within the probe timeout."""
+
+    seq: int
+    from_site: str
+
+
+@dataclass(frozen=True)
+class PushPull:
+    """Anti-entropy: the sender's whole table. join=True asks a seed to take us in; reply=True answers."""
+
+    from_site: str
+    from_address: str
+    members: tuple[MemberUpdate, ...]
+    join: bool = False
+    reply: bool = False
+
+
+Message = Union[Ping, Ack, PingReq, Nack, PushPull]
+
+
+@dataclass(frozen=True)
+class Send:
+    """Effect: send `msg` one-way to the member listening at address `to`."""
+
+    to: str
+    msg: Message
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    """Effect: `site` moved from `old` (None: first heard of) to `new`; `reason` is for logs/tests."""
+
+    site: str
+    old: MemberState | None
+    new: MemberState
+    incarnation: int
+    reason: str
+
+
+Effect = Union[Send, StateChanged]
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One row of a member's table, as returned by `Membership.members()`."""
+
+    site: str
+    address: str
+    state: MemberState
+    incarnation: int
+    last_heard: float
+    meta: MemberMeta | None
