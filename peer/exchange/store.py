@@ -1,0 +1,72 @@
+"""What a peer holds and serves in the exchange: encoded objects per (round, site, kind).
+
+The node publishes its own pseudo-gradient here (and, in the reduce-scatter exchange, the mean
+shard it owns); the servicer serves from it; manifests announced by other peers are recorded so the
+node can start fetching without polling. Objects never change once published: a second publish of
+the same key with different content is refused (the commit log names objects by root hash).
+
+    .venv/bin/python -m pytest tests/unit/test_exchange_store.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from peer.exchange.codec import Encoded, Manifest, ObjectKey
+
+
+class ExchangeStore:
+    """Objects this peer serves and manifests other peers announced. Single event loop only."""
+
+    def __init__(self) -> None:
+        self._objects: dict[ObjectKey, Encoded] = {}
+        self._announced: dict[ObjectKey, Manifest] = {}
+        # Woken on every publish/announce; waiters re-check their key (few waiters, rare events).
+        self._changed = asyncio.Condition()
+
+    async def publish(self, encoded: Encoded) -> None:
+        """Makes `encoded` fetchable. ValueError if the key already holds different content."""
+        key = encoded.manifest.key
+        held = self._objects.get(key)
+        if held is not None and held.manifest.root_hash != encoded.manifest.root_hash:
+            raise ValueError(f"{key} is already published with another root hash")
+        self._objects[key] = encoded
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def record_announcement(self, manifest: Manifest) -> None:
+        self._announced[manifest.key] = manifest
+        async with self._changed:
+            self._changed.notify_all()
+
+    def get(self, key: ObjectKey) -> Encoded | None:
+        return self._objects.get(key)
+
+    def announced(self, key: ObjectKey) -> Manifest | None:
+        return self._announced.get(key)
+
+    async def wait_for(self, key: ObjectKey, timeout_s: float) -> Encoded | None:
+        """The object for `key`, waiting up to `timeout_s` for it to be published; None if it is not."""
+        await self._wait(lambda: key in self._objects, timeout_s)
+        return self._objects.get(key)
+
+    async def wait_announced(self, key: ObjectKey, timeout_s: float) -> Manifest | None:
+        await self._wait(lambda: key in self._announced, timeout_s)
+        return self._announced.get(key)
+
+    async def _wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        if ready():  # asyncio.wait_for(..., 0) would time out without looking
+            return
+        async with self._changed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
+
+    def drop_rounds_before(self, round_: int) -> int:
+        """Forgets objects and announcements of rounds < round_ (after a commit); returns how many."""
+        stale = [k for k in (*self._objects, *self._announced) if k.round < round_]
+        for k in stale:
+            self._objects.pop(k, None)
+            self._announced.pop(k, None)
+        return len(stale)

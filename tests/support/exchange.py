@@ -1,0 +1,47 @@
+"""Exchange servers on loopback for tests: a real servicer on port 0, torn down on exit.
+
+    async with serving(store) as address: client = ExchangeClient(address)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import torch
+
+from peer.exchange import codec
+from peer.exchange.service import add_exchange_service
+from peer.exchange.store import ExchangeStore
+from peer.gen.sitemesh.v1 import exchange_pb2_grpc
+from peer.transport import channels
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    store: ExchangeStore, servicer: exchange_pb2_grpc.ExchangeServicer | None = None
+) -> AsyncIterator[str]:
+    """Serves `store` (or a custom servicer, e.g. a misbehaving test double) on 127.0.0.1:port."""
+    server = channels.new_server()
+    if servicer is None:
+        add_exchange_service(server, store)
+    else:
+        exchange_pb2_grpc.add_ExchangeServicer_to_server(servicer, server)
+    port = channels.bind(server, "127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+def random_model(seed: int, sizes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=g) for name, shape in sizes.items()}
+
+
+def decoded(encoded: codec.Encoded) -> dict[str, torch.Tensor]:
+    """What a receiver must end up with: the local decode of the published object."""
+    out = {e.name: torch.empty(e.shape) for e in encoded.manifest.layout.tensors}
+    codec.decode(encoded, out)
+    return out

@@ -1,0 +1,143 @@
+"""A fault-injecting asyncio TCP proxy for tests on loopback (this kernel has no netem).
+
+Put it between a client and a server and give each new connection a `Fault` plan: drop the
+connection after N bytes, flip one byte at an offset, stall for T seconds after N bytes, or delay
+every read. Faults apply to one direction of a connection (server to client by default, where the
+bulk data flows); connections beyond the list of plans pass through untouched, so "the first stream
+breaks, the retry succeeds" is `FaultProxy(target, [Fault(drop_after=100_000)])`.
+
+    async with FaultProxy(("127.0.0.1", server_port), [Fault(flip_at=70_000)]) as proxy:
+        client = ExchangeClient(proxy.address)   # the first connection gets one byte flipped
+
+Offsets count the bytes of the faulted direction of that connection from its first byte. The proxy
+only ever connects to the target it was given (loopback in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from types import TracebackType
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What to do to one connection. Leave a field None to not inject that fault."""
+
+    drop_after: int | None = None
+    """Close both sides abruptly once this many bytes went through."""
+    flip_at: int | None = None
+    """XOR 0xFF into the byte at this offset."""
+    stall_after: int | None = None
+    """Stop forwarding for `stall_s` seconds once this many bytes went through (then carry on)."""
+    stall_s: float = 0.0
+    delay_s: float = 0.0
+    """Sleep this long before forwarding each read (a slow link)."""
+    upstream: bool = False
+    """Fault the client-to-server direction instead of server-to-client."""
+
+
+PASS = Fault()
+
+
+@dataclass
+class FaultProxy:
+    target: tuple[str, int]
+    plans: list[Fault] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    connections: int = 0
+    """Connections accepted so far (the n-th one got plans[n-1], if any)."""
+    faults_fired: list[str] = field(default_factory=list)
+    """One line per fault that actually happened, e.g. "conn 1: flipped byte 70000"."""
+    _server: asyncio.base_events.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "proxy not started"
+        return self._server.sockets[0].getsockname()[1]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> FaultProxy:
+        self._server = await asyncio.start_server(self._accept, self.host, 0)
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> FaultProxy:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        conn = self.connections
+        fault = self.plans[conn - 1] if conn <= len(self.plans) else PASS
+        try:
+            server_r, server_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+        writers = (client_w, server_w)
+        up = self._spawn(self._pipe(conn, client_r, server_w, fault if fault.upstream else PASS, writers))
+        down = self._spawn(self._pipe(conn, server_r, client_w, PASS if fault.upstream else fault, writers))
+        await asyncio.gather(up, down, return_exceptions=True)
+
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _pipe(
+        self,
+        conn: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        fault: Fault,
+        writers: tuple[asyncio.StreamWriter, ...],
+    ) -> None:
+        sent, stalled = 0, False
+        try:
+            while data := await reader.read(65536):
+                if fault.delay_s:
+                    await asyncio.sleep(fault.delay_s)
+                if fault.drop_after is not None and sent + len(data) >= fault.drop_after:
+                    writer.write(data[: fault.drop_after - sent])
+                    self.faults_fired.append(f"conn {conn}: dropped after {fault.drop_after} bytes")
+                    for w in writers:  # abort, not close: the peer sees a reset mid-stream
+                        w.transport.abort()
+                    return
+                if fault.flip_at is not None and sent <= fault.flip_at < sent + len(data):
+                    buf = bytearray(data)
+                    buf[fault.flip_at - sent] ^= 0xFF
+                    data = bytes(buf)
+                    self.faults_fired.append(f"conn {conn}: flipped byte {fault.flip_at}")
+                if fault.stall_after is not None and not stalled and sent + len(data) >= fault.stall_after:
+                    stalled = True
+                    self.faults_fired.append(f"conn {conn}: stalled {fault.stall_s} s after {fault.stall_after} bytes")
+                    await asyncio.sleep(fault.stall_s)
+                writer.write(data)
+                await writer.drain()
+                sent += len(data)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for w in writers:
+                w.close()
