@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ops.placement.config import JobShape
-from ops.placement.timeline import Segment, periodic_segments, time_to_target
+from ops.placement.timeline import Counting, Segment, periodic_segments, time_to_target
 
 _MAX_HORIZON_S = 10 * 365 * 86400.0  # past ten years the target is "never"
 _TIE = 1e-3  # relative time-to-target difference treated as a tie (then fewer node-hours win)
@@ -58,7 +58,7 @@ class Option:
         )
 
 
-def evaluate(options: Sequence[Option], target_tokens: float, gang: bool = False) -> float:
+def evaluate(options: Sequence[Option], target_tokens: float, counting: Counting = Counting.ELASTIC) -> float:
     """Time-to-target (s) of `options` together; math.inf if never within ten years."""
     total = sum(o.tokens_per_s for o in options)
     if total <= 0 or not options:
@@ -66,7 +66,7 @@ def evaluate(options: Sequence[Option], target_tokens: float, gang: bool = False
     # Horizon: long enough for the whole pool at full speed, doubled until the target is inside it.
     horizon = max(o.end_s for o in options) + 2 * target_tokens / total
     while horizon <= _MAX_HORIZON_S:
-        ttt = time_to_target([o.segments(horizon) for o in options], target_tokens, gang)
+        ttt = time_to_target([o.segments(horizon) for o in options], target_tokens, counting)
         if ttt <= horizon:
             return ttt
         horizon *= 2
@@ -101,7 +101,7 @@ class Plan:
     start_with_any_s: float
     """Elastic training with every site's configured shape (naive submission)."""
     wait_for_all_s: float
-    """Gang training with every site's configured shape: tokens count only while all sites run."""
+    """Every site's configured shape, training only from when all sites run at once."""
     decisions: tuple[Decision, ...]
 
     @property
@@ -187,6 +187,6 @@ def make_plan(
         target_tokens=target_tokens,
         time_to_target_s=ttt,
         start_with_any_s=evaluate(default_list, target_tokens),
-        wait_for_all_s=evaluate(default_list, target_tokens, gang=True),
+        wait_for_all_s=evaluate(default_list, target_tokens, Counting.AFTER_ALL),
         decisions=tuple(decisions),
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.placement.config import JobShape
-from ops.placement.slurm import Prediction
+from ops.placement.slurm import JobStart, Prediction, SlurmSite
 
 _WINDOW = 20  # recent pairs only: queue policies and loads drift over weeks
 _SLACK_S = 60.0
@@ -91,11 +91,20 @@ class PredictionLog:
             {"kind": "start", "site": site, "at": at.isoformat(), "job_id": job_id, "started_at": started_at.isoformat()}
         )
 
-    def unstarted_jobs(self, site: str) -> list[str]:
-        """Job ids submitted at `site` whose real start is not logged yet."""
-        submitted = [r["job_id"] for r in self.records() if r["kind"] == "submit" and r["site"] == site]
-        started = {r["job_id"] for r in self.records() if r["kind"] == "start" and r["site"] == site}
-        return [j for j in submitted if j not in started]
+    def submissions(self, site: str) -> list[dict[str, Any]]:
+        """The submit records of `site`, oldest first."""
+        return [r for r in self.records() if r["kind"] == "submit" and r["site"] == site]
+
+    def refresh(self, site: str, slurm: SlurmSite, at: datetime) -> dict[str, JobStart]:
+        """Asks Slurm about the site's recent submissions, logs real starts not logged yet, and
+        returns what Slurm says of each job it still knows."""
+        recent = [r["job_id"] for r in self.submissions(site)[-_WINDOW:]]
+        logged = {r["job_id"] for r in self.records() if r["kind"] == "start" and r["site"] == site}
+        states = slurm.job_starts(recent)
+        for job_id, js in states.items():
+            if js.started and js.start is not None and job_id not in logged:
+                self.record_start(site, job_id, js.start, at)
+        return states
 
     def pairs(self, site: str) -> list[tuple[float, float]]:
         """(predicted wait, real wait) in seconds for each started submission at `site`, oldest first."""

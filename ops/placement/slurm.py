@@ -31,10 +31,12 @@ _TEST_ONLY_RE = re.compile(
     r"(?P<nodes>\S+) in partition (?P<partition>\S+)"
 )
 _SLURM_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
-# Job states in which a job has (or had) a real start time; PENDING's %S is only an estimate.
+# Job states in which a job surely has (or had) a real start time; PENDING's %S is only an
+# estimate. CANCELLED and DEADLINE are left out: Slurm also gives them when a job never ran, with
+# the cancel time as "start", which would poison the calibration.
 _STARTED_STATES = {
-    "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL",
-    "PREEMPTED", "SUSPENDED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "STOPPED",
+    "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL",
+    "PREEMPTED", "SUSPENDED", "OUT_OF_MEMORY", "STOPPED",
 }  # fmt: skip
 
 
@@ -99,11 +101,18 @@ class Prediction:
 
 @dataclass(frozen=True)
 class JobStart:
-    """Where a submitted job stands: its state and, once it has started, the real start time."""
+    """Where a submitted job stands: its state and its start time."""
 
     job_id: str
     state: str
-    started_at: datetime | None
+    start: datetime | None
+    """The real start once `started`; before that Slurm's current estimate (None if it has none)."""
+    started: bool
+
+    @property
+    def active(self) -> bool:
+        """Pending or running: the site already has this allocation coming or in hand."""
+        return self.state in ("PENDING", "CONFIGURING", "RUNNING")
 
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -184,6 +193,6 @@ class SlurmSite:
             if len(parts) != 3:
                 raise SlurmError(f"unexpected squeue line {line!r} in:\n{proc.stdout.strip()}")
             job_id, state, start = parts
-            started = parse_slurm_timestamp(start) if state in _STARTED_STATES and start not in ("N/A", "") else None
-            out[job_id] = JobStart(job_id=job_id, state=state, started_at=started)
+            when = parse_slurm_timestamp(start) if start not in ("N/A", "", "Unknown") else None
+            out[job_id] = JobStart(job_id=job_id, state=state, start=when, started=state in _STARTED_STATES)
         return out

@@ -1,12 +1,13 @@
 """Time-to-target of a set of site allocations, for elastic and for gang-scheduled training.
 
-    python -c "from ops.placement.timeline import Segment, time_to_target as t; \
-print(t([[Segment(0, 10, 1.0)], [Segment(5, 20, 2.0)]], 20.0, gang=False))"
+    python -c "from ops.placement.timeline import Counting, Segment, time_to_target as t; \
+print(t([[Segment(0, 10, 1.0)], [Segment(5, 20, 2.0)]], 20.0, Counting.ELASTIC))"
 
 Each site contributes segments `[start, end)` (seconds from now) during which it trains at a
-constant `tokens_per_s`. Elastic training (sitemesh's rule: a round commits with any subset of
-live sites) counts every running site; gang training (the wait-for-all baseline) counts tokens only
-while every site runs at once. Pure functions of their inputs: no clock, no I/O.
+constant `tokens_per_s`. How tokens count is a `Counting` rule: ELASTIC (sitemesh: a round commits
+with any subset of live sites), AFTER_ALL (the wait-for-all baseline: the run starts only once every
+site is allocated at the same time, then continues elastically) or GANG (a synchronous run: tokens
+count only while every site runs). Pure functions of their inputs: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Counting(Enum):
+    """Which running sites' tokens count towards the target."""
+
+    ELASTIC = "elastic"
+    """Every running site, from the first start on."""
+    AFTER_ALL = "after-all"
+    """Nothing until every site runs at once; from then on every running site."""
+    GANG = "gang"
+    """Only while every site runs."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +58,8 @@ def periodic_segments(
     return out
 
 
-def time_to_target(sites: Sequence[Sequence[Segment]], target_tokens: float, gang: bool) -> float:
-    """When the cumulative tokens reach `target_tokens` (math.inf if the segments never get there).
-
-    `gang`: tokens count only while every site in `sites` has a running segment.
-    """
+def time_to_target(sites: Sequence[Sequence[Segment]], target_tokens: float, counting: Counting) -> float:
+    """When the tokens counted under `counting` reach `target_tokens` (math.inf if never)."""
     if target_tokens <= 0:
         return 0.0
     # Sweep over segment boundaries in time order, keeping the summed rate and how many segments of
@@ -65,9 +75,11 @@ def time_to_target(sites: Sequence[Sequence[Segment]], target_tokens: float, gan
     up = 0  # sites with at least one running segment
     rate_sum = 0.0
     done = 0.0
+    started = counting is Counting.ELASTIC
     prev = events[0][0] if events else 0.0
     for t, sign, i, rate in events:
-        counted = rate_sum if not gang or up == len(sites) else 0.0
+        started = started or up == len(sites)
+        counted = rate_sum if started and (counting is not Counting.GANG or up == len(sites)) else 0.0
         if counted > 0 and done + counted * (t - prev) >= target_tokens:
             return prev + (target_tokens - done) / counted
         done += counted * (t - prev)
