@@ -33,8 +33,6 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_CHUNK_BYTES = 4 << 20
 HASH_BYTES = 32
 FP16_MAX = 65504.0
-# A received chunk is a read-only `bytes`; torch warns when viewing one, but we never write to it.
-warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 
 class CodecError(ValueError):
@@ -226,7 +224,12 @@ def as_memoryview(buf: torch.Tensor) -> memoryview:
 
 def wire_values(data: torch.Tensor | bytes | memoryview, wire: WireDtype, scale_exp: int) -> torch.Tensor:
     """The fp32 values of one chunk's bytes (scale undone). A fresh tensor: the caller may modify it."""
-    raw = data if isinstance(data, torch.Tensor) else torch.frombuffer(data, dtype=torch.uint8)
+    if isinstance(data, torch.Tensor):
+        raw = data
+    else:
+        with warnings.catch_warnings():  # a received chunk is read-only bytes; this view is only read
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(data, dtype=torch.uint8)
     values = raw.view(wire.torch_dtype).to(torch.float32, copy=True)
     if scale_exp:
         values.mul_(2.0**-scale_exp)

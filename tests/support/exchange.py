@@ -45,3 +45,13 @@ def decoded(encoded: codec.Encoded) -> dict[str, torch.Tensor]:
     out = {e.name: torch.empty(e.shape) for e in encoded.manifest.layout.tensors}
     codec.decode(encoded, out)
     return out
+
+
+def rehashed(encoded: codec.Encoded) -> codec.Encoded:
+    """`encoded` with its manifest rebuilt from its (possibly tampered) bytes: what a sender with a
+    bug, not a flaky link, would publish. Transport checks pass; only the content can be refused."""
+    m = encoded.manifest
+    hashes = [codec.chunk_hash(codec.as_memoryview(encoded.chunk(i))) for i in range(m.num_chunks)]
+    manifest = codec.build_manifest(m.key, m.layout, m.range_start, m.range_end, m.chunk_size, hashes,
+                                    m.scale_exps, m.tokens, m.contributors)  # fmt: skip
+    return codec.Encoded(manifest, encoded.data)

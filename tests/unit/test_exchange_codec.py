@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from peer.exchange import codec
 from peer.exchange.codec import WireDtype
+from tests.support.exchange import rehashed
 
 shapes = st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple)
 models = st.dictionaries(st.text("abcxyz._", min_size=1, max_size=6), shapes, min_size=0, max_size=5)
@@ -91,10 +92,7 @@ def _malicious_nan_object() -> codec.Encoded:
     """What a broken sender could publish: correct hashes over a NaN."""
     enc = codec.encode({"w": torch.ones(4)}, round=1, site="s", tokens=1, chunk_size=4)
     enc.data.view(torch.bfloat16)[3] = float("nan")
-    m = enc.manifest
-    hashes = [codec.chunk_hash(codec.as_memoryview(enc.chunk(i))) for i in range(m.num_chunks)]
-    enc.manifest = codec.build_manifest(m.key, m.layout, 0, m.layout.total_bytes, 4, hashes, m.scale_exps, 1)
-    return enc
+    return rehashed(enc)
 
 
 def test_non_finite_decoded_chunk_is_refused() -> None:

@@ -1,0 +1,299 @@
+"""The token-weighted mean of all contributors' pseudo-gradients, computed by every peer from pulls.
+
+Two schemes over the same transfer service (see docs/decisions/exchange-mean-schemes.md):
+
+* `all_to_all_mean`: every peer pulls every contributor's whole pseudo-gradient and averages it
+  itself. Each peer sends (N-1) x the model per round; the mean is exact fp32 arithmetic on the
+  verified wire values, and trusts nobody's arithmetic.
+* `reduce_scatter_mean`: the layout is cut into N chunk-aligned shards, one per contributor. Each
+  peer pulls its shard of every pseudo-gradient, averages it, encodes the mean shard in the wire
+  dtype and publishes it (OBJECT_KIND_MEAN_SHARD); then it pulls the other shards' means from their
+  owners. Each peer sends 2(N-1)/N x the model, as ring all-reduce does; the mean is rounded once to
+  the wire dtype (everybody decodes the same bytes, so all peers still agree bit for bit).
+
+In both, chunk i is summed over sites in sorted site order with separate multiply and add kernels
+(never a fused multiply-add, whose rounding differs between CPUs), so every peer computes the same
+bits (invariant I7). Memory: the reduction holds at most `window` chunks per remote site beyond the
+destination tensors and the peer's own encoded object; fetchers that run ahead wait (gRPC flow
+control then pauses their senders).
+
+    .venv/bin/python -m pytest tests/integration/test_exchange_allreduce.py -q
+    scripts/bench_exchange --sizes-mb 64
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from peer.exchange import codec
+from peer.exchange.client import ExchangeClient, FetchPolicy, FetchStats, fetch_chunks, fetch_manifest
+from peer.exchange.store import ExchangeStore
+
+# 32 chunks of 1 MiB per remote site: enough to keep every stream busy while a chunk is reduced.
+DEFAULT_WINDOW = 32
+
+# A contributor is fetched through its client, or held in the local store (None: our own).
+Sites = Mapping[str, ExchangeClient | None]
+# Receives the fp32 mean of layout chunk i.
+Emit = Callable[[int, torch.Tensor], None]
+
+
+@dataclass
+class MeanReport:
+    """What an exchange did: the weights it used and the faults it survived, per remote site."""
+
+    round: int
+    sites: tuple[str, ...]
+    tokens: dict[str, int]
+    stats: dict[str, FetchStats] = field(default_factory=dict)
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(s.bytes for s in self.stats.values())
+
+
+async def publish_pseudo_gradient(
+    store: ExchangeStore,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    round: int,
+    site: str,
+    tokens: int,
+    wire: codec.WireDtype = codec.WireDtype.BF16,
+    chunk_size: int = codec.DEFAULT_CHUNK_BYTES,
+) -> codec.Encoded:
+    """Encodes (in a worker thread: the event loop keeps serving heartbeats) and publishes."""
+    encoded = await asyncio.to_thread(
+        codec.encode, tensors, round=round, site=site, tokens=tokens, wire=wire, chunk_size=chunk_size
+    )
+    await store.publish(encoded)
+    return encoded
+
+
+class WindowedReducer:
+    """Sums chunks [first, end) over all sites in sorted order once every site's chunk is held."""
+
+    def __init__(
+        self,
+        manifests: Mapping[str, codec.Manifest],
+        local: Mapping[str, codec.Encoded],
+        first: int,
+        end: int,
+        emit: Emit,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        total = sum(m.tokens for m in manifests.values())
+        if total <= 0:
+            raise ValueError("contributors trained zero tokens: there is no mean")
+        self._order = sorted(manifests)
+        self._manifests, self._local = manifests, local
+        self._weights = {s: m.tokens / total for s, m in manifests.items()}
+        self._remote = len(manifests) - len(local)
+        self._frontier, self._end, self._window, self._emit = first, end, window, emit
+        self._pending: dict[int, dict[str, bytes]] = defaultdict(dict)
+        self._changed = asyncio.Condition()
+
+    async def put(self, site: str, index: int, data: bytes) -> None:
+        """Hands over a verified chunk; waits while `index` is a window or more ahead of the reduction."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: index < self._frontier + self._window)
+            self._pending[index][site] = data
+            self._changed.notify_all()
+
+    async def run(self) -> None:
+        while self._frontier < self._end:
+            index = self._frontier
+            async with self._changed:
+                await self._changed.wait_for(lambda: len(self._pending[index]) == self._remote)
+                held = self._pending.pop(index)
+            # torch releases the GIL: the event loop keeps streaming while the chunk is reduced.
+            await asyncio.to_thread(self._reduce, index, held)
+            async with self._changed:
+                self._frontier += 1
+                self._changed.notify_all()
+
+    def _values(self, site: str, index: int, held: Mapping[str, bytes]) -> torch.Tensor:
+        data = codec.as_memoryview(self._local[site].chunk(index)) if site in self._local else held[site]
+        manifest = self._manifests[site]
+        return codec.wire_values(data, manifest.layout.wire, manifest.scale_exps[index])
+
+    def _reduce(self, index: int, held: Mapping[str, bytes]) -> None:
+        acc: torch.Tensor | None = None
+        for site in self._order:
+            values = self._values(site, index, held).mul_(self._weights[site])  # then add_: two roundings
+            acc = values if acc is None else acc.add_(values)
+        assert acc is not None
+        if not bool(torch.isfinite(acc).all()):  # one check of the sum; find the culprit only if it fails
+            bad = [s for s in self._order if not bool(torch.isfinite(self._values(s, index, held)).all())]
+            what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
+            raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
+        self._emit(index, acc)
+
+
+async def _manifests(
+    round_: int, kind: codec.ObjectKind, sites: Sites, store: ExchangeStore, wait_s: float, policy: FetchPolicy
+) -> dict[str, codec.Manifest]:
+    async def one(site: str, client: ExchangeClient | None) -> codec.Manifest:
+        key = codec.ObjectKey(round_, site, kind)
+        if client is None:
+            held = await store.wait_for(key, wait_s)
+            if held is None:
+                raise codec.ManifestError(f"{key} is not published locally")
+            return held.manifest
+        return await fetch_manifest(key, [client], wait_s, policy)
+
+    found = await asyncio.gather(*(one(s, c) for s, c in sites.items()))
+    manifests = dict(zip(sites, found))
+    reference = min(manifests.items())  # any fixed one: all must agree with it
+    for site, m in manifests.items():
+        if (m.layout, m.chunk_size) != (reference[1].layout, reference[1].chunk_size):
+            raise codec.LayoutMismatch(f"round {round_}: {site}'s layout or chunk size differs from {reference[0]}'s")
+    return manifests
+
+
+async def _all(tasks: Sequence[Awaitable[object]]) -> None:
+    """Runs coroutines together; the first failure cancels the rest and is raised."""
+    futures = [asyncio.ensure_future(t) for t in tasks]
+    try:
+        await asyncio.gather(*futures)
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        await asyncio.gather(*futures, return_exceptions=True)
+        raise
+
+
+async def _reduce_range(
+    manifests: Mapping[str, codec.Manifest],
+    sites: Sites,
+    store: ExchangeStore,
+    first: int,
+    end: int,
+    emit: Emit,
+    report: MeanReport,
+    policy: FetchPolicy,
+    window: int,
+) -> None:
+    local = {s: store.get(m.key) for s, m in manifests.items() if sites[s] is None}
+    held = {s: e for s, e in local.items() if e is not None}
+    reducer = WindowedReducer(manifests, held, first, end, emit, window)
+
+    def fetch(site: str, client: ExchangeClient) -> Awaitable[FetchStats]:
+        async def sink(index: int, data: bytes) -> None:
+            await reducer.put(site, index, data)
+
+        report.stats[site] = FetchStats()
+        return fetch_chunks(
+            manifests[site], [client], sink, first=first, end=end, policy=policy, stats=report.stats[site]
+        )
+
+    await _all([reducer.run(), *(fetch(s, c) for s, c in sites.items() if c is not None)])
+
+
+async def all_to_all_mean(
+    round_: int,
+    sites: Sites,
+    store: ExchangeStore,
+    dest: Mapping[str, torch.Tensor],
+    *,
+    policy: FetchPolicy = FetchPolicy(),
+    manifest_wait_s: float = 600.0,
+    window: int = DEFAULT_WINDOW,
+) -> MeanReport:
+    """Writes the token-weighted mean of the pseudo-gradients of `sites` for `round_` into `dest`.
+
+    `sites` maps every contributor to its client, or to None for one published in `store` (our own).
+    `dest` is only meaningful when this returns.
+    """
+    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
+    any_manifest = next(iter(manifests.values()))
+    layout = any_manifest.layout
+    codec.check_destination(layout, dest)
+    report = MeanReport(round_, tuple(sorted(sites)), {s: m.tokens for s, m in manifests.items()})
+
+    def emit(index: int, mean: torch.Tensor) -> None:
+        codec.scatter_values(layout, any_manifest.chunk_bounds(index)[0], mean, dest)
+
+    await _reduce_range(manifests, sites, store, 0, any_manifest.num_chunks, emit, report, policy, window)
+    return report
+
+
+def shard_chunks(num_chunks: int, owners: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Chunk range [first, end) of the layout that each owner (sorted) reduces; sizes differ by <= 1."""
+    ordered = sorted(owners)
+    n = len(ordered)
+    return {s: (k * num_chunks // n, (k + 1) * num_chunks // n) for k, s in enumerate(ordered)}
+
+
+async def reduce_scatter_mean(
+    round_: int,
+    me: str,
+    sites: Sites,
+    store: ExchangeStore,
+    dest: Mapping[str, torch.Tensor],
+    *,
+    policy: FetchPolicy = FetchPolicy(),
+    manifest_wait_s: float = 600.0,
+    window: int = DEFAULT_WINDOW,
+) -> MeanReport:
+    """Like all_to_all_mean, but each contributor (`me` among them) reduces one shard and serves it.
+
+    The mean is rounded to the wire dtype once (by the shard owner); every peer decodes the same
+    bytes. `me`'s mean shard stays published in `store` for peers that fetch it late.
+    """
+    if me not in sites or sites[me] is not None:
+        raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
+    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
+    ref = manifests[me]
+    layout, wire = ref.layout, ref.layout.wire
+    codec.check_destination(layout, dest)
+    report = MeanReport(round_, tuple(sorted(sites)), {s: m.tokens for s, m in manifests.items()})
+    shards = shard_chunks(ref.num_chunks, list(sites))
+    first, end = shards[me]
+    start_byte = first * ref.chunk_size
+    end_byte = min(end * ref.chunk_size, layout.total_bytes)
+    mean_data = torch.empty(end_byte - start_byte, dtype=torch.uint8)
+    hashes: list[bytes] = [b""] * (end - first)
+    exps = [0] * (end - first)
+
+    def emit(index: int, mean: torch.Tensor) -> None:
+        a, b = ref.chunk_bounds(index)
+        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], mean_data[a - start_byte : b - start_byte], wire)
+
+    # Phase 1 (reduce-scatter): my shard of every pseudo-gradient -> my mean shard, published.
+    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
+    total_tokens = sum(report.tokens.values())
+    mine = codec.Encoded(
+        codec.build_manifest(
+            codec.ObjectKey(round_, me, codec.ObjectKind.MEAN_SHARD), layout, start_byte, end_byte,
+            ref.chunk_size, hashes, exps, total_tokens, report.sites,
+        ),
+        mean_data,
+    )  # fmt: skip
+    await store.publish(mine)
+
+    # Phase 2 (all-gather): every owner's mean shard, decoded into dest; mine from the local bytes.
+    async def gather(owner: str, client: ExchangeClient | None) -> None:
+        if client is None:
+            await asyncio.to_thread(codec.decode, mine, dest)
+            return
+        key = codec.ObjectKey(round_, owner, codec.ObjectKind.MEAN_SHARD)
+        m = await fetch_manifest(key, [client], manifest_wait_s, policy)
+        a, b = shards[owner]
+        expected = (layout, a * ref.chunk_size, min(b * ref.chunk_size, layout.total_bytes), report.sites, total_tokens)
+        if (m.layout, m.range_start, m.range_end, m.contributors, m.tokens) != expected:
+            raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
+
+        async def sink(index: int, data: bytes) -> None:
+            await asyncio.to_thread(codec.decode_verified_chunk, m, index, data, dest)
+
+        stats = report.stats.setdefault(owner, FetchStats())
+        await fetch_chunks(m, [client], sink, policy=policy, stats=stats)
+
+    await _all([gather(s, c) for s, c in sites.items()])
+    return report

@@ -1,0 +1,149 @@
+"""Three peers on loopback compute the token-weighted mean with both schemes, with and without faults.
+
+The expected mean is computed here independently (whole tensors, sorted site order, multiply then
+add); every peer must hold exactly it (all-to-all) or exactly its rounding to the wire dtype
+(reduce-scatter), bit-identical across peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import torch
+
+from peer.exchange import codec
+from peer.exchange.allreduce import MeanReport, all_to_all_mean, reduce_scatter_mean, shard_chunks
+from peer.exchange.client import ExchangeClient, FetchPolicy
+from peer.exchange.store import ExchangeStore
+from tests.support.exchange import decoded, random_model, rehashed, serving
+from tests.support.faultproxy import Fault, FaultProxy
+
+SIZES = {"emb": (64, 500), "layer.0.w": (123, 11), "layer.0.b": (7,), "norm": (1,)}  # ~68 kB in bf16
+TOKENS = {"alpha": 100, "bravo": 300, "charlie": 600}
+CHUNK = 4096
+ROUND = 5
+Scheme = Callable[..., Awaitable[MeanReport]]
+
+
+def _expected(encoded: dict[str, codec.Encoded]) -> dict[str, torch.Tensor]:
+    total = sum(e.manifest.tokens for e in encoded.values())
+    acc: dict[str, torch.Tensor] = {}
+    for site in sorted(encoded):
+        w = encoded[site].manifest.tokens / total
+        for name, t in decoded(encoded[site]).items():
+            t.mul_(w)
+            acc[name] = t if name not in acc else acc[name].add_(t)
+    return acc
+
+
+def _encode(models: dict[str, dict[str, torch.Tensor]]) -> dict[str, codec.Encoded]:
+    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=CHUNK) for s, m in models.items()}
+
+
+async def _mesh(
+    scheme: Scheme, faults: dict[tuple[str, str], list[Fault]], encoded: dict[str, codec.Encoded]
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, MeanReport]]:
+    """Runs `scheme` on every peer at once; faults[(receiver, sender)] go on that one path."""
+    models = encoded
+    stores = {s: ExchangeStore() for s in models}
+    async with contextlib.AsyncExitStack() as stack:
+        addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in models}
+        clients: dict[str, dict[str, ExchangeClient | None]] = {}
+        for me in models:
+            clients[me] = {me: None}
+            for other in models:
+                if other == me:
+                    continue
+                address = addresses[other]
+                if (me, other) in faults:
+                    host, port = address.rsplit(":", 1)
+                    proxy = FaultProxy((host, int(port)), faults[(me, other)])
+                    address = (await stack.enter_async_context(proxy)).address
+                client = ExchangeClient(address)
+                stack.push_async_callback(client.close)
+                clients[me][other] = client
+        dests = {s: {e.name: torch.full(e.shape, float("nan")) for e in encoded[s].manifest.layout.tensors} for s in models}
+
+        async def peer(me: str) -> MeanReport:
+            await stores[me].publish(encoded[me])
+            kwargs: dict[str, Any] = {"policy": FetchPolicy.local_test(), "manifest_wait_s": 10.0, "window": 3}
+            if scheme is reduce_scatter_mean:
+                kwargs["me"] = me
+            return await scheme(ROUND, sites=clients[me], store=stores[me], dest=dests[me], **kwargs)
+
+        reports = await asyncio.wait_for(asyncio.gather(*(peer(s) for s in models)), 30)
+    return dests, dict(zip(models, reports))
+
+
+def _models(seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+    return {s: random_model(seed + i, SIZES) for i, s in enumerate(TOKENS)}
+
+
+def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: dict[str, codec.Encoded]) -> None:
+    want = _expected(encoded)
+    if scheme is reduce_scatter_mean:  # the shard owner rounds the mean to the wire dtype once
+        want = {n: t.to(torch.bfloat16).float() for n, t in want.items()}
+    for site, dest in dests.items():
+        for name in want:
+            assert torch.equal(dest[name], want[name]), (site, name)
+
+
+@pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
+def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme) -> None:
+    encoded = _encode(_models())
+    dests, reports = asyncio.run(_mesh(scheme, {}, encoded))
+    _check(scheme, dests, encoded)
+    model_bytes = encoded["alpha"].manifest.nbytes
+    received = {s: r.bytes_received for s, r in reports.items()}
+    if scheme is all_to_all_mean:
+        assert all(b == 2 * model_bytes for b in received.values())
+    else:  # each peer receives 2(N-1)/N of the model: two shards of each other peer, in two phases
+        assert sum(received.values()) == 2 * 2 * model_bytes
+    assert all(r.tokens == TOKENS for r in reports.values())
+
+
+@pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
+def test_mean_is_exact_despite_drops_flips_and_stalls(scheme: Scheme) -> None:
+    faults = {
+        ("alpha", "bravo"): [Fault(drop_after=20_000)],
+        ("bravo", "charlie"): [Fault(flip_at=30_000)],
+        ("charlie", "alpha"): [Fault(stall_after=15_000, stall_s=3.0)],
+    }
+    encoded = _encode(_models(seed=10))
+    dests, reports = asyncio.run(_mesh(scheme, faults, encoded))
+    _check(scheme, dests, encoded)
+    faults_seen = {
+        s: sum(st.transport_errors + st.corrupt_chunks + st.stalls + st.truncated_streams for st in r.stats.values())
+        for s, r in reports.items()
+    }
+    assert all(faults_seen[receiver] >= 1 for receiver, _ in faults), faults_seen
+
+
+@pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
+def test_a_non_finite_contribution_is_refused_and_named(scheme: Scheme) -> None:
+    encoded = _encode(_models())
+    encoded["bravo"].data.view(torch.bfloat16)[-1] = float("nan")  # in the last shard (charlie's)
+    encoded["bravo"] = rehashed(encoded["bravo"])
+    with pytest.raises(codec.NonFiniteError, match=r"NaN or Inf from \['bravo'\]"):
+        asyncio.run(_mesh(scheme, {}, encoded))
+
+
+def test_a_peer_with_another_layout_is_refused() -> None:
+    models = _models()
+    models["charlie"]["layer.0.b"] = torch.zeros(8)
+    with pytest.raises(codec.LayoutMismatch, match="charlie"):
+        asyncio.run(_mesh(all_to_all_mean, {}, _encode(models)))
+
+
+def test_shards_cover_every_chunk_once_and_balance() -> None:
+    for n in (0, 1, 2, 7, 100):
+        shards = shard_chunks(n, ["c", "a", "b"])
+        ranges = [shards[s] for s in ("a", "b", "c")]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(ranges[i][1] == ranges[i + 1][0] for i in range(2))
+        sizes = [b - a for a, b in ranges]
+        assert max(sizes) - min(sizes) <= 1
