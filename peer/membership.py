@@ -120,6 +120,10 @@ class Membership:
         self._next_push_pull = now + rng.uniform(0.5, 1.0) * config.push_pull_interval_s
         self._next_reconnect = now + rng.uniform(0.5, 1.0) * config.reconnect_interval_s
         self._next_join = _INF
+        # An intermediary's Nack must reach the prober before its indirect window (the rest of
+        # the period after the probe timeout) closes, or Lifeguard would count it as missing.
+        self._nack_after_s = 0.8 * min(config.probe_timeout_s,
+                                       config.probe_interval_s - config.probe_timeout_s)
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -244,7 +248,7 @@ class Membership:
             effects += self._on_ack(msg, now)
         elif isinstance(msg, PingReq):
             seq = self._next_seq()
-            self._relays[seq] = _Relay(msg.seq, msg.from_address, now + self.config.probe_timeout_s,
+            self._relays[seq] = _Relay(msg.seq, msg.from_address, now + self._nack_after_s,
                                        now + self.config.probe_interval_s)
             effects.append(Send(msg.target_address, Ping(seq, self.site, self.address, msg.target_site,
                                                          self._updates_for((msg.target_site,)))))
