@@ -19,6 +19,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "ops.mesh",
     "ops.placement.commands",
+    "ops.simulate",
 )
 
 
