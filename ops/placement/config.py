@@ -28,6 +28,7 @@ and the file. Paths (template, log) are relative to the run file's directory.
     signal_seconds = 300              # SIGTERM this long before the wall-time ends
     peer_command = "peer serve"
     remote_config = "/project/x/run.toml"   # the run file's path on that site (default: this path)
+    workdir = "/scratch/project_x/sitemesh"  # the job's working directory and log place (default: sbatch's)
     modules = ["LUMI/24.03", "partition/G", "rocm/6.0.3"]
     setup = ["source /project/x/venv/bin/activate"]
     env = { MIOPEN_USER_DB_PATH = "/tmp/miopen" }
@@ -150,6 +151,8 @@ class TemplateParams:
     peer_command: str = "peer serve"
     remote_config: str = ""
     """The run file's path as the site sees it (empty = the local path)."""
+    workdir: str = ""
+    """The job's working directory (`--chdir`), where its output file goes (empty = sbatch's cwd)."""
     modules: tuple[str, ...] = ()
     setup: tuple[str, ...] = ()
     """Shell lines run before the peer starts (activate a venv, set ulimits)."""
@@ -240,8 +243,8 @@ class PlacementRun:
 _PLACEMENT_KEYS = {"target_tokens", "log", "calibration_min_samples", "probe_timeout_s"}
 _SLURM_KEYS = {
     "nodes", "node_options", "gpus_per_node", "time", "partition", "account", "qos", "extra_args",
-    "command_prefix", "template", "signal_seconds", "peer_command", "remote_config", "modules",
-    "setup", "env",
+    "command_prefix", "template", "signal_seconds", "peer_command", "remote_config", "workdir",
+    "modules", "setup", "env",
 }  # fmt: skip
 
 
@@ -290,6 +293,7 @@ def _site(name: str, section: Mapping[str, Any], path: Path) -> SiteSlurm:
             signal_seconds=int(table.get("signal_seconds", 300)),
             peer_command=str(table.get("peer_command", "peer serve")),
             remote_config=str(table.get("remote_config", "")),
+            workdir=str(table.get("workdir", "")),
             modules=_strings(table.get("modules", []), "modules", where, path),
             setup=_strings(table.get("setup", []), "setup", where, path),
             env=tuple(sorted(env.items())),

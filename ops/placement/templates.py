@@ -33,6 +33,7 @@ def values(site: SiteSlurm, config_path: Path) -> dict[str, str]:
         "site": site.name,
         "job_name": f"sitemesh-{site.name}",
         "signal_seconds": str(p.signal_seconds),
+        "chdir": f"#SBATCH --chdir={p.workdir}" if p.workdir else "# (works in the directory sbatch ran in)",
         "modules": "\n".join(modules) or "# (no modules configured)",
         "env": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in p.env) or "# (no extra environment)",
         "setup": "\n".join(p.setup) or "# (no setup lines)",

@@ -1,0 +1,195 @@
+"""A throw-away single-node Slurm cluster on localhost (munged, slurmctld, slurmd) for the
+placement tests: real daemons, real `sbatch`, nothing mocked.
+
+    .venv/bin/python -m pytest tests/integration/test_slurm_probe.py -v
+
+Needs root (slurmd runs jobs as any user) and Debian's slurm-wlm and munge
+(scripts/setup_slurm_packages.sh); otherwise the tests that use it are skipped with the reason.
+Everything lives under one temp dir: munge key and socket, slurm.conf, state, spool, logs. Ports
+are picked free, so concurrent test sessions do not collide. The node has 2 CPUs whatever the
+machine has (`config_overrides`) and four partitions over it:
+  debug  all CPUs (default)        busy, free  at most 1 CPU each, to load one and not the other
+Scheduling runs every second (sched_interval, bf_interval) so predictions and starts are prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
+
+
+def skip_reason() -> str | None:
+    """Why a local Slurm cluster cannot be started here, or None."""
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (slurmd runs jobs as their owner)"
+    missing = [b for b in _BINARIES if shutil.which(b) is None]
+    if missing:
+        return f"Slurm/munge not installed (missing {', '.join(missing)}): run scripts/setup_slurm_packages.sh"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    conf: Path
+    node: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients of this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    @property
+    def prefix(self) -> list[str]:
+        """A command prefix that reaches this cluster (how a site's `ssh login-node` is tested)."""
+        return ["env", f"SLURM_CONF={self.conf}", "bash", "-c"]
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=30, check=check)
+
+    def sbatch(self, *args: str) -> str:
+        """Submits a job directly (for load); returns its id."""
+        return self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
+
+    def state(self, job_id: str) -> str:
+        return self.run("squeue", "--states=all", "--noheader", "--format=%T", f"--jobs={job_id}").stdout.strip()
+
+    def wait_for(self, job_id: str, states: set[str], timeout_s: float) -> str:
+        """Polls Slurm until the job reaches one of `states` (real daemons: there is no event to await)."""
+        deadline = time.monotonic() + timeout_s
+        while (state := self.state(job_id)) not in states:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {state!r} after {timeout_s} s, wanted {sorted(states)}")
+            time.sleep(0.2)
+        return state
+
+    def clear(self, timeout_s: float = 30.0) -> None:
+        """Cancels every job and waits until the node is idle again, so tests do not see each other."""
+        self.run("scancel", "--user=root", check=False)
+        deadline = time.monotonic() + timeout_s
+        while self.run("squeue", "--noheader").stdout.strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError("jobs still in the queue after scancel")
+            time.sleep(0.2)
+
+
+def _conf(root: Path, node: str) -> str:
+    return f"""\
+ClusterName=sitemesh-test
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/socket
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1,sched_min_interval=100000
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+KillWait=2
+MinJobAge=600
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=10 State=UP
+PartitionName=busy Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
+PartitionName=free Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
+"""
+
+
+def _stop(root: Path) -> None:
+    for pidfile in ("slurmd.pid", "slurmctld.pid", "munge/pid"):
+        try:
+            pid = int((root / pidfile).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+
+
+def start(root: Path) -> SlurmCluster:
+    """Starts munged, slurmctld and slurmd under `root` and waits until the node is idle."""
+    for d in ("munge", "state", "spool", "log"):
+        (root / d).mkdir(mode=0o700)
+    node = socket.gethostname().split(".")[0]
+    conf = root / "slurm.conf"
+    conf.write_text(_conf(root, node))
+    m = root / "munge"
+    subprocess.run(["mungekey", "--create", f"--keyfile={m}/key"], check=True, capture_output=True)
+    subprocess.run(
+        ["munged", "--force", f"--key-file={m}/key", f"--socket={m}/socket", f"--pid-file={m}/pid",
+         f"--log-file={m}/log", f"--seed-file={m}/seed"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    cluster = SlurmCluster(root=root, conf=conf, node=node)
+    subprocess.run(["slurmctld", "-c", "-i", "-f", str(conf)], check=True, capture_output=True, env=cluster.env)
+    subprocess.run(["slurmd", "-f", str(conf)], check=True, capture_output=True, env=cluster.env)
+    deadline = time.monotonic() + 30
+    while cluster.run("sinfo", "--noheader", "--format=%T", "--partition=debug", check=False).stdout.strip() != "idle":
+        if time.monotonic() > deadline:
+            logs = "\n".join(p.read_text()[-2000:] for p in (root / "log").glob("*.log"))
+            _stop(root)
+            raise RuntimeError(f"local Slurm cluster did not come up within 30 s:\n{logs}")
+        time.sleep(0.1)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_session() -> Iterator[SlurmCluster]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="sitemesh-slurm-"))
+    try:
+        cluster = start(root)
+        yield cluster
+    finally:
+        _stop(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(slurm_session: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's cluster, emptied of jobs after each test."""
+    yield slurm_session
+    slurm_session.clear()

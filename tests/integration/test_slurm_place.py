@@ -1,0 +1,99 @@
+"""`ops place`, `ops submit` and `ops probe` end to end against a real local Slurm cluster: two
+sites are the cluster's `busy` and `free` partitions (tests/integration/slurm_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.integration.slurm_cluster import SlurmCluster, slurm, slurm_session  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run_file(tmp_path: Path, cluster: SlurmCluster) -> Path:
+    """Two 1000 tokens/s sites and a 30 000-token target: the free site alone needs 30 s."""
+    sites = "".join(
+        f"""
+[sites.{name}]
+tokens_per_s = 1000.0
+
+[sites.{name}.slurm]
+nodes = 1
+time = "1"
+partition = "{name}"
+command_prefix = {json.dumps(cluster.prefix)}
+template = "{REPO / 'scripts/slurm/snellius-h100.sbatch'}"
+peer_command = "echo peer"
+workdir = "{tmp_path}"
+"""
+        for name in ("busy", "free")
+    )
+    path = tmp_path / "run.toml"
+    path.write_text(f'[placement]\ntarget_tokens = 30000.0\nlog = "placement.jsonl"\n{sites}')
+    return path
+
+
+def _ops(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ops.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def _load_busy(cluster: SlurmCluster) -> str:
+    """Occupies the busy partition's one CPU for its whole minute-long time limit."""
+    job = cluster.sbatch("--partition=busy", "--time=1", "--wrap=sleep 300")
+    cluster.wait_for(job, {"RUNNING"}, timeout_s=15)
+    return job
+
+
+def _sites(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["site"]: s for s in plan["sites"]}
+
+
+def test_place_picks_the_free_partition(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    config = _run_file(tmp_path, slurm)
+    _load_busy(slurm)
+    out = _ops("place", "--config", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)["plan"]
+    sites = _sites(plan)
+    assert sites["free"]["submit"] is True and sites["free"]["predicted_start_s"] < 10
+    assert sites["busy"]["submit"] is False
+    assert "after the target is reached" in sites["busy"]["reason"]
+    assert 30 <= plan["time_to_target_s"] <= 40
+    # The people's table says the same.
+    table = _ops("place", "--config", str(config)).stdout
+    rows = {line.split()[0]: line.split()[1] for line in table.splitlines() if line.startswith(("busy", "free"))}
+    assert rows == {"busy": "skip", "free": "submit"}
+
+
+def test_submit_runs_the_template_and_probe_learns_the_real_start(
+    slurm: SlurmCluster, tmp_path: Path  # noqa: F811
+) -> None:
+    config = _run_file(tmp_path, slurm)
+    blocker = _load_busy(slurm)
+    dry = _ops("submit", "--config", str(config), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH --signal=B:TERM@300" in dry.stdout
+    assert slurm.run("squeue", "--noheader", "--format=%i").stdout.split() == [blocker]
+
+    out = _ops("submit", "--config", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    [submitted] = json.loads(out.stdout)["submitted"]
+    assert submitted["site"] == "free"
+    job = submitted["job_id"]
+    assert slurm.wait_for(job, {"COMPLETED", "FAILED"}, timeout_s=30) == "COMPLETED"
+    # The rendered template ran: the peer command got the run file and the site.
+    log_text = (tmp_path / f"sitemesh-free-{job}.out").read_text()
+    assert f"peer --config {config} --site free" in log_text
+    assert f"sitemesh: site free job {job}" in log_text
+
+    probe = _ops("probe", "--config", str(config), "--site", "free", "--json")
+    assert probe.returncode == 0, probe.stderr
+    [free] = json.loads(probe.stdout)["sites"]
+    assert [(j["job_id"], j["started"]) for j in free["jobs"]] == [(job, True)]
+    records = [json.loads(line) for line in (tmp_path / "placement.jsonl").read_text().splitlines()]
+    assert [r["job_id"] for r in records if r["kind"] == "start"] == [job]
+    assert {r["site"] for r in records if r["kind"] == "probe"} == {"busy", "free"}

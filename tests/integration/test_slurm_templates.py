@@ -1,0 +1,52 @@
+"""The sbatch templates in scripts/slurm/ are valid batch scripts for a real Slurm (`--test-only`),
+filled with the example run file's parameters; the slow test runs one and checks that the peer
+gets SIGTERM before the wall-time ends."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ops.placement import config, templates
+from ops.placement.config import JobShape
+from ops.placement.slurm import SlurmSite
+from tests.integration.slurm_cluster import SlurmCluster, slurm, slurm_session  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = JobShape(nodes=1, time_s=300, partition="debug")  # no GPUs, account or QOS on the test cluster
+
+
+@pytest.mark.parametrize("site", ["snellius", "lumi", "frontier"])
+def test_template_passes_test_only(slurm: SlurmCluster, site: str) -> None:  # noqa: F811
+    run = config.load(REPO / "examples/run.toml")
+    s = run.sites[site]
+    script = templates.render(s, run.path)
+    assert f"#SBATCH --signal=B:TERM@{s.params.signal_seconds}" in script
+    assert f"--site {site}" in script
+    p = SlurmSite(slurm.prefix).test_only(LOCAL, job_name=f"sitemesh-{site}", script=script)
+    assert p.answer.partition == "debug"
+
+
+@pytest.mark.slow
+def test_peer_gets_sigterm_before_the_wall_time(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    fake_peer = tmp_path / "fake-peer"
+    fake_peer.write_text(
+        "#!/bin/bash\ntrap 'echo leaving; sleep 1; echo left; exit 0' TERM\necho serving \"$@\"\n"
+        "while true; do sleep 0.2; done\n"
+    )
+    fake_peer.chmod(0o755)
+    run = config.load(REPO / "examples/run.toml")
+    base = run.sites["lumi"]
+    params = dataclasses.replace(base.params, peer_command=str(fake_peer), modules=(), setup=(),
+                                 signal_seconds=50, workdir=str(tmp_path))  # fmt: skip
+    site = dataclasses.replace(base, params=params)
+    shape = dataclasses.replace(LOCAL, time_s=60)
+    job = SlurmSite(slurm.prefix).submit(shape, "sitemesh-lumi", templates.render(site, run.path))
+    # Slurm checks time limits (and so sends --signal) every 30 s: allow for that granularity.
+    state = slurm.wait_for(job, {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"}, timeout_s=150)
+    out = (tmp_path / f"sitemesh-lumi-{job}.out").read_text()
+    assert "sitemesh: SIGTERM before wall-time, peer leaving" in out
+    assert out.index("leaving") < out.index("left")
+    assert state == "COMPLETED", out
