@@ -153,6 +153,12 @@ class Membership:
         """Lifeguard local health factor (1 = healthy) applied to our periods and timeouts."""
         return self._awareness.multiplier
 
+    def member(self, site: str) -> MemberView | None:
+        """Our view of one member (None if unknown); O(1), for callers polling one member."""
+        m = self._me if site == self.site else self._members.get(site)
+        return None if m is None else MemberView(m.site, m.address, m.state, m.incarnation,
+                                                 m.last_heard, m.meta)
+
     def members(self) -> list[MemberView]:
         """Every member we know of, us included, sorted by site."""
         rows = [self._me, *self._members.values()]

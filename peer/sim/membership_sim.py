@@ -75,6 +75,9 @@ class MembershipScenario:
     """After all views agree, keep running this long (stale rumours must not undo the agreement)."""
     benign_every: int = 5
     """Every benign_every-th seed keeps only the non-lossy faults and asserts no false death."""
+    core: type[Membership] = Membership
+    """The core under test (tests swap in deliberately broken subclasses to show the invariants
+    catch them)."""
 
     def __post_init__(self) -> None:
         if self.members < 3:
@@ -374,7 +377,7 @@ class MembershipChecker:
     def _view_row(self, sim: Simulation, observer: str, subject: str) -> MemberView | None:
         node = sim.node(self._addr[observer])
         assert isinstance(node, Membership)
-        return next((v for v in node.members() if v.site == subject), None)
+        return node.member(subject)
 
 
 def run_seed(seed: int, scenario: MembershipScenario,
@@ -400,7 +403,7 @@ def run_seed(seed: int, scenario: MembershipScenario,
     node_clocks = clocks(rng, addr_list, limits, skew="skew" in kinds)
     for i, (address, site) in enumerate(addresses.items()):
         seeds = rng.sample([a for a in addr_list if a != address], 3)
-        sim.add_node(address, _factory(seed, site, address, cfg, seeds), at=rng.uniform(0, 2 * period),
+        sim.add_node(address, _factory(scenario.core, seed, site, address, cfg, seeds), at=rng.uniform(0, 2 * period),
                      clock=node_clocks[address])
     faults = plan(derive_rng(seed, "faults"), kinds, addr_list, fault_start, fault_end, limits)
     for f in faults:
@@ -411,14 +414,14 @@ def run_seed(seed: int, scenario: MembershipScenario,
     return sim.run(hard_stop, checker)
 
 
-def _factory(seed: int, site: str, address: str, cfg: MembershipConfig,
+def _factory(core: type[Membership], seed: int, site: str, address: str, cfg: MembershipConfig,
              seeds: Sequence[str]) -> Callable[[float], tuple[Membership, list[Any]]]:
     lives = [0]
 
     def start(now: float) -> tuple[Membership, list[Any]]:
         # A restarted process remembers nothing: incarnation 0, fresh randomness.
         lives[0] += 1
-        m = Membership(MemberMeta(site, address, accelerator="sim"), cfg,
+        m = core(MemberMeta(site, address, accelerator="sim"), cfg,
                        derive_rng(seed, f"node:{site}:{lives[0]}"), now)
         return m, m.join(seeds, now)
 
