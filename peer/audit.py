@@ -1,0 +1,233 @@
+"""Exactly-once accounting of data samples per data epoch, from the commit log (I4, I5).
+
+`EpochLedger` folds RoundCommit entries in log order into "which samples of the current data epoch
+are committed". It is the single definition of *committed* that the lease owners (peer/leases.py),
+the leader's admission check (peer/admission.py) and the audit share. The data epoch is a function
+of the log alone: epoch e ends with the entry that commits its last uncommitted sample, and the next
+entry belongs to e + 1 (docs/decisions/leases-epochs-from-log.md). Owners never grant a sample of
+e + 1 before that entry, so an entry never mixes two epochs.
+
+`audit` reports per epoch: samples total, committed exactly once, duplicated (in two or more
+commits), lost (not committed when the epoch ended, which for the last epoch is when the caller
+says the run ended), and from the owners' lease-event ledgers (docs/decisions/leases-audit-ledger.md)
+grants, reclaims and steals. Duplicated and lost come from the log alone.
+
+    .venv/bin/python -m ops.cli audit --data-dir runs/peer-a --json
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from peer.commitlog import SampleRange
+from peer.election import SiteId
+from peer.lease_types import (
+    of_range,
+    BlockId,
+    DataEpoch,
+    EventKind,
+    Gen,
+    LeaseEvent,
+    Spans,
+    count,
+    intersect,
+    normalize,
+)
+
+Contribution = tuple[SiteId, Sequence[SampleRange]]
+"""What the ledger needs of a RoundCommit contributor: its site and the ranges it trained."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What folding one RoundCommit did."""
+
+    data_epoch: DataEpoch
+    """The epoch the entry belongs to."""
+    new_samples: int
+    duplicated_samples: int
+    """Samples already committed in the epoch: non-zero only on a log that broke I4."""
+    foreign_samples: int
+    """Samples of blocks outside the universe (another data config): always a bug."""
+    epoch_ended: bool
+
+
+class EpochLedger:
+    """Committed samples of the current data epoch, as the log says."""
+
+    def __init__(self, universe: Mapping[int, int]) -> None:
+        self.sizes: dict[BlockId, int] = {BlockId(b): n for b, n in universe.items()}
+        """Every block of the dataset and its number of samples (the same in every epoch)."""
+        if any(n <= 0 for n in self.sizes.values()):
+            raise ValueError("every block needs at least one sample")
+        self.blocks: list[BlockId] = sorted(self.sizes)
+        self.total = sum(self.sizes.values())
+        self.data_epoch = DataEpoch(0)
+        self.last_round = 0
+        self._done: dict[BlockId, Spans] = {}
+        self._committed = 0
+
+    @classmethod
+    def from_log(cls, universe: Mapping[int, int],
+                 commits: Iterable[tuple[int, Iterable[Contribution]]]) -> EpochLedger:
+        """Replay RoundCommits (round, contributors) in log order: what a peer that lost its lease
+        shards (owner and replicas) rebuilds them from."""
+        ledger = cls(universe)
+        for rnd, contributors in commits:
+            ledger.apply(rnd, contributors)
+        return ledger
+
+    def size(self, block: BlockId) -> int:
+        return self.sizes[block]
+
+    def done(self, block: BlockId) -> Spans:
+        return self._done.get(block, ())
+
+    @property
+    def committed(self) -> int:
+        """Samples of the current epoch committed so far."""
+        return self._committed
+
+    def is_committed(self, r: SampleRange) -> Spans:
+        """The part of `r` already committed in the current epoch."""
+        return intersect(of_range(r), self.done(BlockId(r.block_id)))
+
+    def apply(self, round_: int, contributors: Iterable[Contribution]) -> Applied:
+        """Fold one RoundCommit (rounds arrive in log order)."""
+        epoch = self.data_epoch
+        new = dup = foreign = 0
+        for _, ranges in contributors:
+            for r in ranges:
+                b = BlockId(r.block_id)
+                if b not in self.sizes or r.end > self.sizes[b]:
+                    foreign += r.end - r.start
+                    continue
+                before = self.done(b)
+                overlap = intersect(of_range(r), before)
+                dup += count(overlap)
+                self._done[b] = normalize(before + of_range(r))
+                new += count(self._done[b]) - count(before)
+        self._committed += new
+        self.last_round = max(self.last_round, round_)
+        ended = self._committed == self.total
+        if ended:
+            self.data_epoch = DataEpoch(epoch + 1)
+            self._done.clear()
+            self._committed = 0
+        return Applied(epoch, new, dup, foreign, ended)
+
+
+@dataclass(frozen=True)
+class EpochAudit:
+    """One line of `ops audit` (its JSON keys)."""
+
+    epoch: int
+    samples_total: int
+    committed_once: int
+    duplicated: int
+    """Samples committed in two or more entries of the epoch (I4 broken)."""
+    lost: int
+    """Samples not committed when the epoch ended (I5 broken); 0 while it runs."""
+    grants: int
+    reclaimed: int
+    reclaimed_pct: float
+    stolen: int
+    ended: bool
+    rounds: int
+    """Round entries that committed samples of this epoch."""
+    foreign: int
+    """Committed samples outside the dataset (another config): counted as a violation."""
+
+    @property
+    def ok(self) -> bool:
+        return self.duplicated == 0 and self.lost == 0 and self.foreign == 0
+
+
+def audit(universe: Mapping[int, int], commits: Iterable[tuple[int, Iterable[Contribution]]],
+          events: Iterable[LeaseEvent] = (), run_ended: bool = False) -> list[EpochAudit]:
+    """Per-epoch accounting of a log's RoundCommits (round, contributors) in log order.
+
+    Samples are counted once per epoch; a sample in two entries adds one to `duplicated` however
+    often it repeats. With `run_ended`, the last epoch counts as ended (its uncommitted samples are
+    lost); otherwise it is in progress. Lease events are deduplicated by (kind, epoch, block, gen),
+    so ledgers of several peers may be passed together."""
+    ledger = EpochLedger(universe)
+    per: dict[int, dict[str, int]] = {}
+    dups: dict[int, dict[BlockId, Spans]] = {}
+    for rnd, contributors in commits:
+        contributors = list(contributors)
+        if not any(rs for _, rs in contributors):
+            ledger.last_round = max(ledger.last_round, rnd)
+            continue
+        epoch = ledger.data_epoch
+        seen_before = {b: ledger.done(b) for _, rs in contributors for b in {BlockId(r.block_id) for r in rs}}
+        a = ledger.apply(rnd, contributors)
+        st = per.setdefault(epoch, {"rounds": 0, "foreign": 0, "committed": 0})
+        st["rounds"] += 1
+        st["foreign"] += a.foreign_samples
+        st["committed"] += a.new_samples
+        if a.duplicated_samples:
+            _record_dups(dups.setdefault(epoch, {}), contributors, seen_before, ledger.sizes)
+    stats = _event_counts(events)
+    last = ledger.data_epoch
+    out = []
+    for epoch in range(0, last + 1):
+        st = per.get(epoch, {"rounds": 0, "foreign": 0, "committed": 0})
+        if epoch == last and not st["rounds"] and not run_ended and epoch not in stats:
+            break
+        ended = epoch < last or run_ended
+        dup = sum(count(s) for s in dups.get(epoch, {}).values())
+        grants, reclaimed, stolen = stats.get(epoch, (0, 0, 0))
+        out.append(EpochAudit(
+            epoch=epoch, samples_total=ledger.total, committed_once=st["committed"] - dup, duplicated=dup,
+            lost=ledger.total - st["committed"] if ended else 0, grants=grants, reclaimed=reclaimed,
+            reclaimed_pct=round(100.0 * reclaimed / grants, 3) if grants else 0.0, stolen=stolen,
+            ended=ended, rounds=st["rounds"], foreign=st["foreign"]))
+    return out
+
+
+def _record_dups(acc: dict[BlockId, Spans], contributors: Sequence[Contribution],
+                 before: Mapping[BlockId, Spans], sizes: Mapping[BlockId, int]) -> None:
+    """Distinct samples of this entry committed before, or twice within it."""
+    seen = dict(before)
+    for _, ranges in contributors:
+        for r in ranges:
+            b = BlockId(r.block_id)
+            if b not in sizes:
+                continue
+            acc[b] = normalize(acc.get(b, ()) + intersect(of_range(r), seen.get(b, ())))
+            seen[b] = normalize(seen.get(b, ()) + of_range(r))
+
+
+def _event_counts(events: Iterable[LeaseEvent]) -> dict[int, tuple[int, int, int]]:
+    """(grants, reclaimed, stolen) per data epoch; a steal is also a grant."""
+    seen: set[tuple[EventKind, int, int, int]] = set()
+    out: dict[int, list[int]] = {}
+    for e in events:
+        key = (e.kind, e.data_epoch, e.block, e.gen)
+        if key in seen:
+            continue
+        seen.add(key)
+        c = out.setdefault(e.data_epoch, [0, 0, 0])
+        c[0] += e.kind in (EventKind.GRANT, EventKind.STEAL)
+        c[1] += e.kind is EventKind.RECLAIM
+        c[2] += e.kind is EventKind.STEAL
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+
+
+def event_to_json(e: LeaseEvent) -> str:
+    """One line of a peer's lease ledger (`<data dir>/leases/ledger.jsonl`)."""
+    return json.dumps({"kind": e.kind.value, "epoch": e.data_epoch, "block": e.block, "gen": e.gen,
+                       "site": e.site, "at": e.at}, sort_keys=True)
+
+
+def event_from_json(line: str) -> LeaseEvent:
+    o = json.loads(line)
+    return LeaseEvent(EventKind(o["kind"]), DataEpoch(o["epoch"]), BlockId(o["block"]), Gen(o["gen"]),
+                      SiteId(o["site"]) if o["site"] is not None else None, float(o["at"]))
+
+
+def audit_to_json(rows: Sequence[EpochAudit]) -> str:
+    return json.dumps([asdict(r) for r in rows], indent=2)

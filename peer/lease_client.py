@@ -1,0 +1,287 @@
+"""Lease holder core (DARL): the leases this site trains from, and the trainer's sample cursor.
+
+Protocol (docs/leases.md), from the holder's side:
+
+1. keep `prefetch` blocks leased: GrantRequest to the owner with the most free blocks it knows of
+   (every owner answers with its free count); when every owner says none is free, ask again with
+   `steal=True` to take a leased-but-not-started block from a slower site;
+2. before training a block, Start it and wait for the owner's ack (the owner orders starts against
+   steals); train only started blocks whose lease is valid on this site's clock;
+3. renew every `renew_every`, one Renew per owner with all its leases; a lease the owner reports
+   lost (stolen, reclaimed) is dropped at once;
+4. when the leader closes round r, claim what was trained (Trained, one per owner) and contribute
+   exactly the vouched samples; a block with samples left stays leased (`keep`).
+
+    .venv/bin/python -m pytest tests/unit/test_leases.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from peer.admission import Contribution
+from peer.audit import EpochLedger
+from peer.election import SiteId
+from peer.lease_types import (
+    BlockId,
+    Claim,
+    Gen,
+    GrantReply,
+    GrantRequest,
+    LeaseHeader,
+    LeaseRef,
+    Message,
+    Rejected,
+    Release,
+    Renew,
+    RenewReply,
+    Send,
+    Spans,
+    Start,
+    StartReply,
+    Trained,
+    TrainedReply,
+    Voucher,
+    count,
+    normalize,
+    take,
+    to_ranges,
+)
+from peer.leases import LeaseConfig
+from peer.ring import RingView, score, site_seed
+
+VALID_FRACTION = 0.8
+"""A holder trusts a lease for this fraction of ttl after the renewal it sent: margin for clock
+rate differences and the renewal's flight time."""
+
+
+@dataclass
+class Held:
+    block: BlockId
+    gen: Gen
+    spans: Spans
+    """Samples still to train."""
+    valid_until: float
+    started: bool = False
+    start_sent: float | None = None
+
+
+@dataclass
+class _RoundClaims:
+    claims: dict[SiteId, tuple[Claim, ...]]
+    sent: float
+    vouchers: list[Voucher] = field(default_factory=list)
+    answered: set[SiteId] = field(default_factory=set)
+
+
+class LeaseClient:
+    """This site's leases; pure: messages, ticks and trainer calls in, effects out."""
+
+    def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, prefetch: int = 2) -> None:
+        self.site = site
+        self.ledger = ledger
+        self.cfg = cfg
+        self.prefetch = prefetch
+        self.view: RingView | None = None
+        self.leader_epoch = 0
+        self.epoch = ledger.data_epoch
+        self.held: dict[BlockId, Held] = {}
+        self.free_hint: dict[SiteId, int] = {}
+        """Free blocks each owner last reported (absent: unknown)."""
+        self.asking: tuple[SiteId, float] | None = None
+        self.req = 0
+        self.last_renew = float("-inf")
+        self.trained: dict[tuple[BlockId, Gen], Spans] = {}
+        """Trained since the last claim, per lease."""
+        self.rounds: dict[int, _RoundClaims] = {}
+        self.lost_reasons: list[str] = []
+        """Why leases were lost (for logs and tests), newest last."""
+
+    def header(self) -> LeaseHeader:
+        return LeaseHeader(self.site, self.leader_epoch, self.view.version if self.view else 0, self.epoch)
+
+    def set_view(self, view: RingView, leader_epoch: int, now: float) -> list[Send]:
+        self.leader_epoch = max(self.leader_epoch, leader_epoch)
+        if self.view is None or view.version > self.view.version:
+            self.view = view
+            self.free_hint.clear()
+            self.asking = None
+        return []
+
+    def on_commit(self, now: float) -> list[Send]:
+        """The node applied a RoundCommit to `ledger`; a new data epoch drops every lease."""
+        if self.ledger.data_epoch != self.epoch:
+            self.epoch = self.ledger.data_epoch
+            self.held.clear()
+            self.trained.clear()
+            self.free_hint.clear()
+            self.asking = None
+        self.rounds = {r: c for r, c in self.rounds.items() if r > self.ledger.last_round}
+        return []
+
+    # --- trainer calls ---
+
+    def next_samples(self, n: int, now: float) -> tuple[tuple[BlockId, Spans], ...]:
+        """Take up to n samples from started, valid leases (in block order) and note them trained."""
+        out = []
+        for h in sorted(self.held.values(), key=lambda h: h.block):
+            if n <= 0:
+                break
+            if not h.started or h.valid_until <= now or not h.spans:
+                continue
+            got, h.spans = take(h.spans, n)
+            n -= count(got)
+            key = (h.block, h.gen)
+            self.trained[key] = normalize(self.trained.get(key, ()) + got)
+            out.append((h.block, got))
+        return tuple(out)
+
+    def end_round(self, round_: int, now: float) -> list[Send]:
+        """The leader closed `round_`: claim everything trained since the last claim."""
+        assert self.view is not None
+        per: dict[SiteId, list[Claim]] = {}
+        for (b, gen), spans in sorted(self.trained.items()):
+            h = self.held.get(b)
+            keep = h is not None and h.gen == gen and bool(h.spans)
+            if h is not None and h.gen == gen and not keep:
+                del self.held[b]
+            owner = self.view.primary(b)
+            if owner is not None:
+                per.setdefault(owner, []).append(Claim(LeaseRef(b, gen), spans, keep))
+        self.trained.clear()
+        rc = _RoundClaims({o: tuple(cs) for o, cs in per.items()}, now)
+        self.rounds[round_] = rc
+        return self._send_claims(round_, rc)
+
+    def contribution(self, round_: int) -> Contribution | None:
+        """The vouched samples of `round_` once every owner answered (None while waiting)."""
+        rc = self.rounds.get(round_)
+        if rc is None or rc.answered != set(rc.claims):
+            return None
+        vs = tuple(sorted(rc.vouchers, key=lambda v: v.block_id))
+        ranges = tuple(r for v in vs for r in to_ranges(v.block_id, v.spans))
+        return Contribution(self.site, round_, ranges, vs)
+
+    def release_all(self, now: float) -> list[Send]:
+        """Graceful leave (I8): give every lease back, one Release per owner."""
+        assert self.view is not None
+        per: dict[SiteId, list[LeaseRef]] = {}
+        for h in self.held.values():
+            owner = self.view.primary(h.block)
+            if owner is not None:
+                per.setdefault(owner, []).append(LeaseRef(h.block, h.gen))
+        self.held.clear()
+        return [Send(o, Release(self.header(), tuple(refs))) for o, refs in sorted(per.items())]
+
+    # --- protocol ---
+
+    def tick(self, now: float) -> list[Send]:
+        if self.view is None or not self.view.members:
+            return []
+        out: list[Send] = []
+        for b, h in list(self.held.items()):
+            if h.valid_until <= now:
+                self.lost_reasons.append(f"block {b}: lease ran out on {self.site}'s clock")
+                del self.held[b]
+        if now - self.last_renew >= self.cfg.renew_every:
+            self.last_renew = now
+            per: dict[SiteId, list[LeaseRef]] = {}
+            for h in self.held.values():
+                per.setdefault(self.view.primary(h.block), []).append(LeaseRef(h.block, h.gen))  # type: ignore[arg-type]
+            out += [Send(o, Renew(self.header(), tuple(refs), now)) for o, refs in sorted(per.items())]
+        out += self._maybe_grant(now)
+        out += self._maybe_start(now)
+        for r, rc in sorted(self.rounds.items()):
+            if rc.answered != set(rc.claims) and rc.sent + self.cfg.retry_after <= now:
+                rc.sent = now
+                out += self._send_claims(r, rc)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self.last_renew + self.cfg.renew_every if self.view else None
+
+    def receive(self, msg: Message, now: float) -> list[Send]:
+        if isinstance(msg, GrantReply):
+            self._on_grant_reply(msg, now)
+        elif isinstance(msg, RenewReply):
+            for ref in msg.renewed:
+                h = self.held.get(ref.block_id)
+                if h is not None and h.gen == ref.generation:
+                    h.valid_until = max(h.valid_until, msg.sent_at + VALID_FRACTION * self.cfg.ttl)
+            for lost in msg.lost:
+                if self.held.pop(lost.block_id, None) is not None:
+                    self.lost_reasons.append(lost.reason)
+        elif isinstance(msg, StartReply):
+            h = self.held.get(msg.lease.block_id)
+            if h is not None and h.gen == msg.lease.generation:
+                if msg.ok:
+                    h.started = True
+                else:
+                    self.lost_reasons.append(msg.reason)
+                    del self.held[msg.lease.block_id]
+        elif isinstance(msg, TrainedReply):
+            rc = self.rounds.get(msg.round)
+            if rc is not None and msg.header.site in rc.claims and msg.header.site not in rc.answered:
+                rc.answered.add(msg.header.site)
+                rc.vouchers.extend(msg.vouched)
+                self.lost_reasons.extend(r.reason for r in msg.refused)
+        elif isinstance(msg, Rejected) and self.asking and self.asking[0] == msg.header.site:
+            self.asking = None
+        return []
+
+    def _on_grant_reply(self, m: GrantReply, now: float) -> None:
+        if self.asking is None or self.asking[0] != m.header.site or m.req != self.req:
+            return
+        sent = self.asking[1]
+        self.asking = None
+        self.free_hint[m.header.site] = m.free_blocks
+        for g in m.grants:
+            h = self.held.get(g.block_id)
+            if h is None or h.gen != g.generation:
+                self.held[g.block_id] = Held(g.block_id, g.generation, g.spans, sent + VALID_FRACTION * self.cfg.ttl)
+
+    def _maybe_grant(self, now: float) -> list[Send]:
+        assert self.view is not None
+        if self.asking is not None and self.asking[1] + self.cfg.retry_after > now:
+            return []
+        ready = sum(1 for h in self.held.values() if h.spans)
+        if ready >= self.prefetch:
+            return []
+        members = self.view.members
+        unknown = [m for m in members if m not in self.free_hint]
+        steal = False
+        if unknown:
+            # Own shard first (no network hop), then the others in an order unique to this site.
+            me = site_seed(self.site)
+            owner = self.site if self.site in unknown else min(unknown, key=lambda m: score(me, site_seed(m)))
+        else:
+            owner = max(members, key=lambda m: (self.free_hint[m], m))
+            if self.free_hint[owner] == 0:
+                # Nothing free anywhere we know of: go round the owners asking to steal; forgetting
+                # the hint makes the next request find out whether something came free there.
+                steal, owner = True, members[self.req % len(members)]
+                del self.free_hint[owner]
+        self.req += 1
+        self.asking = (owner, now)
+        mine_there = sum(1 for h in self.held.values()
+                         if h.spans and not h.started and self.view.primary(h.block) == owner)
+        want = self.prefetch - ready + mine_there
+        return [Send(owner, GrantRequest(self.header(), self.req, want, steal))]
+
+    def _maybe_start(self, now: float) -> list[Send]:
+        """Start the next leased block when no started block has samples left to train."""
+        if any(h.started and h.spans for h in self.held.values()):
+            return []
+        waiting = [h for h in self.held.values() if not h.started and h.spans]
+        if not waiting:
+            return []
+        h = min(waiting, key=lambda h: h.block)
+        if h.start_sent is not None and h.start_sent + self.cfg.retry_after > now:
+            return []
+        h.start_sent = now
+        assert self.view is not None
+        return [Send(self.view.primary(h.block), Start(self.header(), LeaseRef(h.block, h.gen)))]  # type: ignore[arg-type]
+
+    def _send_claims(self, round_: int, rc: _RoundClaims) -> list[Send]:
+        return [Send(o, Trained(self.header(), round_, cs)) for o, cs in sorted(rc.claims.items())
+                if o not in rc.answered]

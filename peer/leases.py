@@ -1,0 +1,562 @@
+"""Lease owner core (DARL): the lease records of the blocks this peer owns on the ring.
+
+Protocol (docs/leases.md). For each block of the data epoch, the ring (peer/ring.py) names R owners;
+the first is the primary and the only one that changes the record. Every change (grant, steal,
+start, trained claim, release, reclaim) bumps the record's `rev`, is applied at the primary at once
+and pushed to the replicas; the answer to the holder is held back until a strict majority of the R
+owners (the primary included) holds that rev. There is no sloppy quorum and no hinted handoff: an
+owner that cannot reach its replicas stops answering, it does not grant elsewhere.
+
+When the ring view changes, a block whose primary changed is not served until its new primary has
+read the records of a majority of the block's previous owners (their highest rev wins: it contains
+every write that was acknowledged). If fewer than a majority of the previous owners survived, the
+record is rebuilt from the log alone (committed samples; everything else free, at a generation
+above any the old view minted) and a REBUILD event says so. Samples trained under a lost record are
+still judged at commit time by the log (peer/admission.py), so a rebuild can waste work but never
+commit a sample twice.
+
+The owner is the single place where starting and stealing are ordered: only a LEASED block can be
+stolen, and a holder may train a block only after the owner acknowledged its Start. Every message
+carries (leader epoch, ring version, data epoch) and every lease reference a generation; anything
+stale is refused with a reason ("stale: generation 4294967297 < 4294967298 for block 812").
+
+    .venv/bin/python -m pytest tests/unit/test_leases.py -q
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from peer.audit import EpochLedger
+from peer.election import SiteId
+from peer.lease_types import (
+    BlockRev,
+    BlockId,
+    Claim,
+    EventKind,
+    Grant,
+    GrantReply,
+    GrantRequest,
+    LeaseHeader,
+    LeaseEvent,
+    LeaseRef,
+    LeaseState,
+    Message,
+    PendingClaim,
+    LeaseRecord,
+    Refusal,
+    Rejected,
+    Release,
+    Renew,
+    RenewReply,
+    Replicate,
+    ReplicateAck,
+    Send,
+    Start,
+    StartReply,
+    SyncReply,
+    SyncRequest,
+    Trained,
+    TrainedReply,
+    Voucher,
+    fmt,
+    fresh_record,
+    intersect,
+    next_gen,
+    normalize,
+    subtract,
+)
+from peer.ring import RingView, quorum, score
+
+Effect = Send | LeaseEvent
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    """Timers of the lease protocol."""
+
+    ttl: float = 30.0
+    """How long a lease lives without a renewal, on the owner's clock. Long enough to ride out a few
+    lost heartbeats and a GC pause; short enough that a dead site's prefetched blocks come back well
+    within one round."""
+    renew_every: float = 5.0
+    """Holder's heartbeat period per owner; ttl / renew_every = 6 heartbeats may be lost in a row."""
+    retry_after: float = 2.0
+    """Resend an unanswered replication, sync or request after this long (messages may be lost)."""
+    max_grant: int = 4
+    """Most leases one owner hands to one holder in one reply (the prefetch depth)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_every < self.ttl or self.retry_after <= 0 or self.max_grant < 1:
+            raise ValueError(f"bad lease config {self}")
+
+    @classmethod
+    def local_test(cls) -> LeaseConfig:
+        """Loopback and the simulator: seconds-scale so that expiry happens within a test."""
+        return cls(ttl=6.0, renew_every=1.0, retry_after=0.5, max_grant=3)
+
+
+@dataclass
+class _Sync:
+    """A block this peer became primary of, waiting for its previous owners' records."""
+
+    waiting: set[SiteId]
+    needed: int
+    """Complete answers needed: a majority of the previous owner set."""
+    got: list[LeaseRecord] = field(default_factory=list)
+    complete: int = 0
+
+
+@dataclass
+class _Deferred:
+    send: Send
+    needs: tuple[tuple[BlockId, int], ...]
+    """(block, rev) that a quorum must hold before `send` goes out."""
+
+
+class LeaseOwner:
+    """The lease records of every block this peer owns; pure: messages and ticks in, effects out."""
+
+    def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, clock_origin: float = 0.0,
+                 amnesiac: bool = False) -> None:
+        self.site = site
+        self.ledger = ledger
+        """Committed samples and the data epoch, from the log (shared with the node's other cores)."""
+        self.cfg = cfg
+        self.view: RingView | None = None
+        self.leader_epoch = 0
+        self.records: dict[BlockId, LeaseRecord] = {}
+        """Blocks this peer is an owner of in the current view."""
+        self.retired: dict[BlockId, LeaseRecord] = {}
+        """Records of the previous view this peer no longer owns: kept to answer SyncRequests."""
+        self.serving: set[BlockId] = set()
+        """Blocks this peer is primary of and may change (synced or rebuilt)."""
+        self.syncing: dict[BlockId, _Sync] = {}
+        self.expiry: dict[BlockId, float] = {}
+        self.acks: dict[BlockId, dict[SiteId, int]] = {}
+        self.deferred: list[_Deferred] = []
+        self.unacked_since: dict[BlockId, float] = {}
+        self.sync_sent: float = clock_origin
+        self.complete = not amnesiac
+        """False after a restart or late join until the next view change: this peer's records of the
+        view it started in are not a quorum member (it lost or never had them)."""
+        self._had_view = False
+        self.epoch = ledger.data_epoch
+        self._dirty: set[BlockId] = set()
+        self._order: list[BlockId] = []
+        self._events: list[LeaseEvent] = []
+
+    # --- inputs ---
+
+    def header(self) -> LeaseHeader:
+        v = self.view.version if self.view else 0
+        return LeaseHeader(self.site, self.leader_epoch, v, self.epoch)
+
+    def set_view(self, view: RingView, leader_epoch: int, now: float,
+                 previous: RingView | None = None) -> list[Effect]:
+        """A new ring view (from the committed voter set) and the current leader epoch. `previous` is
+        the view before it, for a core that starts with none (a restart or a late join); only the
+        run's very first view is adopted without asking anyone."""
+        self.leader_epoch = max(self.leader_epoch, leader_epoch)
+        if self.view is not None and view.version <= self.view.version:
+            return []
+        old = self.view or previous
+        self.view = view
+        self.deferred.clear()
+        self.acks.clear()
+        self.unacked_since.clear()
+        self.syncing.clear()
+        self.expiry.clear()
+        held = {**self.retired, **self.records} if self.complete else {}
+        self.records, self.retired, self.serving = {}, {}, set()
+        out: list[Effect] = []
+        for b in self.ledger.blocks:
+            owners = view.owners(b)
+            if self.site not in owners:
+                if b in held:
+                    self.retired[b] = held[b]
+                continue
+            if b in held:
+                self.records[b] = held[b]
+            if owners[0] != self.site:
+                continue
+            fresh = fresh_record(b, self.ledger.size(b), self.ledger.done(b), view.version, self.epoch)
+            if old is None:
+                self._adopt(b, fresh, now)
+            elif old.primary(b) == self.site and self.complete:
+                self._adopt(b, held.get(b, fresh), now)
+            else:
+                prev = old.owners(b)
+                sync = _Sync({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)))
+                if self.site in prev and self.complete:
+                    sync.complete += 1
+                    sync.got.extend([held[b]] if b in held else [])
+                if sync.complete + len(sync.waiting) < sync.needed:
+                    out.extend(self._rebuild(b, now))
+                elif not sync.waiting:
+                    out.extend(self._finish_sync(b, sync, now))
+                else:
+                    self.syncing[b] = sync
+        self.complete = self.complete or self._had_view
+        self._had_view = True
+        self._rebuild_order()
+        out.extend(self._request_syncs(now))
+        return out + self._flush(now)
+
+    def on_commit(self, now: float) -> list[Effect]:
+        """The node applied a RoundCommit to `ledger`: settle pending claims; new epoch -> reset."""
+        if self.view is None:
+            return []
+        if self.epoch != self.ledger.data_epoch:
+            self._new_epoch()
+            return []
+        rnd = self.ledger.last_round
+        for b, rec in list(self.records.items()):
+            done = self.ledger.done(b)
+            pending = tuple(p for p in rec.pending if p.round > rnd)
+            if done != rec.done or pending != rec.pending:
+                new = replace(rec, done=done, pending=pending)
+                if b in self.serving:
+                    self._write(new, now)
+                else:
+                    self.records[b] = new
+        return self._flush(now)
+
+    def _new_epoch(self) -> None:
+        """Every sample of the epoch is committed: every record starts over, as the log says, on
+        every owner at once (no replication needed: all derive it from the same log)."""
+        assert self.view is not None
+        self.epoch = self.ledger.data_epoch
+        self.serving |= set(self.syncing)
+        for b in self.records:
+            self.records[b] = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self.view.version,
+                                           self.epoch)
+        self.retired.clear()
+        self.syncing.clear()
+        self.expiry.clear()
+        self.deferred.clear()
+        self.acks.clear()
+        self.unacked_since.clear()
+        self._dirty.clear()
+        self._rebuild_order()
+
+    def receive(self, msg: Message, now: float) -> list[Effect]:
+        handler: Callable[[Message, float], list[Effect]] | None = self._handlers.get(type(msg))
+        if handler is None:
+            return []
+        refusal = self._fence(msg.header)
+        if refusal:
+            req = msg.req if isinstance(msg, GrantRequest) else 0
+            return [Send(msg.header.site, Rejected(self.header(), req, refusal))]
+        return handler(self, msg, now) + self._flush(now)
+
+    def tick(self, now: float) -> list[Effect]:
+        """Reclaim expired leases; resend unacknowledged replication and sync requests."""
+        if self.view is None:
+            return []
+        for b in sorted(b for b, t in self.expiry.items() if t <= now):
+            rec = self.records[b]
+            del self.expiry[b]
+            if rec.holder is not None:
+                self._write(rec.bumped(self.view.version, holder=None, started=False,
+                                       generation=next_gen(rec.generation, self.view.version)), now)
+                self._event(EventKind.RECLAIM, rec, rec.holder, now)
+        for b, t in self.unacked_since.items():
+            if t + self.cfg.retry_after <= now:
+                self._dirty.add(b)
+        out: list[Effect] = []
+        if self.syncing and self.sync_sent + self.cfg.retry_after <= now:
+            out.extend(self._request_syncs(now))
+        return out + self._flush(now)
+
+    def next_deadline(self) -> float | None:
+        times = list(self.expiry.values())
+        times += [t + self.cfg.retry_after for t in self.unacked_since.values()]
+        if self.syncing:
+            times.append(self.sync_sent + self.cfg.retry_after)
+        return min(times) if times else None
+
+    def state_of(self, block: BlockId) -> LeaseState | None:
+        rec = self.records.get(block)
+        return rec.state if rec is not None else None
+
+    # --- holder requests (primary only) ---
+
+    def _on_grant(self, m: GrantRequest, now: float) -> list[Effect]:
+        assert self.view is not None
+        site = m.header.site
+        mine = [b for b in self._order if self.records[b].holder == site and not self.records[b].started]
+        need = max(0, min(m.want, self.cfg.max_grant) - len(mine))
+        reason = f"{len(mine)} held"
+        if need:
+            free = [b for b in self._order if self.records[b].state is LeaseState.FREE]
+            picked = free[:need]
+            kind = EventKind.GRANT
+            if not picked and m.steal:
+                picked = self._steal_candidates(site)[:need]
+                kind = EventKind.STEAL
+            for b in picked:
+                rec = self.records[b]
+                self._write(rec.bumped(self.view.version, holder=site, started=False,
+                                       generation=next_gen(rec.generation, self.view.version)), now)
+                self._event(kind, self.records[b], site, now)
+                self.expiry[b] = now + self.cfg.ttl
+            mine += picked
+            reason = f"granted {len(picked)} ({kind.value}), {len(mine)} held" if picked else (
+                f"nothing free{' or stealable' if m.steal else ''}, {len(mine)} held")
+        grants = tuple(Grant(b, self.records[b].generation, self.records[b].free_spans) for b in mine)
+        nfree = sum(1 for b in self._order if self.records[b].state is LeaseState.FREE)
+        reply = GrantReply(self.header(), m.req, grants, nfree, reason)
+        return self._answer(site, reply, [self.records[b] for b in mine])
+
+    def _steal_candidates(self, thief: SiteId) -> list[BlockId]:
+        """Leased-not-started blocks of other holders, from the holder with the most first."""
+        leased = [b for b in self._order if self.records[b].state is LeaseState.LEASED
+                  and self.records[b].holder != thief]
+        per: dict[SiteId | None, int] = {}
+        for b in leased:
+            per[self.records[b].holder] = per.get(self.records[b].holder, 0) + 1
+        return sorted(leased, key=lambda b: -per[self.records[b].holder])
+
+    def _check(self, site: SiteId, ref: LeaseRef) -> str:
+        """Why `site` does not hold lease `ref` here ("" when it does)."""
+        rec = self.records.get(ref.block_id)
+        if rec is None or ref.block_id not in self.serving:
+            return f"not serving block {ref.block_id} (ring version {self.header().ring_version})"
+        if ref.generation < rec.generation:
+            who = f"held by {rec.holder}" if rec.holder else f"now {rec.state.value}"
+            return f"stale: generation {ref.generation} < {rec.generation} for block {ref.block_id} ({who})"
+        if ref.generation > rec.generation or rec.holder != site:
+            return f"no lease: block {ref.block_id} generation {ref.generation} is not held by {site}"
+        return ""
+
+    def _on_renew(self, m: Renew, now: float) -> list[Effect]:
+        renewed, lost = [], []
+        for ref in m.leases:
+            why = self._check(m.header.site, ref)
+            if not why:
+                self.expiry[ref.block_id] = now + self.cfg.ttl
+                renewed.append(ref)
+            elif ref.block_id in self.serving:
+                lost.append(Refusal(ref.block_id, why))
+        return [Send(m.header.site, RenewReply(self.header(), tuple(renewed), tuple(lost), m.sent_at))]
+
+    def _on_start(self, m: Start, now: float) -> list[Effect]:
+        assert self.view is not None
+        why = self._check(m.header.site, m.lease)
+        if why:
+            return [Send(m.header.site, StartReply(self.header(), m.lease, False, why))]
+        rec = self.records[m.lease.block_id]
+        if not rec.started:
+            self._write(rec.bumped(self.view.version, started=True), now)
+        self.expiry[m.lease.block_id] = now + self.cfg.ttl
+        reply = StartReply(self.header(), m.lease, True, f"started block {m.lease.block_id}")
+        return self._answer(m.header.site, reply, [self.records[m.lease.block_id]])
+
+    def _on_trained(self, m: Trained, now: float) -> list[Effect]:
+        vouched, refused, touched = [], [], []
+        for c in m.claims:
+            why = self._claim(m.header.site, m.round, c, now)
+            if why:
+                refused.append(Refusal(c.lease.block_id, why))
+            else:
+                vouched.append(Voucher(c.lease.block_id, c.lease.generation, normalize(c.spans)))
+                touched.append(self.records[c.lease.block_id])
+        reply = TrainedReply(self.header(), m.round, tuple(vouched), tuple(refused))
+        return self._answer(m.header.site, reply, touched)
+
+    def _claim(self, site: SiteId, rnd: int, c: Claim, now: float) -> str:
+        assert self.view is not None
+        rec = self.records.get(c.lease.block_id)
+        spans = normalize(c.spans)
+        if rec is not None and c.lease.block_id in self.serving and PendingClaim(rnd, site, spans) in rec.pending:
+            return ""  # a retry of a claim already vouched
+        why = self._check(site, c.lease)
+        if why:
+            return why
+        if not rec.started:  # type: ignore[union-attr]
+            return f"block {c.lease.block_id} was never started by {site}"
+        if rnd <= self.ledger.last_round:
+            return f"round {rnd} is already decided (log at round {self.ledger.last_round})"
+        overlap = subtract(spans, rec.free_spans)  # type: ignore[union-attr]
+        if overlap:
+            return f"samples {fmt(overlap)} of block {c.lease.block_id} are already committed or claimed"
+        changes: dict[str, object] = {"pending": rec.pending + (PendingClaim(rnd, site, spans),)}  # type: ignore[union-attr]
+        if not c.keep:
+            changes.update(holder=None, started=False, generation=next_gen(rec.generation, self.view.version))  # type: ignore[union-attr]
+            self.expiry.pop(c.lease.block_id, None)
+        self._write(rec.bumped(self.view.version, **changes), now)  # type: ignore[union-attr]
+        return ""
+
+    def _on_release(self, m: Release, now: float) -> list[Effect]:
+        assert self.view is not None
+        for ref in m.leases:
+            if not self._check(m.header.site, ref):
+                rec = self.records[ref.block_id]
+                self._write(rec.bumped(self.view.version, holder=None, started=False,
+                                       generation=next_gen(rec.generation, self.view.version)), now)
+                self.expiry.pop(ref.block_id, None)
+                self._event(EventKind.RELEASE, rec, m.header.site, now)
+        return []
+
+    # --- replication between owners ---
+
+    def _on_replicate(self, m: Replicate, now: float) -> list[Effect]:
+        assert self.view is not None
+        acked = []
+        for rec in m.records:
+            if self.view.primary(rec.block_id) != m.header.site or self.site not in self.view.owners(rec.block_id):
+                continue
+            mine = self.records.get(rec.block_id)
+            if mine is None or rec.rev > mine.rev:
+                self.records[rec.block_id] = replace(rec, done=normalize(rec.done + self.ledger.done(rec.block_id)))
+            acked.append(BlockRev(rec.block_id, self.records[rec.block_id].rev))
+        return [Send(m.header.site, ReplicateAck(self.header(), tuple(acked)))]
+
+    def _on_replicate_ack(self, m: ReplicateAck, now: float) -> list[Effect]:
+        for b, rev in ((a.block_id, a.rev) for a in m.acked):
+            if b in self.serving:
+                per = self.acks.setdefault(b, {})
+                per[m.header.site] = max(rev, per.get(m.header.site, 0))
+                if self._quorum_holds(b, self.records[b].rev):
+                    self.unacked_since.pop(b, None)
+        return self._release_deferred()
+
+    def _on_sync_request(self, m: SyncRequest, now: float) -> list[Effect]:
+        held = {**self.retired, **self.records}
+        recs = tuple(held[b] for b in m.block_ids if b in held) if self.complete else ()
+        return [Send(m.header.site, SyncReply(self.header(), recs, self.complete))]
+
+    def _on_sync_reply(self, m: SyncReply, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        by_block = {r.block_id: r for r in m.records}
+        for b, s in list(self.syncing.items()):
+            if m.header.site not in s.waiting:
+                continue
+            s.waiting.discard(m.header.site)
+            if m.complete:
+                s.complete += 1
+                if b in by_block:
+                    s.got.append(by_block[b])
+            if not s.waiting:
+                del self.syncing[b]
+                out.extend(self._finish_sync(b, s, now))
+        return out
+
+    def _finish_sync(self, b: BlockId, s: _Sync, now: float) -> list[Effect]:
+        if s.complete < s.needed:
+            return self._rebuild(b, now)
+        assert self.view is not None
+        size, done = self.ledger.size(b), self.ledger.done(b)
+        base = fresh_record(b, size, done, self.view.version, self.ledger.data_epoch)
+        best = max((r for r in s.got if r.data_epoch == self.ledger.data_epoch), key=lambda r: r.rev,
+                   default=base)
+        merged = replace(best, done=done, pending=tuple(p for p in best.pending if p.round > self.ledger.last_round))
+        self._adopt(b, merged, now)
+        self._order_insert(b)
+        return []
+
+    # --- internals ---
+
+    def _fence(self, h: LeaseHeader) -> str:
+        me = self.header()
+        if self.view is None:
+            return "no ring view yet"
+        if h.leader_epoch < me.leader_epoch:
+            return f"stale: leader epoch {h.leader_epoch} < {me.leader_epoch}"
+        if h.ring_version != me.ring_version:
+            return f"ring version {h.ring_version} != {me.ring_version}"
+        if h.data_epoch != me.data_epoch:
+            return f"data epoch {h.data_epoch} != {me.data_epoch}"
+        return ""
+
+    def _adopt(self, b: BlockId, rec: LeaseRecord, now: float) -> None:
+        """Start serving `b` with `rec`: holders get a full ttl to find the new primary."""
+        self.serving.add(b)
+        self.records[b] = rec
+        if rec.holder is not None:
+            self.expiry[b] = now + self.cfg.ttl
+        self._dirty.add(b)
+        self.unacked_since[b] = now
+
+    def _rebuild(self, b: BlockId, now: float) -> list[Effect]:
+        assert self.view is not None
+        rec = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self.view.version, self.ledger.data_epoch)
+        self._adopt(b, rec, now)
+        self._order_insert(b)
+        return [LeaseEvent(EventKind.REBUILD, self.ledger.data_epoch, b, rec.generation, None, now)]
+
+    def _write(self, rec: LeaseRecord, now: float) -> None:
+        self.records[rec.block_id] = rec
+        self._dirty.add(rec.block_id)
+        self.unacked_since.setdefault(rec.block_id, now)
+
+    def _event(self, kind: EventKind, rec: LeaseRecord, site: SiteId | None, now: float) -> None:
+        cur = self.records[rec.block_id]
+        self._events.append(LeaseEvent(kind, self.ledger.data_epoch, rec.block_id, cur.generation, site, now))
+
+    def _quorum_holds(self, b: BlockId, rev: int) -> bool:
+        assert self.view is not None
+        owners = self.view.owners(b)
+        have = 1 + sum(1 for s, r in self.acks.get(b, {}).items() if s in owners and r >= rev)
+        return have >= quorum(len(owners))
+
+    def _answer(self, to: SiteId, reply: Message, recs: list[LeaseRecord]) -> list[Effect]:
+        needs = tuple((r.block_id, self.records[r.block_id].rev) for r in recs)
+        self.deferred.append(_Deferred(Send(to, reply), needs))
+        return []
+
+    def _release_deferred(self) -> list[Effect]:
+        out: list[Effect] = []
+        keep = []
+        for d in self.deferred:
+            if all(self._quorum_holds(b, rev) for b, rev in d.needs):
+                out.append(d.send)
+            else:
+                keep.append(d)
+        self.deferred = keep
+        return out
+
+    def _flush(self, now: float) -> list[Effect]:
+        """Push every changed record to its replicas (one message per replica), release answers."""
+        assert self.view is not None or not self._dirty
+        out: list[Effect] = list(self._events)
+        self._events.clear()
+        per: dict[SiteId, list[LeaseRecord]] = {}
+        for b in sorted(self._dirty):
+            if b not in self.serving:
+                continue
+            for r in self.view.owners(b)[1:]:  # type: ignore[union-attr]
+                per.setdefault(r, []).append(self.records[b])
+            if self._quorum_holds(b, self.records[b].rev):
+                self.unacked_since.pop(b, None)
+            else:
+                self.unacked_since[b] = now
+        self._dirty.clear()
+        out += [Send(r, Replicate(self.header(), tuple(recs))) for r, recs in sorted(per.items())]
+        return out + self._release_deferred()
+
+    def _request_syncs(self, now: float) -> list[Effect]:
+        self.sync_sent = now
+        per: dict[SiteId, list[BlockId]] = {}
+        for b, s in sorted(self.syncing.items()):
+            for m in s.waiting:
+                per.setdefault(m, []).append(b)
+        return [Send(m, SyncRequest(self.header(), tuple(bs))) for m, bs in sorted(per.items())]
+
+    def _rebuild_order(self) -> None:
+        """Serving blocks in a per-epoch shuffled order: the order free blocks are granted in."""
+        seed = self.ledger.data_epoch * 0x9E3779B97F4A7C15 + 1
+        self._order = sorted(self.serving, key=lambda b: score(seed, b))
+
+    def _order_insert(self, b: BlockId) -> None:
+        if b not in self._order:
+            self._order.append(b)
+            self._rebuild_order()
+
+    _handlers: Mapping[type, Callable[..., list[Effect]]] = {
+        GrantRequest: _on_grant, Renew: _on_renew, Start: _on_start, Trained: _on_trained,
+        Release: _on_release, Replicate: _on_replicate, ReplicateAck: _on_replicate_ack,
+        SyncRequest: _on_sync_request, SyncReply: _on_sync_reply,
+    }

@@ -1,0 +1,76 @@
+"""Exactly-once audit: epochs inferred from the log, duplicates, losses, lease-event counts."""
+
+from __future__ import annotations
+
+from peer.audit import EpochLedger, audit, event_from_json, event_to_json
+from peer.commitlog import SampleRange
+from peer.election import SiteId
+from peer.lease_types import BlockId, DataEpoch, EventKind, Gen, LeaseEvent, spans
+
+UNIVERSE = {1: 4, 2: 6}
+
+
+def entry(rnd: int, *contribs: tuple[str, list[tuple[int, int, int]]]) -> tuple[int, list]:
+    return rnd, [(SiteId(s), [SampleRange(b, x, y) for b, x, y in rs]) for s, rs in contribs]
+
+
+def ev(kind: EventKind, epoch: int, block: int, gen: int) -> LeaseEvent:
+    return LeaseEvent(kind, DataEpoch(epoch), BlockId(block), Gen(gen), SiteId("a"), 1.5)
+
+
+def test_epochs_follow_the_log_and_count_each_sample_once() -> None:
+    log = [entry(1, ("a", [(1, 0, 4)]), ("b", [(2, 0, 3)])), entry(2),
+           entry(3, ("a", [(2, 3, 6)])),                    # epoch 0 complete
+           entry(4, ("b", [(2, 0, 6), (1, 0, 2)]))]         # epoch 1 under way
+    e0, e1 = audit(UNIVERSE, log)
+    assert (e0.epoch, e0.ended, e0.committed_once, e0.duplicated, e0.lost, e0.rounds) == (0, True, 10, 0, 0, 2)
+    assert (e1.epoch, e1.ended, e1.committed_once, e1.lost) == (1, False, 8, 0)
+    assert e0.ok and e1.ok
+
+
+def test_a_sample_in_two_commits_is_a_duplicate() -> None:
+    log = [entry(1, ("a", [(1, 0, 3)])), entry(2, ("b", [(1, 2, 4), (2, 0, 1)])), entry(3, ("c", [(1, 2, 3)]))]
+    (e0,) = audit(UNIVERSE, log)
+    assert e0.duplicated == 1, "sample 2 of block 1 repeated twice still counts once"
+    assert e0.committed_once == 4 + 1 - 1
+    assert not e0.ok
+
+
+def test_a_duplicate_inside_one_entry_is_found() -> None:
+    (e0,) = audit(UNIVERSE, [entry(1, ("a", [(1, 0, 2)]), ("b", [(1, 1, 3)]))])
+    assert (e0.duplicated, e0.committed_once) == (1, 2)
+
+
+def test_when_the_run_ended_the_uncommitted_rest_is_lost() -> None:
+    log = [entry(1, ("a", [(1, 0, 4), (2, 0, 2)]))]
+    (running,) = audit(UNIVERSE, log)
+    (ended,) = audit(UNIVERSE, log, run_ended=True)
+    assert (running.lost, running.ok) == (0, True)
+    assert (ended.lost, ended.ok) == (4, False)
+
+
+def test_foreign_samples_are_a_violation() -> None:
+    (e0,) = audit(UNIVERSE, [entry(1, ("a", [(77, 0, 1), (1, 0, 1)]))])
+    assert e0.foreign == 1 and not e0.ok
+
+
+def test_lease_events_are_counted_per_epoch_and_deduplicated() -> None:
+    events = [ev(EventKind.GRANT, 0, 1, 10), ev(EventKind.GRANT, 0, 2, 10), ev(EventKind.STEAL, 0, 2, 11),
+              ev(EventKind.RECLAIM, 0, 1, 11), ev(EventKind.GRANT, 0, 1, 12), ev(EventKind.RELEASE, 0, 1, 13),
+              ev(EventKind.GRANT, 0, 1, 10),  # the same event from a second peer's ledger
+              ev(EventKind.GRANT, 1, 1, 10)]
+    log = [entry(1, ("a", [(1, 0, 4), (2, 0, 6)])), entry(2, ("a", [(1, 0, 1)]))]
+    e0, e1 = audit(UNIVERSE, log, events)
+    assert (e0.grants, e0.reclaimed, e0.stolen, e0.reclaimed_pct) == (4, 1, 1, 25.0)
+    assert (e1.grants, e1.reclaimed, e1.reclaimed_pct) == (1, 0, 0.0)
+
+
+def test_ledger_replay_is_the_rebuild_source() -> None:
+    log = [entry(1, ("a", [(1, 0, 4), (2, 0, 6)])), entry(2, ("b", [(2, 1, 3)]))]
+    ledger = EpochLedger.from_log(UNIVERSE, log)
+    assert (ledger.data_epoch, ledger.last_round, ledger.done(BlockId(2)), ledger.done(BlockId(1))) == (1, 2, spans((1, 3)), ())
+
+
+def test_event_json_round_trip() -> None:
+    e = ev(EventKind.STEAL, 3, 812, (5 << 32) + 2)
+    assert event_from_json(event_to_json(e)) == e
