@@ -25,6 +25,7 @@ from ops.placement.config import JobShape
 from ops.placement.timeline import Counting, Segment, periodic_segments, time_to_target
 
 _MAX_HORIZON_S = 10 * 365 * 86400.0  # past ten years the target is "never"
+_SLOWDOWN = 100.0  # ...and past 100x the time at full speed (gang runs whose jobs rarely overlap)
 _TIE = 1e-3  # relative time-to-target difference treated as a tie (then fewer node-hours win)
 
 
@@ -59,16 +60,18 @@ class Option:
 
 
 def evaluate(options: Sequence[Option], target_tokens: float, counting: Counting = Counting.ELASTIC) -> float:
-    """Time-to-target (s) of `options` together; math.inf if never within ten years."""
+    """Time-to-target (s) of `options` together; math.inf if never (see _SLOWDOWN)."""
     total = sum(o.tokens_per_s for o in options)
     if total <= 0 or not options:
         return math.inf
-    # Horizon: long enough for the whole pool at full speed, doubled until the target is inside it.
-    horizon = max(o.end_s for o in options) + 2 * target_tokens / total
-    while horizon <= _MAX_HORIZON_S:
+    # Horizon: long enough for the whole pool at full speed, doubled until the target is inside it;
+    # a target more than _SLOWDOWN times further away than at full speed counts as never reached.
+    full_speed = max(o.end_s for o in options) + target_tokens / total
+    horizon, cap = 2 * full_speed, min(_MAX_HORIZON_S, _SLOWDOWN * full_speed)
+    while horizon <= 2 * cap:
         ttt = time_to_target([o.segments(horizon) for o in options], target_tokens, counting)
         if ttt <= horizon:
-            return ttt
+            return ttt if ttt <= cap else math.inf
         horizon *= 2
     return math.inf
 
