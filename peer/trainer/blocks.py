@@ -1,0 +1,165 @@
+"""Data blocks: stable IDs, per-block sample order, and sample ranges (the per-sample cursor).
+
+A block is a run of `block_samples` consecutive packed samples of one shard (the last block of a
+shard may be shorter). Its ID is a uint64 (the `SampleRange.block_id` of protos/consensus.proto):
+
+    bits 63..48  fingerprint of (shards, tokenizer, seq_len, block_samples, held-out rule, seed)
+    bits 47..24  shard index
+    bits 23..0   block index inside the shard
+
+so every site derives the same IDs from the data config and seed alone, whatever the number of
+sites, an ID from a different config is recognised as foreign, and reading block X needs only X's
+shard (a memory-mapped slice), never the blocks before it. Inside a block, samples are visited in a
+permutation seeded by (seed, block ID); `SampleRange(block_id, start, end)` names positions
+[start, end) of that order, which is what leases grant and what a round reports it trained.
+
+Try it:
+    .venv/bin/python -c "from peer.trainer.blocks import BlockIndex; from peer.trainer.config import DataConfig; b=BlockIndex(DataConfig.shipped()); print(len(b.blocks), b.blocks[0])"
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import blake3
+import numpy as np
+import torch
+
+from peer.trainer.config import DataConfig
+from peer.trainer.data import Corpus
+
+_SHARD_BITS = 24
+_INDEX_BITS = 24
+
+
+@dataclass(frozen=True, order=True)
+class SampleRange:
+    """Samples [start, end) of block `block_id`, in the block's own deterministic order."""
+
+    block_id: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"empty or negative sample range {self}")
+
+    @property
+    def num_samples(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    block_id: int
+    shard: int
+    index: int
+    """Block number inside its shard."""
+    num_samples: int
+
+    def full_range(self) -> SampleRange:
+        return SampleRange(self.block_id, 0, self.num_samples)
+
+
+def config_fingerprint(cfg: DataConfig, tokenizer_fingerprint: str) -> int:
+    """16-bit tag of everything that changes which tokens a block ID denotes."""
+    ident = {
+        "shards": list(cfg.shards), "tokenizer": tokenizer_fingerprint, "seq_len": cfg.seq_len,
+        "block_samples": cfg.block_samples, "heldout_per_mille": cfg.heldout_per_mille,
+        "text_field": cfg.text_field, "max_documents": cfg.max_documents, "seed": cfg.seed,
+    }
+    return int.from_bytes(blake3.blake3(json.dumps(ident, sort_keys=True).encode()).digest(2), "big")
+
+
+def make_block_id(fingerprint: int, shard: int, index: int) -> int:
+    if not (0 <= shard < 1 << _SHARD_BITS and 0 <= index < 1 << _INDEX_BITS):
+        raise ValueError(f"shard {shard} / block {index} out of range for a block ID")
+    return (fingerprint << (_SHARD_BITS + _INDEX_BITS)) | (shard << _INDEX_BITS) | index
+
+
+def split_block_id(block_id: int) -> tuple[int, int, int]:
+    """(fingerprint, shard, index) of a block ID."""
+    mask = (1 << _INDEX_BITS) - 1
+    return block_id >> (_SHARD_BITS + _INDEX_BITS), (block_id >> _INDEX_BITS) & mask, block_id & mask
+
+
+class BlockIndex:
+    """The epoch's blocks for one `DataConfig`, and random access to their samples."""
+
+    def __init__(self, cfg: DataConfig, corpus: Corpus | None = None) -> None:
+        self.cfg = cfg
+        self.corpus = corpus or Corpus(cfg)
+        self.fingerprint = config_fingerprint(cfg, self.corpus.tokenizer.fingerprint)
+        self._blocks: list[BlockInfo] | None = None
+
+    @property
+    def blocks(self) -> list[BlockInfo]:
+        """All blocks of the epoch in (shard, index) order. Tokenizes every shard on first use."""
+        if self._blocks is None:
+            out = []
+            for shard in range(len(self.cfg.shards)):
+                n, b = self.corpus.num_samples(shard), self.cfg.block_samples
+                for index in range((n + b - 1) // b):
+                    out.append(BlockInfo(make_block_id(self.fingerprint, shard, index), shard, index,
+                                         min(b, n - index * b)))
+            self._blocks = out
+        return self._blocks
+
+    def epoch_order(self) -> list[BlockInfo]:
+        """A seeded shuffle of the blocks: the order a single trainer (or the lease owner) hands them out."""
+        perm = np.random.default_rng([self.cfg.seed, 0xB10C]).permutation(len(self.blocks))
+        return [self.blocks[i] for i in perm]
+
+    def info(self, block_id: int) -> BlockInfo:
+        """The block with this ID, computed from its shard alone."""
+        fp, shard, index = split_block_id(block_id)
+        if fp != self.fingerprint or shard >= len(self.cfg.shards):
+            raise KeyError(f"block {block_id:#x} does not belong to this data config")
+        n, b = self.corpus.num_samples(shard), self.cfg.block_samples
+        if index * b >= n:
+            raise KeyError(f"block {block_id:#x}: shard {shard} has only {(n + b - 1) // b} blocks")
+        return BlockInfo(block_id, shard, index, min(b, n - index * b))
+
+    def sample_order(self, info: BlockInfo) -> np.ndarray:
+        """Shard-level sample indices of the block, in the block's training order."""
+        rng = np.random.default_rng([self.cfg.seed, info.block_id >> 32, info.block_id & 0xFFFFFFFF])
+        return info.index * self.cfg.block_samples + rng.permutation(info.num_samples)
+
+    def read(self, r: SampleRange) -> torch.Tensor:
+        """Samples [start, end) of a block as a [n, seq_len] int64 tensor."""
+        info = self.info(r.block_id)
+        if r.end > info.num_samples:
+            raise IndexError(f"{r} exceeds the block's {info.num_samples} samples")
+        return self.corpus.samples(info.shard, self.sample_order(info)[r.start:r.end])
+
+    def read_ranges(self, ranges: Iterable[SampleRange]) -> torch.Tensor:
+        return torch.cat([self.read(r) for r in ranges])
+
+
+def take_samples(queue: list[SampleRange], n: int) -> tuple[list[SampleRange], list[SampleRange]]:
+    """Split off the first `n` samples of a queue of ranges: (taken, rest). Splits a range if needed."""
+    taken: list[SampleRange] = []
+    rest = list(queue)
+    while n > 0 and rest:
+        r = rest.pop(0)
+        if r.num_samples <= n:
+            taken.append(r)
+            n -= r.num_samples
+        else:
+            taken.append(SampleRange(r.block_id, r.start, r.start + n))
+            rest.insert(0, SampleRange(r.block_id, r.start + n, r.end))
+            n = 0
+    return taken, rest
+
+
+def merge_ranges(ranges: Sequence[SampleRange]) -> list[SampleRange]:
+    """Sorted, with adjacent or overlapping ranges of the same block joined (a compact cursor)."""
+    out: list[SampleRange] = []
+    for r in sorted(ranges):
+        if out and out[-1].block_id == r.block_id and r.start <= out[-1].end:
+            out[-1] = SampleRange(r.block_id, out[-1].start, max(out[-1].end, r.end))
+        else:
+            out.append(r)
+    return out

@@ -1,0 +1,226 @@
+"""The site's trainer: DiLoCo's inner loop (H AdamW steps from the global weights) and evaluation.
+
+DiLoCo (Douillard et al. 2023, arXiv:2311.08105, Algorithm 1, lines 3-8): a site copies the global
+weights θ, runs H inner AdamW steps on its own data, and returns the pseudo-gradient Δ = θ − θ_H
+together with the tokens it trained. The inner optimizer state (AdamW moments, step count) stays on
+the site across rounds, as in the paper; it is never averaged.
+
+Inside a site the trainer is data-parallel over torch.distributed when the process group is
+initialised (`torchrun`/`srun`): DDP averages gradients, gradient accumulation skips the all-reduce
+on all but the last micro-step. Rank 0 talks to the mesh; `train_round` broadcasts rank 0's
+arguments, so the other ranks may pass None. Every inner step consumes `batch_size` samples for the
+whole site, split across ranks by stride, so the samples trained do not depend on the world size.
+
+Try it (one site, shipped corpus, a few steps):
+    .venv/bin/python -c "from peer.trainer.inner import demo; demo()"
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from peer.trainer.blocks import BlockIndex, SampleRange, merge_ranges, take_samples
+from peer.trainer.config import DataConfig, InnerConfig, TrainerConfig
+from peer.trainer.evaluate import perplexity
+from peer.trainer.model import autocast, build_model, load_weights, pick_device, weights
+
+
+@dataclass
+class RoundResult:
+    """What a site returns after a round; rank 0's copy is the one the mesh uses."""
+
+    pseudo_gradient: dict[str, torch.Tensor]
+    """θ_global − θ_local by parameter name, fp32 on CPU."""
+    tokens: int
+    """Tokens trained in this round by the whole site (samples x seq_len); the outer-step weight."""
+    trained: list[SampleRange]
+    """Exactly the samples trained (merged ranges); untrained samples of the given ranges are not
+    here and go back to the lease pool."""
+    steps: int
+    mean_loss: float
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    """Per-step training loss (site mean), for logs and benches."""
+
+
+def lr_at(cfg: InnerConfig, step: int) -> float:
+    """Linear warm-up to `lr`, then cosine to `lr * min_lr_ratio` at `total_steps`, then flat."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _dist() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Trainer:
+    """One site's trainer. Construct on every rank of the site with the same config."""
+
+    def __init__(self, cfg: TrainerConfig, index: BlockIndex | None = None) -> None:
+        self.cfg = cfg
+        self.rank, self.world = _dist()
+        inner = cfg.inner
+        if inner.batch_size % (self.world * inner.micro_batch_size):
+            raise ValueError(f"batch_size={inner.batch_size} is not a multiple of world={self.world} "
+                             f"x micro_batch_size={inner.micro_batch_size}")
+        self.accum = inner.batch_size // (self.world * inner.micro_batch_size)
+        self.device = pick_device(inner.device)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+        self.index = index or BlockIndex(cfg.data)
+        if self.index.corpus.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ValueError(f"tokenizer has {self.index.corpus.tokenizer.vocab_size} tokens, model "
+                             f"{cfg.model.name} only {cfg.model.vocab_size} embedding rows")
+        self.module = build_model(cfg.model, self.device, seed=inner.seed)
+        self.module.train()
+        net: torch.nn.Module = self.module
+        if self.world > 1:
+            net = DistributedDataParallel(net, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.ddp = net if self.world > 1 else None
+        self.net = torch.compile(net) if inner.compile else net
+        decay = [p for p in self.module.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.module.parameters() if p.ndim < 2]  # norms: decay would only shrink them
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": inner.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=inner.lr, betas=inner.betas, eps=inner.eps, fused=self.device.type == "cuda",
+        )
+        self.step = 0
+        """Inner steps this site has taken over the run (drives the LR schedule)."""
+        self._heldout: torch.Tensor | None = None
+
+    # -- weights ---------------------------------------------------------------------------------
+    def global_weights(self) -> dict[str, torch.Tensor]:
+        """The model's current weights as a weight dict (fp32, CPU)."""
+        return weights(self.module)
+
+    def load_global(self, state: dict[str, torch.Tensor]) -> None:
+        """Set the model to the global weights θ (every rank must pass the same state)."""
+        load_weights(self.module, state)
+
+    def inner_state(self) -> dict[str, Any]:
+        """Site-local state to checkpoint: AdamW moments and the inner step count."""
+        return {"optimizer": self.optimizer.state_dict(), "step": self.step}
+
+    def load_inner_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+
+    # -- training --------------------------------------------------------------------------------
+    def _broadcast(self, obj: Any) -> Any:
+        if self.world == 1:
+            return obj
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def train_round(
+        self,
+        global_state: dict[str, torch.Tensor] | None,
+        ranges: list[SampleRange] | None,
+        inner_steps: int | None,
+        start_step: int | None = None,
+    ) -> RoundResult:
+        """Run up to `inner_steps` AdamW steps from `global_state` on the samples of `ranges`.
+
+        Samples are taken in the order of `ranges`, `batch_size` per step; a remainder smaller than
+        one batch is left untrained (and absent from `trained`). `start_step` places the round on the
+        LR schedule (the node passes round x H so that a site that rejoins uses the run's current
+        LR); by default the site's own step counter continues. With torch.distributed, only rank 0's
+        arguments count.
+        """
+        global_state, ranges, inner_steps, start_step = self._broadcast(
+            (global_state, ranges, inner_steps, start_step))
+        assert global_state is not None and ranges is not None and inner_steps is not None
+        if inner_steps < 0:
+            raise ValueError(f"inner_steps={inner_steps} must be >= 0")
+        if start_step is not None:
+            self.step = start_step
+        t0 = time.perf_counter()
+        self.load_global(global_state)
+        inner, L = self.cfg.inner, self.cfg.data.seq_len
+        queue, trained, losses = list(ranges), [], []
+        for _ in range(inner_steps):
+            batch_ranges, queue = take_samples(queue, inner.batch_size)
+            if sum(r.num_samples for r in batch_ranges) < inner.batch_size:
+                break
+            losses.append(self._step(self.index.read_ranges(batch_ranges)))
+            trained.extend(batch_ranges)
+        local = weights(self.module)
+        delta = {n: torch.sub(global_state[n].to(torch.float32), local[n]) for n in local}
+        return RoundResult(
+            pseudo_gradient=delta, tokens=len(losses) * inner.batch_size * L, trained=merge_ranges(trained),
+            steps=len(losses), mean_loss=sum(losses) / len(losses) if losses else float("nan"),
+            seconds=time.perf_counter() - t0, losses=losses,
+        )
+
+    def _step(self, batch: torch.Tensor) -> float:
+        """One optimizer step on this site's batch [batch_size, L]; returns the site-mean loss."""
+        inner = self.cfg.inner
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(inner, self.step)
+        mine = batch[self.rank::self.world].to(self.device, non_blocking=True)
+        total = torch.zeros((), device=self.device)
+        for i in range(self.accum):
+            x = mine[i * inner.micro_batch_size:(i + 1) * inner.micro_batch_size]
+            last = i == self.accum - 1
+            # DDP all-reduces on every backward unless told not to: only the last micro-step syncs.
+            sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
+            with sync:
+                with autocast(self.device, inner.autocast_bf16):
+                    loss = self.net(input_ids=x, labels=x).loss / self.accum
+                loss.backward()
+            total += loss.detach()
+        if inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), inner.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.world > 1:
+            dist.all_reduce(total)
+            total /= self.world
+        return float(total)
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate(self, state: dict[str, torch.Tensor] | None = None, batch_size: int = 16) -> float:
+        """Held-out perplexity of `state` (default: the current weights) on the fixed held-out set.
+
+        Loads `state` into the model; harmless between rounds because every round starts by loading
+        the global weights. Ranks evaluate interleaved slices of the set.
+        """
+        if state is not None:
+            self.load_global(state)
+        if self._heldout is None:
+            self._heldout = self.index.corpus.heldout(self.cfg.eval_samples)
+        return perplexity(self.module, self._heldout[self.rank::self.world], self.device,
+                          self.cfg.inner.autocast_bf16, batch_size, self.world)
+
+
+def demo(steps: int = 20) -> None:
+    """Train the tiny preset for a few steps on the shipped corpus and print loss and perplexity."""
+    from peer.trainer.config import MODEL_PRESETS
+
+    torch.set_num_threads(2)
+    cfg = TrainerConfig(MODEL_PRESETS["tiny"], DataConfig.shipped(), InnerConfig(total_steps=steps, warmup_steps=5),
+                        eval_samples=64)
+    t = Trainer(cfg)
+    theta = t.global_weights()
+    print(f"held-out ppl at init: {t.evaluate(theta):.1f}")
+    queue = [b.full_range() for b in t.index.epoch_order()]
+    r = t.train_round(theta, queue, steps)
+    print(f"{r.steps} steps, {r.tokens} tokens, loss {r.losses[0]:.3f} -> {r.losses[-1]:.3f}, {r.seconds:.1f}s")
+    local = {n: theta[n] - r.pseudo_gradient[n] for n in theta}
+    print(f"held-out ppl after: {t.evaluate(local):.1f}")
