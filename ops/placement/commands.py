@@ -85,7 +85,9 @@ def _options(probe: SiteProbe, now: datetime) -> tuple[list[Option], Option]:
     else:
         start = max(0.0, (job.start - now).total_seconds()) if job.start else default.start_s
         end = start + limit
-    existing = Option(site.name, site.shape, start, default.tokens_per_s, default.resubmit_wait_s, end, job.job_id)
+    existing = Option(
+        site.name, site.shape, start, default.tokens_per_s, default.resubmit_wait_s, end, job.job_id
+    )
     return [existing], existing
 
 
@@ -123,7 +125,9 @@ def _throughputs(run: cfg.PlacementRun, args: argparse.Namespace) -> cfg.Placeme
     given = dict(getattr(args, "tokens_per_s", None) or [])
     unknown = sorted(set(given) - set(run.sites))
     if unknown:
-        raise cfg.PlacementConfigError(f"--tokens-per-s names site(s) without a slurm table: {', '.join(unknown)}")
+        raise cfg.PlacementConfigError(
+            f"--tokens-per-s names site(s) without a slurm table: {', '.join(unknown)}"
+        )
     rates.update(given)
     sites = {n: replace(s, tokens_per_s=rates.get(n, s.tokens_per_s)) for n, s in run.sites.items()}
     return replace(run, sites=sites)
@@ -157,7 +161,12 @@ def _probe_json(probe: SiteProbe) -> dict[str, Any]:
             for p in probe.predictions
         ],
         "jobs": [
-            {"job_id": j.job_id, "state": j.state, "start": _iso(j.start) if j.start else None, "started": j.started}
+            {
+                "job_id": j.job_id,
+                "state": j.state,
+                "start": _iso(j.start) if j.start else None,
+                "started": j.started,
+            }
             for j in probe.jobs.values()
         ],
     }
@@ -186,10 +195,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for p in probes:
             for pr in p.predictions:
                 assert p.calibration is not None
-                rows.append([
-                    p.site.name, pr.shape.describe(), _iso(pr.answer.start), _hours(pr.wait_s),
-                    _hours(p.calibration.wait_s(pr.wait_s)), pr.answer.partition, pr.answer.nodelist,
-                ])  # fmt: skip
+                rows.append(
+                    [
+                        p.site.name,
+                        pr.shape.describe(),
+                        _iso(pr.answer.start),
+                        _hours(pr.wait_s),
+                        _hours(p.calibration.wait_s(pr.wait_s)),
+                        pr.answer.partition,
+                        pr.answer.nodelist,
+                    ]
+                )
         if len(rows) > 1:
             _print_table(rows)
         for p in probes:
@@ -209,8 +225,11 @@ def place(run: cfg.PlacementRun, log: PredictionLog) -> tuple[Plan | None, list[
     if not answered:
         return None, probes, now
     options = {p.site.name: _options(p, now) for p in answered}
-    plan = make_plan({n: o[0] for n, o in options.items()}, {n: o[1] for n, o in options.items()},
-                     run.placement.target_tokens)  # fmt: skip
+    plan = make_plan(
+        {n: o[0] for n, o in options.items()},
+        {n: o[1] for n, o in options.items()},
+        run.placement.target_tokens,
+    )
     return plan, probes, now
 
 
@@ -219,11 +238,16 @@ def _print_plan(plan: Plan, now: datetime) -> None:
     rows = [["SITE", "ACTION", "SHAPE", "START", "TOK/S", "REASON"]]
     for d in plan.decisions:
         action = "submit" if d.submit else ("has job" if d.option and d.option.existing_job else "skip")
-        rows.append([
-            d.site, action, d.option.shape.describe() if d.option else "-",
-            _hours(d.option.start_s) if d.option else "-",
-            f"{d.option.tokens_per_s:,.0f}" if d.option else "-", d.reason,
-        ])  # fmt: skip
+        rows.append(
+            [
+                d.site,
+                action,
+                d.option.shape.describe() if d.option else "-",
+                _hours(d.option.start_s) if d.option else "-",
+                f"{d.option.tokens_per_s:,.0f}" if d.option else "-",
+                d.reason,
+            ]
+        )
     _print_table(rows)
     gain = 1 - plan.time_to_target_s / plan.wait_for_all_s if math.isfinite(plan.wait_for_all_s) else 1.0
     print(
@@ -238,8 +262,13 @@ def cmd_place(args: argparse.Namespace) -> int:
     plan, probes, now = place(run, PredictionLog(run.placement.log))
     if args.json:
         body = plan.to_json() if plan else {}
-        print(json.dumps({"planned_at": _iso(now), "plan": body, "probes": [_probe_json(p) for p in probes]},
-                         indent=2, sort_keys=True))  # fmt: skip
+        print(
+            json.dumps(
+                {"planned_at": _iso(now), "plan": body, "probes": [_probe_json(p) for p in probes]},
+                indent=2,
+                sort_keys=True,
+            )
+        )
     elif plan:
         _print_plan(plan, now)
     _print_errors(probes)
@@ -249,10 +278,12 @@ def cmd_place(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     run = _throughputs(cfg.load(args.config), args)
     log = PredictionLog(run.placement.log)
-    plan, probes, now = place(run, log)
+    plan, probes, _ = place(run, log)
     _print_errors(probes)
     if plan is None or any(p.error for p in probes):
-        print("nothing submitted: every site must answer its probe before a plan is submitted", file=sys.stderr)
+        print(
+            "nothing submitted: every site must answer its probe before a plan is submitted", file=sys.stderr
+        )
         return 1
     wanted = set(args.site or run.sites)
     predicted = {(p.site.name, pr.shape): pr for p in probes for pr in p.predictions}
@@ -270,13 +301,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"# {d.site}: would run (script on stdin): {' '.join(cmd)}\n{script}")
             continue
         job_id = slurm.submit(d.option.shape, name, script)
-        log.record_submit(d.site, job_id, utc_now(), predicted[(d.site, d.option.shape)].answer.start, d.option.shape)
+        log.record_submit(
+            d.site, job_id, utc_now(), predicted[(d.site, d.option.shape)].answer.start, d.option.shape
+        )
         submitted.append({"site": d.site, "job_id": job_id, "shape": d.option.shape.to_json()})
         if not args.json:
             print(f"{d.site}: submitted job {job_id} ({d.option.shape.describe()}); {d.reason}")
     if args.json:
-        print(json.dumps({"plan": plan.to_json(), "submitted": submitted, "dry_run": bool(args.dry_run)},
-                         indent=2, sort_keys=True))  # fmt: skip
+        print(
+            json.dumps(
+                {"plan": plan.to_json(), "submitted": submitted, "dry_run": bool(args.dry_run)},
+                indent=2,
+                sort_keys=True,
+            )
+        )
     return 0
 
 
@@ -298,24 +336,46 @@ def _guard(func: Any) -> Any:
 
 def register(subparsers: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", required=True, help="the run file (TOML) with [placement] and [sites.NAME.slurm]")
+    common.add_argument(
+        "--config", required=True, help="the run file (TOML) with [placement] and [sites.NAME.slurm]"
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output (see docs/placement.md)")
     rates = argparse.ArgumentParser(add_help=False)
-    rates.add_argument("--tokens-per-s", metavar="SITE=RATE", type=_parse_rate, action="append",
-                       help="measured tokens/s of SITE's configured shape, overriding the run file (repeatable)")
-    rates.add_argument("--peer", metavar="HOST:PORT",
-                       help="a running peer whose Admin/Status gives the tokens/s the sites gossip")  # fmt: skip
+    rates.add_argument(
+        "--tokens-per-s",
+        metavar="SITE=RATE",
+        type=_parse_rate,
+        action="append",
+        help="measured tokens/s of SITE's configured shape, overriding the run file (repeatable)",
+    )
+    rates.add_argument(
+        "--peer",
+        metavar="HOST:PORT",
+        help="a running peer whose Admin/Status gives the tokens/s the sites gossip",
+    )
 
-    p = subparsers.add_parser("probe", parents=[common], help="predicted start per site and shape (sbatch --test-only)")
-    p.add_argument("--site", help="probe only this site (default: every site with a [sites.NAME.slurm] table)")
+    p = subparsers.add_parser(
+        "probe", parents=[common], help="predicted start per site and shape (sbatch --test-only)"
+    )
+    p.add_argument(
+        "--site", help="probe only this site (default: every site with a [sites.NAME.slurm] table)"
+    )
     p.set_defaults(func=_guard(cmd_probe))
 
-    p = subparsers.add_parser("place", parents=[common, rates], help="plan which sites to ask for which shape")
+    p = subparsers.add_parser(
+        "place", parents=[common, rates], help="plan which sites to ask for which shape"
+    )
     p.set_defaults(func=_guard(cmd_place))
 
-    p = subparsers.add_parser("submit", parents=[common, rates], help="submit the planned jobs with sbatch templates")
-    p.add_argument("--site", action="append", help="submit only at this site (repeatable; the plan still uses all)")
-    p.add_argument("--dry-run", action="store_true", help="print the sbatch commands and scripts, submit nothing")
+    p = subparsers.add_parser(
+        "submit", parents=[common, rates], help="submit the planned jobs with sbatch templates"
+    )
+    p.add_argument(
+        "--site", action="append", help="submit only at this site (repeatable; the plan still uses all)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the sbatch commands and scripts, submit nothing"
+    )
     p.set_defaults(func=_guard(cmd_submit))
 
     queue_model.register(subparsers)

@@ -236,16 +236,32 @@ class PlacementRun:
             return [self.sites[name] for name in sorted(self.sites)]
         if site not in self.sites:
             known = ", ".join(sorted(self.sites)) or "none"
-            raise PlacementConfigError(f"{self.path}: no [sites.{site}.slurm] table (sites with one: {known})")
+            raise PlacementConfigError(
+                f"{self.path}: no [sites.{site}.slurm] table (sites with one: {known})"
+            )
         return [self.sites[site]]
 
 
 _PLACEMENT_KEYS = {"target_tokens", "log", "calibration_min_samples", "probe_timeout_s"}
 _SLURM_KEYS = {
-    "nodes", "node_options", "gpus_per_node", "time", "partition", "account", "qos", "extra_args",
-    "command_prefix", "template", "signal_seconds", "peer_command", "remote_config", "workdir",
-    "modules", "setup", "env",
-}  # fmt: skip
+    "nodes",
+    "node_options",
+    "gpus_per_node",
+    "time",
+    "partition",
+    "account",
+    "qos",
+    "extra_args",
+    "command_prefix",
+    "template",
+    "signal_seconds",
+    "peer_command",
+    "remote_config",
+    "workdir",
+    "modules",
+    "setup",
+    "env",
+}
 
 
 def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, path: Path) -> None:

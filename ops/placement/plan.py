@@ -81,7 +81,9 @@ def node_seconds(options: Sequence[Option], until_s: float) -> float:
     if math.isinf(until_s):
         return math.inf
     return sum(
-        o.shape.nodes * max(0.0, min(until_s, s.end_s) - s.start_s) for o in options for s in o.segments(until_s)
+        o.shape.nodes * max(0.0, min(until_s, s.end_s) - s.start_s)
+        for o in options
+        for s in o.segments(until_s)
     )
 
 
@@ -109,7 +111,11 @@ class Plan:
 
     @property
     def training_starts_s(self) -> float:
-        starts = [d.option.start_s for d in self.decisions if d.option is not None and (d.submit or d.option.existing_job)]
+        starts = [
+            d.option.start_s
+            for d in self.decisions
+            if d.option is not None and (d.submit or d.option.existing_job)
+        ]
         return min(starts, default=math.inf)
 
     def to_json(self) -> dict[str, Any]:
@@ -150,7 +156,11 @@ def make_plan(
     """The best combination of one option per site (see the module docstring)."""
     sites = sorted(candidates)
     useful = {s: [o for o in candidates[s] if o.tokens_per_s > 0] for s in sites}
-    skipped = {s: "no throughput known: set [sites.NAME].tokens_per_s or pass --tokens-per-s" for s in sites if not useful[s]}
+    skipped = {
+        s: "no throughput known: set [sites.NAME].tokens_per_s or pass --tokens-per-s"
+        for s in sites
+        if not useful[s]
+    }
     active = [s for s in sites if useful[s]]
     n_combos = math.prod(len(useful[s]) for s in active)
     if n_combos > max_combinations:
@@ -174,18 +184,33 @@ def make_plan(
             continue
         opt = chosen[s]
         if opt.existing_job:
-            decisions.append(Decision(s, False, opt, f"job {opt.existing_job} already submitted; starts {_hours(opt.start_s)}"))
+            decisions.append(
+                Decision(
+                    s, False, opt, f"job {opt.existing_job} already submitted; starts {_hours(opt.start_s)}"
+                )
+            )
             continue
         if opt.start_s >= ttt:
-            decisions.append(Decision(s, False, opt, f"predicted start {_hours(opt.start_s)} is after the target is reached ({_hours(ttt)})"))
+            decisions.append(
+                Decision(
+                    s,
+                    False,
+                    opt,
+                    f"predicted start {_hours(opt.start_s)} is after the target is reached ({_hours(ttt)})",
+                )
+            )
             continue
         alternatives = []
         for alt in useful[s]:
             if alt is not opt:
                 alt_ttt = evaluate([alt if o is opt else o for o in chosen.values()], target_tokens)
-                alternatives.append(f"{alt.shape.nodes} nodes (start {_hours(alt.start_s)}) -> {_hours(alt_ttt)}")
+                alternatives.append(
+                    f"{alt.shape.nodes} nodes (start {_hours(alt.start_s)}) -> {_hours(alt_ttt)}"
+                )
         why = f"{opt.shape.nodes} nodes start {_hours(opt.start_s)}, {opt.tokens_per_s:,.0f} tok/s"
-        decisions.append(Decision(s, True, opt, why + ("; instead of " + ", ".join(alternatives) if alternatives else "")))
+        decisions.append(
+            Decision(s, True, opt, why + ("; instead of " + ", ".join(alternatives) if alternatives else ""))
+        )
     return Plan(
         target_tokens=target_tokens,
         time_to_target_s=ttt,

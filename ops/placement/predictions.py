@@ -74,21 +74,41 @@ class PredictionLog:
         return out
 
     def record_probe(self, p: Prediction) -> None:
-        self._append({
-            "kind": "probe", "site": p.site, "at": p.probed_at.isoformat(),
-            "predicted_start": p.answer.start.isoformat(), "partition": p.answer.partition,
-            "nodelist": p.answer.nodelist, "shape": p.shape.to_json(),
-        })  # fmt: skip
+        self._append(
+            {
+                "kind": "probe",
+                "site": p.site,
+                "at": p.probed_at.isoformat(),
+                "predicted_start": p.answer.start.isoformat(),
+                "partition": p.answer.partition,
+                "nodelist": p.answer.nodelist,
+                "shape": p.shape.to_json(),
+            }
+        )
 
-    def record_submit(self, site: str, job_id: str, at: datetime, predicted_start: datetime, shape: JobShape) -> None:
-        self._append({
-            "kind": "submit", "site": site, "at": at.isoformat(), "job_id": job_id,
-            "predicted_start": predicted_start.isoformat(), "shape": shape.to_json(),
-        })  # fmt: skip
+    def record_submit(
+        self, site: str, job_id: str, at: datetime, predicted_start: datetime, shape: JobShape
+    ) -> None:
+        self._append(
+            {
+                "kind": "submit",
+                "site": site,
+                "at": at.isoformat(),
+                "job_id": job_id,
+                "predicted_start": predicted_start.isoformat(),
+                "shape": shape.to_json(),
+            }
+        )
 
     def record_start(self, site: str, job_id: str, started_at: datetime, at: datetime) -> None:
         self._append(
-            {"kind": "start", "site": site, "at": at.isoformat(), "job_id": job_id, "started_at": started_at.isoformat()}
+            {
+                "kind": "start",
+                "site": site,
+                "at": at.isoformat(),
+                "job_id": job_id,
+                "started_at": started_at.isoformat(),
+            }
         )
 
     def submissions(self, site: str) -> list[dict[str, Any]]:
@@ -122,6 +142,10 @@ class PredictionLog:
     def calibration(self, site: str, min_samples: int) -> Calibration:
         pairs = self.pairs(site)[-_WINDOW:]
         if len(pairs) < min_samples:
-            return Calibration(site, 1.0, len(pairs), f"{len(pairs)} of {min_samples} pairs needed: uncalibrated")
+            return Calibration(
+                site, 1.0, len(pairs), f"{len(pairs)} of {min_samples} pairs needed: uncalibrated"
+            )
         factor = statistics.median((real + _SLACK_S) / (pred + _SLACK_S) for pred, real in pairs)
-        return Calibration(site, factor, len(pairs), f"median real/predicted wait over {len(pairs)} jobs = {factor:.2f}")
+        return Calibration(
+            site, factor, len(pairs), f"median real/predicted wait over {len(pairs)} jobs = {factor:.2f}"
+        )

@@ -64,7 +64,12 @@ class ShapeQueue:
     """Recorded waits (hours) sampled with replacement instead of the log-normal, when given."""
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.wait_median_h < 0 or self.wait_sigma < 0 or any(w < 0 for w in self.trace_h):
+        if (
+            self.nodes < 1
+            or self.wait_median_h < 0
+            or self.wait_sigma < 0
+            or any(w < 0 for w in self.trace_h)
+        ):
             raise ValueError(f"shape queue {self}: nodes >= 1 and waits, sigma >= 0 required")
 
     def draw_h(self, rng: random.Random) -> float:
@@ -89,7 +94,9 @@ class SiteModel:
         # The baselines ask for the configured shape; queue-aware may ask for smaller ones only, so
         # any gain comes from reading the queue, not from burning more nodes.
         if self.default_nodes != max(s.nodes for s in self.shapes):
-            raise ValueError(f"site {self.name}: default_nodes {self.default_nodes} must be its largest shape")
+            raise ValueError(
+                f"site {self.name}: default_nodes {self.default_nodes} must be its largest shape"
+            )
 
     @property
     def default_index(self) -> int:
@@ -121,16 +128,27 @@ class Scenario:
             sites=(
                 # Snellius gpu_h100: 4 H100/node; modest queue, 24 h jobs (120 h allowed, 24 h is
                 # what a typical project asks); small shapes backfill quickly.
-                SiteModel("snellius", 640_000.0, 4, 24.0,
-                          (ShapeQueue(1, 0.25), ShapeQueue(2, 0.5), ShapeQueue(4, 2.0))),
+                SiteModel(
+                    "snellius",
+                    640_000.0,
+                    4,
+                    24.0,
+                    (ShapeQueue(1, 0.25), ShapeQueue(2, 0.5), ShapeQueue(4, 2.0)),
+                ),
                 # LUMI standard-g: 48 h limit, a busy machine: a few hours for 8 nodes.
-                SiteModel("lumi", 768_000.0, 8, 48.0,
-                          (ShapeQueue(2, 0.5), ShapeQueue(4, 1.5), ShapeQueue(8, 4.0))),
+                SiteModel(
+                    "lumi", 768_000.0, 8, 48.0, (ShapeQueue(2, 0.5), ShapeQueue(4, 1.5), ShapeQueue(8, 4.0))
+                ),
                 # Frontier batch, 1-91 node bin: 2 h limit and low priority for small jobs, so
                 # each 2 h job waits about as long as it runs; fewer nodes backfill sooner.
-                SiteModel("frontier", 768_000.0, 8, 2.0,
-                          (ShapeQueue(2, 0.5), ShapeQueue(4, 1.0), ShapeQueue(8, 2.0))),
-            ),  # fmt: skip
+                SiteModel(
+                    "frontier",
+                    768_000.0,
+                    8,
+                    2.0,
+                    (ShapeQueue(2, 0.5), ShapeQueue(4, 1.0), ShapeQueue(8, 2.0)),
+                ),
+            ),
             # Full pool (2.18 M tokens/s) needs ~19 h: the length of the paper's 23.8 h run.
             target_tokens=1.5e11,
         )
@@ -139,11 +157,23 @@ class Scenario:
         """Every queue wait multiplied by `load` (2 = twice as busy)."""
         if load < 0:
             raise ValueError(f"load scale must be >= 0, got {load}")
-        return replace(self, sites=tuple(
-            replace(site, shapes=tuple(
-                replace(q, wait_median_h=q.wait_median_h * load, trace_h=tuple(w * load for w in q.trace_h))
-                for q in site.shapes))
-            for site in self.sites))  # fmt: skip
+        return replace(
+            self,
+            sites=tuple(
+                replace(
+                    site,
+                    shapes=tuple(
+                        replace(
+                            q,
+                            wait_median_h=q.wait_median_h * load,
+                            trace_h=tuple(w * load for w in q.trace_h),
+                        )
+                        for q in site.shapes
+                    ),
+                )
+                for site in self.sites
+            ),
+        )
 
 
 class Queue:
@@ -210,10 +240,16 @@ def queue_aware(trial: Trial, now: float, deciding: Sequence[int]) -> dict[int, 
             # Running or waiting for a known start; afterwards it resubmits, and the planner
             # expects the wait a probe of its current shape would predict.
             last = trial.segments[i][-1]
-            candidates[site.name] = [Option(
-                site.name, site.job_shape(j), max(0.0, last.start_s - now), last.tokens_per_s,
-                queue.predicted_wait_s(i, subs, j), last.end_s - now,
-            )]  # fmt: skip
+            candidates[site.name] = [
+                Option(
+                    site.name,
+                    site.job_shape(j),
+                    max(0.0, last.start_s - now),
+                    last.tokens_per_s,
+                    queue.predicted_wait_s(i, subs, j),
+                    last.end_s - now,
+                )
+            ]
     plan = make_plan(candidates, {n: o[0] for n, o in candidates.items()}, sc.target_tokens - done)
     names = [s.name for s in sc.sites]
     out: dict[int, int | None] = {}
@@ -300,19 +336,32 @@ def load_scenario(path: Path) -> Scenario:
     doc = tomllib.loads(path.read_text())
     try:
         sites = tuple(
-            SiteModel(s["name"], float(s["tokens_per_s"]), int(s["default_nodes"]), float(s["walltime_h"]),
-                      tuple(ShapeQueue(int(q["nodes"]), float(q.get("wait_median_h", 0.0)),
-                                       float(q.get("wait_sigma", 1.0)), tuple(q.get("trace_h", ())))
-                            for q in s["shapes"]))
+            SiteModel(
+                s["name"],
+                float(s["tokens_per_s"]),
+                int(s["default_nodes"]),
+                float(s["walltime_h"]),
+                tuple(
+                    ShapeQueue(
+                        int(q["nodes"]),
+                        float(q.get("wait_median_h", 0.0)),
+                        float(q.get("wait_sigma", 1.0)),
+                        tuple(q.get("trace_h", ())),
+                    )
+                    for q in s["shapes"]
+                ),
+            )
             for s in doc["sites"]
-        )  # fmt: skip
+        )
         return Scenario(sites, float(doc["target_tokens"]), float(doc.get("prediction_sigma", 0.5)))
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path}: not a queue-model scenario: {err!r}") from err
 
 
 def _table(results: Sequence[PolicyResult]) -> str:
-    lines = [f"{'policy':<16}{'mean_h':>9}{'p10_h':>9}{'p50_h':>9}{'p90_h':>9}{'node_h':>9}{'vs_wait_for_all':>17}"]
+    lines = [
+        f"{'policy':<16}{'mean_h':>9}{'p10_h':>9}{'p50_h':>9}{'p90_h':>9}{'node_h':>9}{'vs_wait_for_all':>17}"
+    ]
     for r in results:
         change = 0.0 - reduction(results, r.policy)  # 0.0 - x: no "-0.0" for the baseline itself
         lines.append(
@@ -325,7 +374,9 @@ def _table(results: Sequence[PolicyResult]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, default=400, help="seeded trials per policy (default 400)")
     p.add_argument("--seed", type=int, default=0, help="first trial's seed; trial t uses seed + t")
-    p.add_argument("--load-scale", type=float, default=1.0, help="multiply every queue wait (2 = twice as busy)")
+    p.add_argument(
+        "--load-scale", type=float, default=1.0, help="multiply every queue wait (2 = twice as busy)"
+    )
     p.add_argument("--scenario", type=Path, help="a scenario TOML (default: the three-site preset)")
     p.add_argument("--json", action="store_true", help="per-policy statistics as JSON (before the last line)")
 
@@ -334,20 +385,40 @@ def main_args(args: argparse.Namespace) -> int:
     if args.trials < 1:
         print("error: --trials must be >= 1", file=sys.stderr)
         return 2
-    scenario = (load_scenario(args.scenario) if args.scenario else Scenario.three_sites()).scaled(args.load_scale)
+    scenario = (load_scenario(args.scenario) if args.scenario else Scenario.three_sites()).scaled(
+        args.load_scale
+    )
     results = run(scenario, args.trials, args.seed)
     if args.json:
-        print(json.dumps({
-            "trials": args.trials, "seed": args.seed, "load_scale": args.load_scale,
-            "target_tokens": scenario.target_tokens, "prediction_sigma": scenario.prediction_sigma,
-            "policies": {r.policy: {"mean_h": r.mean_h, "p10_h": r.quantile_h(0.1), "p50_h": r.quantile_h(0.5),
-                                    "p90_h": r.quantile_h(0.9), "mean_node_h": statistics.fmean(r.node_hours),
-                                    "reduction_vs_wait_for_all": reduction(results, r.policy)}
-                         for r in results},
-        }, indent=2, sort_keys=True))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "trials": args.trials,
+                    "seed": args.seed,
+                    "load_scale": args.load_scale,
+                    "target_tokens": scenario.target_tokens,
+                    "prediction_sigma": scenario.prediction_sigma,
+                    "policies": {
+                        r.policy: {
+                            "mean_h": r.mean_h,
+                            "p10_h": r.quantile_h(0.1),
+                            "p50_h": r.quantile_h(0.5),
+                            "p90_h": r.quantile_h(0.9),
+                            "mean_node_h": statistics.fmean(r.node_hours),
+                            "reduction_vs_wait_for_all": reduction(results, r.policy),
+                        }
+                        for r in results
+                    },
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     else:
-        print(f"queue model: {len(scenario.sites)} sites, target {scenario.target_tokens:.3g} tokens, "
-              f"{args.trials} trials from seed {args.seed}, load x{args.load_scale:g}")  # fmt: skip
+        print(
+            f"queue model: {len(scenario.sites)} sites, target {scenario.target_tokens:.3g} tokens, "
+            f"{args.trials} trials from seed {args.seed}, load x{args.load_scale:g}"
+        )
         print(_table(results))
     print(f"reduction_vs_wait_for_all={reduction(results):.1f}")
     return 0

@@ -35,9 +35,18 @@ _SLURM_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
 # estimate. CANCELLED and DEADLINE are left out: Slurm also gives them when a job never ran, with
 # the cancel time as "start", which would poison the calibration.
 _STARTED_STATES = {
-    "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL",
-    "PREEMPTED", "SUSPENDED", "OUT_OF_MEMORY", "STOPPED",
-}  # fmt: skip
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "COMPLETED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "SUSPENDED",
+    "OUT_OF_MEMORY",
+    "STOPPED",
+}
 
 
 class SlurmError(RuntimeError):
@@ -80,7 +89,10 @@ def parse_test_only(text: str) -> TestOnlyAnswer:
     except ValueError as err:
         raise SlurmError(f"unparseable start time {m.group('start')!r} in:\n{text.strip()}") from err
     return TestOnlyAnswer(
-        start=start, processors=int(m.group("procs")), nodelist=m.group("nodes"), partition=m.group("partition")
+        start=start,
+        processors=int(m.group("procs")),
+        nodelist=m.group("nodes"),
+        partition=m.group("partition"),
     )
 
 
@@ -146,7 +158,13 @@ class SlurmSite:
         shown = shlex.join(cmd)
         try:
             proc = subprocess.run(
-                cmd, input=stdin, capture_output=True, text=True, timeout=self.timeout_s, env=self.env
+                cmd,
+                input=stdin,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                env=self.env,
             )
         except FileNotFoundError as err:
             raise SlurmError(f"cannot run {shown}: {err.strerror}: {err.filename}") from err
@@ -155,7 +173,9 @@ class SlurmSite:
         if proc.returncode != 0:
             raw = (proc.stdout + proc.stderr).strip() or "(no output)"
             hint = f"{argv[0]} is not installed there (exit 127)" if proc.returncode == 127 else ""
-            raise SlurmError(f"{shown} failed with exit {proc.returncode}{': ' + hint if hint else ''}\n{raw}")
+            raise SlurmError(
+                f"{shown} failed with exit {proc.returncode}{': ' + hint if hint else ''}\n{raw}"
+            )
         return proc
 
     def test_only(
@@ -163,12 +183,18 @@ class SlurmSite:
     ) -> Prediction:
         """Asks Slurm when a job of `shape` would start; submits nothing."""
         probed_at = self.clock()
-        proc = self.run(["sbatch", "--test-only", f"--job-name={job_name}", *shape.sbatch_args()], stdin=script)
-        return Prediction(site=site, shape=shape, probed_at=probed_at, answer=parse_test_only(proc.stderr + proc.stdout))
+        proc = self.run(
+            ["sbatch", "--test-only", f"--job-name={job_name}", *shape.sbatch_args()], stdin=script
+        )
+        return Prediction(
+            site=site, shape=shape, probed_at=probed_at, answer=parse_test_only(proc.stderr + proc.stdout)
+        )
 
     def submit(self, shape: JobShape, job_name: str, script: str) -> str:
         """Submits `script` (sent on stdin) with `shape`; returns the job id."""
-        proc = self.run(["sbatch", "--parsable", f"--job-name={job_name}", *shape.sbatch_args()], stdin=script)
+        proc = self.run(
+            ["sbatch", "--parsable", f"--job-name={job_name}", *shape.sbatch_args()], stdin=script
+        )
         # --parsable prints "jobid" or "jobid;cluster"; anything else on stdout is not an id.
         first = proc.stdout.strip().split(";")[0]
         if not first.isdigit():

@@ -47,7 +47,9 @@ def render_text(text: str, fill: dict[str, str], where: str) -> str:
     used = set(_PLACEHOLDER.findall(text))
     unknown = sorted(used - set(fill))
     if unknown:
-        raise TemplateError(f"{where}: unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(sorted(fill))}")
+        raise TemplateError(
+            f"{where}: unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(sorted(fill))}"
+        )
     if "peer" not in used:
         raise TemplateError(f"{where}: has no {{{{peer}}}} placeholder, so it would not start the peer")
     return _PLACEHOLDER.sub(lambda m: fill[m.group(1)], text)

@@ -45,7 +45,12 @@ class Segment:
 
 
 def periodic_segments(
-    first_start_s: float, first_end_s: float, walltime_s: float, wait_s: float, tokens_per_s: float, horizon_s: float
+    first_start_s: float,
+    first_end_s: float,
+    walltime_s: float,
+    wait_s: float,
+    tokens_per_s: float,
+    horizon_s: float,
 ) -> list[Segment]:
     """A site that resubmits whenever its job ends and waits `wait_s` each time, up to `horizon_s`."""
     if walltime_s <= 0:

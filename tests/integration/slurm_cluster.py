@@ -36,7 +36,9 @@ def skip_reason() -> str | None:
         return "the local Slurm cluster needs root (slurmd runs jobs as their owner)"
     missing = [b for b in _BINARIES if shutil.which(b) is None]
     if missing:
-        return f"Slurm/munge not installed (missing {', '.join(missing)}): run scripts/setup_slurm_packages.sh"
+        return (
+            f"Slurm/munge not installed (missing {', '.join(missing)}): run scripts/setup_slurm_packages.sh"
+        )
     return None
 
 
@@ -63,21 +65,27 @@ class SlurmCluster:
         return ["env", f"SLURM_CONF={self.conf}", "bash", "-c"]
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=30, check=check)
+        return subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=30, check=check
+        )
 
     def sbatch(self, *args: str) -> str:
         """Submits a job directly (for load); returns its id."""
         return self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
 
     def state(self, job_id: str) -> str:
-        return self.run("squeue", "--states=all", "--noheader", "--format=%T", f"--jobs={job_id}").stdout.strip()
+        return self.run(
+            "squeue", "--states=all", "--noheader", "--format=%T", f"--jobs={job_id}"
+        ).stdout.strip()
 
     def wait_for(self, job_id: str, states: set[str], timeout_s: float) -> str:
         """Polls Slurm until the job reaches one of `states` (real daemons: there is no event to await)."""
         deadline = time.monotonic() + timeout_s
         while (state := self.state(job_id)) not in states:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {state!r} after {timeout_s} s, wanted {sorted(states)}")
+                raise TimeoutError(
+                    f"job {job_id} still {state!r} after {timeout_s} s, wanted {sorted(states)}"
+                )
             time.sleep(0.2)
         return state
 
@@ -158,15 +166,28 @@ def start(root: Path) -> SlurmCluster:
     m = root / "munge"
     subprocess.run(["mungekey", "--create", f"--keyfile={m}/key"], check=True, capture_output=True)
     subprocess.run(
-        ["munged", "--force", f"--key-file={m}/key", f"--socket={m}/socket", f"--pid-file={m}/pid",
-         f"--log-file={m}/log", f"--seed-file={m}/seed"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "munged",
+            "--force",
+            f"--key-file={m}/key",
+            f"--socket={m}/socket",
+            f"--pid-file={m}/pid",
+            f"--log-file={m}/log",
+            f"--seed-file={m}/seed",
+        ],
+        check=True,
+        capture_output=True,
+    )
     cluster = SlurmCluster(root=root, conf=conf, node=node)
-    subprocess.run(["slurmctld", "-c", "-i", "-f", str(conf)], check=True, capture_output=True, env=cluster.env)
+    subprocess.run(
+        ["slurmctld", "-c", "-i", "-f", str(conf)], check=True, capture_output=True, env=cluster.env
+    )
     subprocess.run(["slurmd", "-f", str(conf)], check=True, capture_output=True, env=cluster.env)
     deadline = time.monotonic() + 30
-    while cluster.run("sinfo", "--noheader", "--format=%T", "--partition=debug", check=False).stdout.strip() != "idle":
+    while (
+        cluster.run("sinfo", "--noheader", "--format=%T", "--partition=debug", check=False).stdout.strip()
+        != "idle"
+    ):
         if time.monotonic() > deadline:
             logs = "\n".join(p.read_text()[-2000:] for p in (root / "log").glob("*.log"))
             _stop(root)
@@ -175,8 +196,9 @@ def start(root: Path) -> SlurmCluster:
     return cluster
 
 
-@pytest.fixture(scope="session")
-def slurm_session() -> Iterator[SlurmCluster]:
+# Test modules import these two functions; pytest knows them by their `name`.
+@pytest.fixture(scope="session", name="slurm_session")
+def slurm_session_fixture() -> Iterator[SlurmCluster]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -189,8 +211,8 @@ def slurm_session() -> Iterator[SlurmCluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def slurm(slurm_session: SlurmCluster) -> Iterator[SlurmCluster]:
+@pytest.fixture(name="slurm")
+def slurm_fixture(slurm_session: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session's cluster, emptied of jobs after each test."""
     yield slurm_session
     slurm_session.clear()

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.integration.slurm_cluster import SlurmCluster, slurm, slurm_session  # noqa: F401
+from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "scripts/slurm/snellius-h100.sbatch"
 
 
 def _run_file(tmp_path: Path, cluster: SlurmCluster) -> Path:
@@ -26,7 +27,7 @@ nodes = 1
 time = "1"
 partition = "{name}"
 command_prefix = {json.dumps(cluster.prefix)}
-template = "{REPO / 'scripts/slurm/snellius-h100.sbatch'}"
+template = "{TEMPLATE}"
 peer_command = "echo peer"
 workdir = "{tmp_path}"
 """
@@ -38,7 +39,14 @@ workdir = "{tmp_path}"
 
 
 def _ops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
 
 
 def _load_busy(cluster: SlurmCluster) -> str:
@@ -52,7 +60,7 @@ def _sites(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {s["site"]: s for s in plan["sites"]}
 
 
-def test_place_picks_the_free_partition(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+def test_place_picks_the_free_partition(slurm: SlurmCluster, tmp_path: Path) -> None:
     config = _run_file(tmp_path, slurm)
     _load_busy(slurm)
     out = _ops("place", "--config", str(config), "--json")
@@ -65,12 +73,15 @@ def test_place_picks_the_free_partition(slurm: SlurmCluster, tmp_path: Path) -> 
     assert 30 <= plan["time_to_target_s"] <= 40
     # The people's table says the same.
     table = _ops("place", "--config", str(config)).stdout
-    rows = {line.split()[0]: line.split()[1] for line in table.splitlines() if line.startswith(("busy", "free"))}
+    rows = {
+        line.split()[0]: line.split()[1] for line in table.splitlines() if line.startswith(("busy", "free"))
+    }
     assert rows == {"busy": "skip", "free": "submit"}
 
 
 def test_submit_runs_the_template_and_probe_learns_the_real_start(
-    slurm: SlurmCluster, tmp_path: Path  # noqa: F811
+    slurm: SlurmCluster,
+    tmp_path: Path,
 ) -> None:
     config = _run_file(tmp_path, slurm)
     blocker = _load_busy(slurm)

@@ -10,12 +10,12 @@ import pytest
 from ops.placement.config import JobShape
 from ops.placement.predictions import PredictionLog
 from ops.placement.slurm import SlurmError, SlurmSite, utc_now
-from tests.integration.slurm_cluster import SlurmCluster, slurm, slurm_session  # noqa: F401
+from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
 
 ONE_CPU_MINUTE = JobShape(nodes=1, time_s=60, partition="debug")
 
 
-def test_probe_parses_a_real_answer_and_submits_nothing(slurm: SlurmCluster) -> None:  # noqa: F811
+def test_probe_parses_a_real_answer_and_submits_nothing(slurm: SlurmCluster) -> None:
     before = utc_now()
     p = SlurmSite(slurm.prefix).test_only(ONE_CPU_MINUTE, job_name="sitemesh-probe", site="local")
     assert (p.answer.partition, p.answer.nodelist, p.answer.processors) == ("debug", slurm.node, 1)
@@ -26,7 +26,8 @@ def test_probe_parses_a_real_answer_and_submits_nothing(slurm: SlurmCluster) -> 
 
 
 def test_busy_node_moves_the_prediction_and_the_real_start_matches_it(
-    slurm: SlurmCluster, tmp_path: Path  # noqa: F811
+    slurm: SlurmCluster,
+    tmp_path: Path,
 ) -> None:
     site = SlurmSite(slurm.prefix)
     idle = site.test_only(ONE_CPU_MINUTE, job_name="sitemesh-probe", site="local")
@@ -53,7 +54,7 @@ def test_busy_node_moves_the_prediction_and_the_real_start_matches_it(
     assert log.calibration("local", min_samples=1).samples == 1
 
 
-def test_refused_probe_shows_slurms_answer(slurm: SlurmCluster) -> None:  # noqa: F811
+def test_refused_probe_shows_slurms_answer(slurm: SlurmCluster) -> None:
     shape = JobShape(nodes=1, time_s=60, partition="no-such-partition")
     with pytest.raises(SlurmError, match="invalid partition"):
         SlurmSite(slurm.prefix).test_only(shape, job_name="sitemesh-probe")

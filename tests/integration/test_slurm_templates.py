@@ -12,14 +12,14 @@ import pytest
 from ops.placement import config, templates
 from ops.placement.config import JobShape
 from ops.placement.slurm import SlurmSite
-from tests.integration.slurm_cluster import SlurmCluster, slurm, slurm_session  # noqa: F401
+from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = JobShape(nodes=1, time_s=300, partition="debug")  # no GPUs, account or QOS on the test cluster
 
 
 @pytest.mark.parametrize("site", ["snellius", "lumi", "frontier"])
-def test_template_passes_test_only(slurm: SlurmCluster, site: str) -> None:  # noqa: F811
+def test_template_passes_test_only(slurm: SlurmCluster, site: str) -> None:
     run = config.load(REPO / "examples/run.toml")
     s = run.sites[site]
     script = templates.render(s, run.path)
@@ -30,7 +30,7 @@ def test_template_passes_test_only(slurm: SlurmCluster, site: str) -> None:  # n
 
 
 @pytest.mark.slow
-def test_peer_gets_sigterm_before_the_wall_time(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+def test_peer_gets_sigterm_before_the_wall_time(slurm: SlurmCluster, tmp_path: Path) -> None:
     fake_peer = tmp_path / "fake-peer"
     fake_peer.write_text(
         "#!/bin/bash\ntrap 'echo leaving; sleep 1; echo left; exit 0' TERM\necho serving \"$@\"\n"
@@ -39,8 +39,14 @@ def test_peer_gets_sigterm_before_the_wall_time(slurm: SlurmCluster, tmp_path: P
     fake_peer.chmod(0o755)
     run = config.load(REPO / "examples/run.toml")
     base = run.sites["lumi"]
-    params = dataclasses.replace(base.params, peer_command=str(fake_peer), modules=(), setup=(),
-                                 signal_seconds=50, workdir=str(tmp_path))  # fmt: skip
+    params = dataclasses.replace(
+        base.params,
+        peer_command=str(fake_peer),
+        modules=(),
+        setup=(),
+        signal_seconds=50,
+        workdir=str(tmp_path),
+    )
     site = dataclasses.replace(base, params=params)
     shape = dataclasses.replace(LOCAL, time_s=60)
     job = SlurmSite(slurm.prefix).submit(shape, "sitemesh-lumi", templates.render(site, run.path))

@@ -34,17 +34,27 @@ def test_bad_slurm_time(text: str) -> None:
         parse_slurm_time(text)
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(60, "00:01:00"), (61, "00:02:00"), (7200, "02:00:00"),
-                                               (2 * 86400 + 90, "2-00:02:00")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(60, "00:01:00"), (61, "00:02:00"), (7200, "02:00:00"), (2 * 86400 + 90, "2-00:02:00")],
+)
 def test_time_is_sent_rounded_up_to_minutes(seconds: int, text: str) -> None:
     assert format_slurm_time(seconds) == text
 
 
 def test_shape_as_sbatch_options() -> None:
-    shape = JobShape(nodes=8, time_s=7200, gpus_per_node=8, partition="batch", account="abc", extra_args=("-C", "nvme"))
+    shape = JobShape(
+        nodes=8, time_s=7200, gpus_per_node=8, partition="batch", account="abc", extra_args=("-C", "nvme")
+    )
     assert shape.sbatch_args() == [
-        "--nodes=8", "--time=02:00:00", "--gpus-per-node=8", "--partition=batch", "--account=abc", "-C", "nvme",
-    ]  # fmt: skip
+        "--nodes=8",
+        "--time=02:00:00",
+        "--gpus-per-node=8",
+        "--partition=batch",
+        "--account=abc",
+        "-C",
+        "nvme",
+    ]
     assert JobShape(nodes=1, time_s=60).sbatch_args() == ["--nodes=1", "--time=00:01:00"]
 
 

@@ -107,9 +107,7 @@ def test_too_many_combinations_is_an_error() -> None:
         make_plan(opts, {s: o[0] for s, o in opts.items()}, 1.0)
 
 
-sites_st = st.lists(
-    st.tuples(st.floats(0, 50), st.floats(1, 48), st.floats(1, 10)), min_size=1, max_size=4
-)  # fmt: skip
+sites_st = st.lists(st.tuples(st.floats(0, 50), st.floats(1, 48), st.floats(1, 10)), min_size=1, max_size=4)
 
 
 @settings(max_examples=40, deadline=None)
@@ -123,8 +121,13 @@ def test_elastic_never_later_than_after_all_never_later_than_gang(
 
 
 @settings(max_examples=40, deadline=None)
-@given(sites=st.lists(st.tuples(st.floats(0, 20), st.floats(0, 20)), min_size=1, max_size=3), target=st.floats(1, 200))
-def test_plan_is_never_worse_than_the_configured_shapes(sites: list[tuple[float, float]], target: float) -> None:
+@given(
+    sites=st.lists(st.tuples(st.floats(0, 20), st.floats(0, 20)), min_size=1, max_size=3),
+    target=st.floats(1, 200),
+)
+def test_plan_is_never_worse_than_the_configured_shapes(
+    sites: list[tuple[float, float]], target: float
+) -> None:
     candidates, defaults = {}, {}
     for i, (big_start, small_start) in enumerate(sites):
         big, small = _opt(f"s{i}", 4, big_start, 4 / H), _opt(f"s{i}", 1, small_start, 1 / H)

@@ -18,8 +18,10 @@ H = qm.HOUR
 
 
 def _one_site(trace_h: tuple[float, ...], walltime_h: float = 10.0) -> Scenario:
-    return Scenario(sites=(SiteModel("a", 100.0, 1, walltime_h, (ShapeQueue(1, 0.0, trace_h=trace_h),)),),
-                    target_tokens=100.0 * 15 * H)  # fmt: skip
+    return Scenario(
+        sites=(SiteModel("a", 100.0, 1, walltime_h, (ShapeQueue(1, 0.0, trace_h=trace_h),)),),
+        target_tokens=100.0 * 15 * H,
+    )
 
 
 def test_single_site_with_a_recorded_trace_is_exact() -> None:
@@ -42,7 +44,9 @@ def test_no_queue_means_no_difference() -> None:
 def test_policies_meet_the_same_queue(seed: int) -> None:
     # Same submissions, looser counting rules: never later (common random numbers).
     sc = Scenario.three_sites()
-    gang, wait_all, any_ = (qm.simulate(sc, seed, qm.naive, c)[0] for c in (Counting.GANG, Counting.AFTER_ALL, Counting.ELASTIC))
+    gang, wait_all, any_ = (
+        qm.simulate(sc, seed, qm.naive, c)[0] for c in (Counting.GANG, Counting.AFTER_ALL, Counting.ELASTIC)
+    )
     assert any_ <= wait_all <= gang
     assert qm.Queue(sc, seed).wait_s(1, 2, 0) == qm.Queue(sc, seed).wait_s(1, 2, 0)
 
@@ -86,8 +90,13 @@ def test_scenario_file(tmp_path: Path) -> None:
 
 
 def test_script_prints_the_table_and_ends_with_the_reduction() -> None:
-    out = subprocess.run([str(REPO / "scripts/queue_model"), "--trials", "5"], capture_output=True, text=True,
-                         timeout=120, check=True).stdout.splitlines()  # fmt: skip
+    out = subprocess.run(
+        [str(REPO / "scripts/queue_model"), "--trials", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
     assert out[1].split() == ["policy", "mean_h", "p10_h", "p50_h", "p90_h", "node_h", "vs_wait_for_all"]
     assert [line.split()[0] for line in out[2:6]] == ["gang", "wait-for-all", "start-with-any", "queue-aware"]
     m = re.fullmatch(r"reduction_vs_wait_for_all=(-?\d+\.\d)", out[-1])
