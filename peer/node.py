@@ -23,15 +23,16 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_dela
 from peer import __version__
 from peer import membership as m
 from peer.config import PeerConfig
-from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, membership_pb2, membership_pb2_grpc
+from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.transport.admin_rpc import AdminServicer
-from peer.transport.channels import bind, new_server
-from peer.transport.membership_rpc import MembershipSender, MembershipServicer
+from peer.transport.channels import ChannelPool, bind, new_server
+from peer.transport.membership_rpc import MEMBERSHIP
+from peer.transport.oneway import OneWaySender
 
 log = logging.getLogger("sitemesh.node")
 
 SERVICE_NAMES = (
-    membership_pb2.DESCRIPTOR.services_by_name["Membership"].full_name,
+    MEMBERSHIP.full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
 
@@ -53,7 +54,8 @@ class Node:
         self._clock = clock
         self._rng = rng or random.Random()
         self._server = new_server()
-        self._sender = MembershipSender(timeout_s=max(config.membership.probe_timeout_s * 4, 1.0))
+        self._pool = ChannelPool()
+        self._sender = OneWaySender(MEMBERSHIP, self._pool, timeout_s=max(config.membership.probe_timeout_s * 4, 1.0))
         self._health = health.aio.HealthServicer()
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -76,7 +78,7 @@ class Node:
             tokens_per_s=self.config.tokens_per_s,
         )
         self.core = m.Membership(meta, self.config.membership, self._rng, self._clock())
-        membership_pb2_grpc.add_MembershipServicer_to_server(MembershipServicer(self.deliver), self._server)
+        self._server.add_generic_rpc_handlers((MEMBERSHIP.handler(self.deliver),))
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -139,7 +141,7 @@ class Node:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._sender.close()
+        await self._pool.close()
 
     # ----- events --------------------------------------------------------------------------
     def deliver(self, msg: m.Message) -> None:

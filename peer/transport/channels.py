@@ -70,3 +70,22 @@ def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) 
     if port == 0:
         raise OSError(f"cannot listen on {address}: port in use or address not valid")
     return port
+
+
+class ChannelPool:
+    """One asyncio channel per peer address, shared by every service that talks to it."""
+
+    def __init__(self, creds: Credentials = PLAINTEXT) -> None:
+        self._creds = creds
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, self._creds)
+        return channel
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
