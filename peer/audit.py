@@ -231,3 +231,13 @@ def event_from_json(line: str) -> LeaseEvent:
 
 def audit_to_json(rows: Sequence[EpochAudit]) -> str:
     return json.dumps([asdict(r) for r in rows], indent=2)
+
+
+def universe_to_json(universe: Mapping[int, int]) -> str:
+    """`<data dir>/leases/universe.json`: every block of the dataset and its sample count, written by
+    the node from the trainer's BlockIndex (the same on every peer of a run)."""
+    return json.dumps({"blocks": [[b, n] for b, n in sorted(universe.items())]})
+
+
+def universe_from_json(text: str) -> dict[int, int]:
+    return {int(b): int(n) for b, n in json.loads(text)["blocks"]}

@@ -30,9 +30,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from peer.admission import Admission, Contribution, admit_round
-from peer.audit import EpochAudit, EpochLedger, audit
+from peer.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
+from peer.commitlog import Contributor, Entry, LogIndex, Round, RoundCommit
+from peer.election import Epoch
 from peer.election import SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import (
@@ -43,11 +46,13 @@ from peer.lease_types import (
     Spans,
     StartReply,
     TrainedReply,
+    fmt,
     intersect,
     normalize,
     to_ranges,
 )
 from peer.leases import LeaseConfig, LeaseOwner
+from peer.logstore import FileStore
 from peer.ring import RingView
 
 TICK = 0.25
@@ -99,6 +104,9 @@ class Result:
     end_time: float
     messages: int
     committed_sets: list[frozenset[tuple[int, int]]]
+    universe: dict[int, int]
+    log: list[tuple[int, list]]
+    faults: list[tuple[float, str]]
 
 
 class Sim:
@@ -124,6 +132,8 @@ class Sim:
         self.committed_sets: list[frozenset[tuple[int, int]]] = []
         self._epoch_samples: set[tuple[int, int]] = set()
         self.contributed: set[tuple[SiteId, int]] = set()
+        self.faults: list[tuple[float, str]] = []
+        """(time, what) of every fault injected, for replay and for tests that check coverage."""
         self.decisions: list[Admission] = []
 
     # --- event loop ---
@@ -152,7 +162,7 @@ class Sim:
             if not a.ok:
                 self.violations.append(f"audit: {a}")
         return Result(self.seed, self.violations, audits, self.events, self.t, self.messages,
-                      self.committed_sets)
+                      self.committed_sets, self.universe, self.log, self.faults)
 
     # --- sites ---
 
@@ -311,7 +321,7 @@ class Sim:
             key = (epoch, v.block_id)
             for site, rnd, spans in self.vouched.get(key, []):
                 if (site, rnd) != (to, msg.round) and intersect(spans, v.spans) and key not in self.rebuilt:
-                    self.violations.append(f"t={self.t:.1f}: block {v.block_id} samples {intersect(spans, v.spans)} "
+                    self.violations.append(f"t={self.t:.1f}: block {v.block_id} samples {fmt(intersect(spans, v.spans))} "
                                            f"vouched to {site} (round {rnd}) and {to} (round {msg.round})")
             self.vouched.setdefault(key, []).append((to, msg.round, normalize(v.spans)))
 
@@ -325,8 +335,7 @@ class Sim:
         t = rng.uniform(10, span)
         self.at(t, lambda: self._crash(victim))
         self.at(t + rng.uniform(3, 15), lambda: self._restart(victim))
-        zombie = names[rng.randrange(len(names) - 1)]
-        self.at(rng.uniform(10, span), lambda: self._pause(zombie, self.cfg.lease.ttl * rng.uniform(1.5, 3)))
+        self.at(rng.uniform(10, span), lambda: self._pause(self._pick_alive(), self.cfg.lease.ttl * rng.uniform(1.5, 3)))
         block = rng.choice(sorted(self.universe))
         t = rng.uniform(span, 2 * span)
         self.at(t, lambda: self._owners_in_turn(block, 0))
@@ -334,10 +343,13 @@ class Sim:
         self.at(t, lambda: self._rolling(sorted(self.sites), 0))
         if self.cfg.sites >= 5:
             self.at(rng.uniform(3 * span, 4 * span), lambda: self._majority_loss(rng.choice(sorted(self.universe))))
-        leaver = names[rng.randrange(len(names) - 1)]
         t = rng.uniform(4 * span, 5 * span)
-        self.at(t, lambda: self._leave(leaver))
-        self.at(t + rng.uniform(10, 30), lambda: self._join(leaver))
+        self.at(t, lambda: self._leave(self._pick_alive()))
+
+    def _pick_alive(self) -> SiteId | None:
+        """A live member, chosen when the fault fires (a site picked in advance may be down then)."""
+        alive = sorted(n for n, s in self.sites.items() if s.alive)
+        return self.rng.choice(alive) if alive else None
 
     def _members(self) -> set[SiteId]:
         return set(self.views[-1].members) if self.views else set()
@@ -345,6 +357,7 @@ class Sim:
     def _join(self, name: SiteId) -> None:
         if name in self.sites and self.sites[name].alive:
             return
+        self.faults.append((self.t, f"join {name}"))
         self._spawn(name, amnesiac=True)
         self.at(self.t + 1.0, lambda: self._commit_view(self._members() | {name}))
 
@@ -353,30 +366,35 @@ class Sim:
         if s is None or not s.alive:
             return
         s.alive = False
+        self.faults.append((self.t, f"crash {name}"))
         self.at(self.t + 2.0, lambda: self._commit_view(self._members() - {name}))
 
     def _restart(self, name: SiteId) -> None:
         if not self.sites[name].alive:
             self._join(name)
 
-    def _pause(self, name: SiteId, dt: float) -> None:
-        s = self.sites.get(name)
+    def _pause(self, name: SiteId | None, dt: float) -> None:
+        s = self.sites.get(name) if name else None
         if s is not None and s.alive:
+            self.faults.append((self.t, f"pause {name} for {dt:.1f}s"))
             s.paused_until = self.t + dt
 
-    def _leave(self, name: SiteId) -> None:
-        s = self.sites.get(name)
+    def _leave(self, name: SiteId | None) -> None:
+        s = self.sites.get(name) if name else None
         if s is None or not s.alive or len(self._members()) <= 2:
             return
+        self.faults.append((self.t, f"leave {name}"))
         self._effects(s, s.client.release_all(s.local(self.t)))
         s.alive = False
         self.at(self.t + 0.5, lambda: self._commit_view(self._members() - {name}))
+        self.at(self.t + self.rng.uniform(10, 30), lambda: self._join(name))
 
     def _owners_in_turn(self, block: int, i: int) -> None:
         owners = self.views[-1].owners(block)
         if i >= len(owners) or len(self._members()) <= 2:
             return
-        name = owners[i] if i < len(owners) else owners[0]
+        name = owners[i]
+        self.faults.append((self.t, f"owner {i} of block {block}"))
         self._crash(name)
         self.at(self.t + 5.0, lambda: self._restart(name))
         self.at(self.t + 12.0, lambda: self._owners_in_turn(block, i + 1))
@@ -385,6 +403,7 @@ class Sim:
         owners = self.views[-1].owners(block)
         if len(self._members()) - len(owners) < 1 or len(owners) < 3:
             return
+        self.faults.append((self.t, f"majority of owners of block {block}"))
         for name in owners[:2]:
             self._crash(name)
             self.at(self.t + 6.0, lambda name=name: self._restart(name))
@@ -392,9 +411,25 @@ class Sim:
     def _rolling(self, names: list[SiteId], i: int) -> None:
         if i >= len(names):
             return
+        self.faults.append((self.t, f"rolling restart {i}"))
         self._crash(names[i])
         self.at(self.t + 4.0, lambda: self._restart(names[i]))
         self.at(self.t + 10.0, lambda: self._rolling(names, i + 1))
+
+
+def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, list]],
+                   events: list[LeaseEvent]) -> None:
+    """Write a run's commit log (the real on-disk format, peer/logstore.py), the dataset's blocks and
+    the lease ledger where a peer keeps them, so `ops audit --data-dir OUT` reads a simulated run."""
+    entries = tuple(
+        Entry(LogIndex(i), Epoch(1), RoundCommit(
+            Round(rnd), tuple(Contributor(site, sum(r.end - r.start for r in rs), tuple(rs), b"")
+                              for site, rs in sorted(contributors)), b""))
+        for i, (rnd, contributors) in enumerate(log, start=1))
+    FileStore(out / "consensus").write_log(1, entries)
+    (out / "leases").mkdir(parents=True, exist_ok=True)
+    (out / "leases" / "universe.json").write_text(universe_to_json(universe))
+    (out / "leases" / "ledger.jsonl").write_text("".join(event_to_json(e) + "\n" for e in events))
 
 
 def simulate(seed: int, cfg: SimConfig | None = None) -> Result:
@@ -406,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0:10", help="seed range A:B (B exclusive) or one seed")
     p.add_argument("--sites", type=int, default=5, help="number of sites (the last one joins late)")
     p.add_argument("--no-faults", action="store_true", help="no crashes, pauses or joins")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="write the first seed's log, blocks and lease ledger here (for `ops audit`)")
     args = p.parse_args(argv)
     a, _, b = args.seeds.partition(":")
     seeds = range(int(a), int(b)) if b else [int(a)]
@@ -414,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     for seed in seeds:
         res = simulate(seed, cfg)
+        if args.out is not None and seed == seeds[0]:
+            write_data_dir(args.out, res.universe, res.log, res.events)
         if res.violations:
             bad += 1
             print(f"seed {seed}: {len(res.violations)} violations; first: {res.violations[0]}")

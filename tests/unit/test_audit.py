@@ -74,3 +74,26 @@ def test_ledger_replay_is_the_rebuild_source() -> None:
 def test_event_json_round_trip() -> None:
     e = ev(EventKind.STEAL, 3, 812, (5 << 32) + 2)
     assert event_from_json(event_to_json(e)) == e
+
+
+def test_ops_audit_reads_a_data_dir_and_fails_on_a_duplicate(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from ops.cli import main
+    from peer.sim.leases_sim import write_data_dir
+
+    clean, dup = tmp_path / "clean", tmp_path / "dup"
+    log = [entry(1, ("a", [(1, 0, 4)]), ("b", [(2, 0, 6)])), entry(2, ("a", [(1, 0, 1)]))]
+    write_data_dir(clean, UNIVERSE, log, [ev(EventKind.GRANT, 0, 1, 10), ev(EventKind.RECLAIM, 0, 1, 11)])
+    assert main(["audit", "--data-dir", str(clean), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    keys = {"epoch", "samples_total", "committed_once", "duplicated", "lost", "grants", "reclaimed",
+            "reclaimed_pct", "stolen"}
+    assert keys <= set(rows[0]) and (rows[0]["committed_once"], rows[0]["reclaimed_pct"]) == (10, 100.0)
+    assert rows[1]["ended"] is False and rows[1]["committed_once"] == 1
+    assert main(["audit", "--data-dir", str(clean), "--run-ended"]) == 1, "epoch 1 lost 9 samples"
+    assert "VIOLATION" in capsys.readouterr().out
+
+    write_data_dir(dup, UNIVERSE, [entry(1, ("a", [(1, 0, 4)])), entry(2, ("b", [(1, 3, 4)]))], [])
+    assert main(["audit", "--data-dir", str(dup)]) == 1
+    assert main(["audit", "--data-dir", str(tmp_path / "nothing")]) == 2
