@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs Debian's slurm-wlm and munge for the placement tests (which start their own single-node
-# cluster). Needs root and Debian's package registry; without them the Slurm tests are skipped
-# with the reason printed.
+# cluster: tests/integration/slurm_cluster.py). Idempotent and quiet; needs root and Debian's
+# package registry; without them the Slurm tests are skipped with the reason printed.
 set -uo pipefail
-if command -v sbatch >/dev/null && command -v munged >/dev/null; then exit 0; fi
+needed=(munged mungekey slurmctld slurmd sbatch squeue scancel sinfo)
+have_all() { for b in "${needed[@]}"; do command -v "$b" >/dev/null || return 1; done; }
+if have_all; then exit 0; fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     echo "setup_slurm_packages: not root or no apt-get; Slurm tests will be skipped" >&2; exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null 2>&1 || true
 apt-get install -y -qq slurm-wlm munge >/dev/null 2>&1 || echo "setup_slurm_packages: install failed" >&2
+have_all || echo "setup_slurm_packages: Slurm/munge still incomplete; Slurm tests will be skipped" >&2
 exit 0

@@ -26,7 +26,7 @@ from typing import Any
 
 from ops.placement import config as cfg
 from ops.placement import queue_model, templates
-from ops.placement.plan import Option, Plan, make_plan
+from ops.placement.plan import Option, Plan, after, make_plan
 from ops.placement.predictions import Calibration, PredictionLog
 from ops.placement.slurm import JobStart, Prediction, SlurmError, SlurmSite, utc_now
 
@@ -133,10 +133,6 @@ def _throughputs(run: cfg.PlacementRun, args: argparse.Namespace) -> cfg.Placeme
     return replace(run, sites=sites)
 
 
-def _hours(seconds: float) -> str:
-    return "never" if math.isinf(seconds) else f"+{seconds / 3600:.2f}h"
-
-
 def _iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -200,8 +196,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
                         p.site.name,
                         pr.shape.describe(),
                         _iso(pr.answer.start),
-                        _hours(pr.wait_s),
-                        _hours(p.calibration.wait_s(pr.wait_s)),
+                        after(pr.wait_s),
+                        after(p.calibration.wait_s(pr.wait_s)),
                         pr.answer.partition,
                         pr.answer.nodelist,
                     ]
@@ -243,7 +239,7 @@ def _print_plan(plan: Plan, now: datetime) -> None:
                 d.site,
                 action,
                 d.option.shape.describe() if d.option else "-",
-                _hours(d.option.start_s) if d.option else "-",
+                after(d.option.start_s) if d.option else "-",
                 f"{d.option.tokens_per_s:,.0f}" if d.option else "-",
                 d.reason,
             ]
@@ -251,9 +247,9 @@ def _print_plan(plan: Plan, now: datetime) -> None:
     _print_table(rows)
     gain = 1 - plan.time_to_target_s / plan.wait_for_all_s if math.isfinite(plan.wait_for_all_s) else 1.0
     print(
-        f"time-to-target: queue-aware {_hours(plan.time_to_target_s)} (training starts "
-        f"{_hours(plan.training_starts_s)}), start-with-any {_hours(plan.start_with_any_s)}, "
-        f"wait-for-all {_hours(plan.wait_for_all_s)}; reduction vs wait-for-all {gain:.1%}"
+        f"time-to-target: queue-aware {after(plan.time_to_target_s)} (training starts "
+        f"{after(plan.training_starts_s)}), start-with-any {after(plan.start_with_any_s)}, "
+        f"wait-for-all {after(plan.wait_for_all_s)}; reduction vs wait-for-all {gain:.1%}"
     )
 
 

@@ -143,8 +143,24 @@ class Plan:
         }
 
 
-def _hours(seconds: float) -> str:
-    return "never" if math.isinf(seconds) else f"+{seconds / 3600:.1f}h"
+def after(seconds: float) -> str:
+    """A time from now for people: +45s, +12m, +5h07m, +3d04h, never."""
+    if math.isinf(seconds):
+        return "never"
+    s = round(seconds)
+    if s < 90:
+        return f"+{s}s"
+    if s < 90 * 60:
+        return f"+{round(s / 60)}m"
+    hours, minutes = divmod(round(s / 60), 60)
+    if hours < 48:
+        return f"+{hours}h{minutes:02d}m"
+    days, hours = divmod(round(s / 3600), 24)
+    return f"+{days}d{hours:02d}h"
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
 
 
 def make_plan(
@@ -186,7 +202,7 @@ def make_plan(
         if opt.existing_job:
             decisions.append(
                 Decision(
-                    s, False, opt, f"job {opt.existing_job} already submitted; starts {_hours(opt.start_s)}"
+                    s, False, opt, f"job {opt.existing_job} already submitted; starts {after(opt.start_s)}"
                 )
             )
             continue
@@ -196,7 +212,7 @@ def make_plan(
                     s,
                     False,
                     opt,
-                    f"predicted start {_hours(opt.start_s)} is after the target is reached ({_hours(ttt)})",
+                    f"predicted start {after(opt.start_s)} is after the target is reached ({after(ttt)})",
                 )
             )
             continue
@@ -205,9 +221,9 @@ def make_plan(
             if alt is not opt:
                 alt_ttt = evaluate([alt if o is opt else o for o in chosen.values()], target_tokens)
                 alternatives.append(
-                    f"{alt.shape.nodes} nodes (start {_hours(alt.start_s)}) -> {_hours(alt_ttt)}"
+                    f"{_nodes(alt.shape.nodes)} (start {after(alt.start_s)}) -> target {after(alt_ttt)}"
                 )
-        why = f"{opt.shape.nodes} nodes start {_hours(opt.start_s)}, {opt.tokens_per_s:,.0f} tok/s"
+        why = f"{_nodes(opt.shape.nodes)} from {after(opt.start_s)}: target {after(ttt)}"
         decisions.append(
             Decision(s, True, opt, why + ("; instead of " + ", ".join(alternatives) if alternatives else ""))
         )

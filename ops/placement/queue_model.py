@@ -378,6 +378,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--load-scale", type=float, default=1.0, help="multiply every queue wait (2 = twice as busy)"
     )
     p.add_argument("--scenario", type=Path, help="a scenario TOML (default: the three-site preset)")
+    p.add_argument(
+        "--prediction-sigma", type=float, help="log-normal error of calibrated probes (default: the scenario's)"
+    )
     p.add_argument("--json", action="store_true", help="per-policy statistics as JSON (before the last line)")
 
 
@@ -388,6 +391,8 @@ def main_args(args: argparse.Namespace) -> int:
     scenario = (load_scenario(args.scenario) if args.scenario else Scenario.three_sites()).scaled(
         args.load_scale
     )
+    if args.prediction_sigma is not None:
+        scenario = replace(scenario, prediction_sigma=args.prediction_sigma)
     results = run(scenario, args.trials, args.seed)
     if args.json:
         print(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.integration.peers import Cluster
 from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,3 +109,25 @@ def test_submit_runs_the_template_and_probe_learns_the_real_start(
     records = [json.loads(line) for line in (tmp_path / "placement.jsonl").read_text().splitlines()]
     assert [r["job_id"] for r in records if r["kind"] == "start"] == [job]
     assert {r["site"] for r in records if r["kind"] == "probe"} == {"busy", "free"}
+
+
+def test_place_uses_the_throughput_running_peers_gossip(slurm: SlurmCluster, tmp_path: Path) -> None:
+    config = _run_file(tmp_path, slurm)
+    # A running peer of site `free` that reports 4000 tokens/s (standing in for its measurement).
+    peer_file = tmp_path / "peer.toml"
+    peer_file.write_text("[sites.free]\ntokens_per_s = 4000.0\n")
+    peers = Cluster(tmp_path)
+    try:
+        peer = peers.start("free", extra=["--config", str(peer_file)])
+        out = _ops("place", "--config", str(config), "--peer", peer.address, "--json")
+    finally:
+        peers.close()
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)["plan"]
+    sites = _sites(plan)
+    assert (sites["free"]["tokens_per_s"], sites["busy"]["tokens_per_s"]) == (4000.0, 1000.0)
+    # Both partitions are idle: 5000 tokens/s together reach 30 000 tokens in about 6 s.
+    assert sites["free"]["submit"] and sites["busy"]["submit"]
+    assert 5 <= plan["time_to_target_s"] <= 10
+    flag = _ops("place", "--config", str(config), "--tokens-per-s", "free=2000", "--json")
+    assert _sites(json.loads(flag.stdout)["plan"])["free"]["tokens_per_s"] == 2000.0

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ops.placement.config import JobShape
-from ops.placement.plan import Option, evaluate, make_plan, node_seconds
+from ops.placement.plan import Option, after, evaluate, make_plan, node_seconds
 from ops.placement.timeline import Counting, Segment, periodic_segments, time_to_target
 
 H = 3600.0
@@ -60,7 +60,7 @@ def test_small_shape_now_beats_big_shape_later() -> None:
     assert d.submit and d.option is small
     assert plan.time_to_target_s == pytest.approx(10 * H)
     assert plan.start_with_any_s == pytest.approx(10.5 * H)
-    assert "instead of 4 nodes (start +8.0h) -> +10.5h" in d.reason
+    assert d.reason == "1 node from +0s: target +10h00m; instead of 4 nodes (start +8h00m) -> target +10h30m"
 
 
 def test_site_starting_after_the_target_is_not_asked() -> None:
@@ -68,7 +68,7 @@ def test_site_starting_after_the_target_is_not_asked() -> None:
     plan = make_plan({"fast": [fast], "late": [late]}, {"fast": fast, "late": late}, 10 * H)
     d = {x.site: x for x in plan.decisions}
     assert d["fast"].submit and not d["late"].submit
-    assert d["late"].reason == "predicted start +30.0h is after the target is reached (+10.0h)"
+    assert d["late"].reason == "predicted start +30h00m is after the target is reached (+10h00m)"
     # Waiting for both: the late site's start, then 2/s.
     assert plan.wait_for_all_s == pytest.approx(30 * H + 10 * H / 2)
     assert plan.training_starts_s == 0
@@ -93,6 +93,24 @@ def test_unknown_throughput_and_existing_jobs_are_not_submitted() -> None:
     assert not d["b"].submit and "no throughput known" in d["b"].reason
     assert plan.time_to_target_s == pytest.approx(2 * H)
     assert plan.to_json()["sites"][0]["existing_job"] == "42"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "+0s"),
+        (89.4, "+89s"),
+        (90, "+2m"),
+        (5399, "+90m"),
+        (5400, "+1h30m"),
+        (47 * H + 59 * 60, "+47h59m"),
+        (48 * H, "+2d00h"),
+        (100 * H, "+4d04h"),
+        (math.inf, "never"),
+    ],
+)
+def test_durations_for_people(seconds: float, text: str) -> None:
+    assert after(seconds) == text
 
 
 def test_no_throughput_anywhere_means_never() -> None:
