@@ -62,6 +62,8 @@ class RingView:
     """Sorted, unique."""
     replicas: int = REPLICAS
     _seeds: tuple[tuple[int, SiteId], ...] = field(init=False, repr=False, compare=False)
+    _owners: dict[int, tuple[SiteId, ...]] = field(init=False, repr=False, compare=False)
+    """Memo of owners(): a view is immutable, and every lease message looks owners up."""
 
     def __post_init__(self) -> None:
         if list(self.members) != sorted(set(self.members)):
@@ -69,6 +71,7 @@ class RingView:
         if self.version < 0 or self.replicas < 1:
             raise ValueError(f"bad ring view version={self.version} replicas={self.replicas}")
         object.__setattr__(self, "_seeds", tuple((site_seed(m), m) for m in self.members))
+        object.__setattr__(self, "_owners", {})
 
     @classmethod
     def of(cls, version: int, members: Iterable[str], replicas: int = REPLICAS) -> RingView:
@@ -81,10 +84,11 @@ class RingView:
 
     def owners(self, block_id: int) -> tuple[SiteId, ...]:
         """Primary first, then the replicas, by descending HRW score."""
-        if not self.members:
-            return ()
-        ranked = sorted(self._seeds, key=lambda sm: (-score(sm[0], block_id), sm[1]))
-        return tuple(m for _, m in ranked[: self.width])
+        got = self._owners.get(block_id)
+        if got is None:
+            ranked = sorted(self._seeds, key=lambda sm: (-score(sm[0], block_id), sm[1]))
+            got = self._owners[block_id] = tuple(m for _, m in ranked[: self.width])
+        return got
 
     def primary(self, block_id: int) -> SiteId | None:
         owners = self.owners(block_id)

@@ -74,6 +74,8 @@ class SimConfig:
     fault_span: float = 15.0
     """Faults start within this many seconds of each other (the run takes a few times more)."""
     max_time: float = 2000.0
+    speed_scale: int = 1
+    """Multiplies every site's samples per step (the benchmark's big datasets)."""
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
 
 
@@ -107,6 +109,7 @@ class Result:
     universe: dict[int, int]
     log: list[tuple[int, list]]
     faults: list[tuple[float, str]]
+    by_kind: dict[str, int]
 
 
 class Sim:
@@ -126,6 +129,8 @@ class Sim:
         self.violations: list[str] = []
         self.events: list[LeaseEvent] = []
         self.messages = 0
+        self.by_kind: dict[str, int] = {}
+        """Messages sent, per type (the benchmark's grant and renewal counts)."""
         self.vouched: dict[tuple[int, int], list[tuple[SiteId, int, Spans]]] = {}
         self.started: dict[tuple[int, int, int], SiteId] = {}
         self.rebuilt: set[tuple[int, int]] = set()
@@ -162,7 +167,8 @@ class Sim:
             if not a.ok:
                 self.violations.append(f"audit: {a}")
         return Result(self.seed, self.violations, audits, self.events, self.t, self.messages,
-                      self.committed_sets, self.universe, self.log, self.faults)
+                      self.committed_sets, self.universe, self.log, self.faults,
+                      self.by_kind)
 
     # --- sites ---
 
@@ -207,10 +213,12 @@ class Sim:
         self._maybe_contribute(s)
 
     def _train(self, s: Site) -> None:
-        s.client.next_samples(s.speed, s.local(self.t))
+        s.client.next_samples(s.speed * self.cfg.speed_scale, s.local(self.t))
 
     def _send(self, frm: SiteId, e: Send) -> None:
         self.messages += 1
+        kind = type(e.msg).__name__
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
         if self.rng.random() < self.cfg.drop:
             return
         copies = 2 if self.rng.random() < self.cfg.dup else 1

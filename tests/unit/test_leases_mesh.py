@@ -91,3 +91,77 @@ class Mesh:
         p = self.views[-1].primary(block)
         assert p is not None
         return p
+
+
+# --- the holder core driven through the mesh ---
+
+
+def _settle(m: Mesh, rounds: int = 4) -> None:
+    for _ in range(rounds):
+        m.tick(0.1)
+
+
+def test_holder_prefetches_starts_one_block_trains_and_contributes_what_was_vouched() -> None:
+    from peer.admission import admit_round
+    from peer.lease_types import LeaseState
+
+    m = Mesh("abc")
+    m.set_view("abc")
+    _settle(m)
+    a = m.clients[SiteId("a")]
+    assert len(a.held) == 2 and sum(h.started for h in a.held.values()) == 1
+    got = a.next_samples(5, m.now)
+    assert sum(x.end - x.start for _, sp in got for x in sp) == 5 and len(got) == 1
+    (block, _), = got
+    m.effects(SiteId("a"), a.end_round(1, m.now))
+    m.run()
+    c = a.contribution(1)
+    assert c is not None and [(r.block_id, r.start, r.end) for r in c.ranges] == [(block, 0, 5)]
+    owner = m.primary_of(block)
+    assert m.owners[owner].records[block].state is LeaseState.STARTED, "3 samples left: kept"
+    (d,) = admit_round(1, [c], m.ledgers[SiteId("a")])
+    assert d.included, d.reason
+
+
+def test_holder_drops_a_lease_the_owner_reports_lost_and_its_samples_are_not_vouched() -> None:
+    m = Mesh("abc")
+    m.set_view("abc")
+    _settle(m)
+    a = m.clients[SiteId("a")]
+    (block, _), = a.next_samples(2, m.now)
+    owner = m.owners[m.primary_of(block)]
+    rec = owner.records[block]
+    owner.records[block] = rec.bumped(1, holder=SiteId("b"), generation=rec.generation + 1)  # stolen/reclaimed
+    m.tick(CFG.renew_every)
+    assert block not in a.held and any("stale: generation" in r for r in a.lost_reasons)
+    m.effects(SiteId("a"), a.end_round(1, m.now))
+    m.run()
+    c = a.contribution(1)
+    assert c is not None and all(r.block_id != block for r in c.ranges)
+
+
+def test_holder_stops_training_when_its_lease_runs_out_on_its_own_clock() -> None:
+    m = Mesh("abc")
+    m.set_view("abc")
+    _settle(m)
+    a = m.clients[SiteId("a")]
+    m.cut = {SiteId("a")}  # no renewal gets through
+    m.tick(0.8 * CFG.ttl - 0.5, sites=["a"])
+    assert a.next_samples(1, m.now), "still valid"
+    m.tick(1.0, sites=["a"])
+    assert a.next_samples(1, m.now) == () and not a.held
+
+
+def test_graceful_leave_releases_every_lease() -> None:
+    from peer.lease_types import EventKind
+
+    m = Mesh("abc")
+    m.set_view("abc")
+    _settle(m)
+    a = m.clients[SiteId("a")]
+    held = set(a.held)
+    m.effects(SiteId("a"), a.release_all(m.now))
+    m.run()
+    released = {e.block for e in m.events if e.kind is EventKind.RELEASE and e.site == "a"}
+    assert held and released == held
+    assert all(m.owners[m.primary_of(b)].records[b].holder is None for b in held)
