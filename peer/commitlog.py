@@ -1,0 +1,365 @@
+"""The replicated round-commit log: entries, the in-memory log with its snapshot, and its rules.
+
+One entry per outer round (`RoundCommit`: contributors and the hash of the resulting weights), plus
+single-server voter changes (`VoterChange`, Raft thesis section 4.1) and the no-op `EpochStart` a new
+leader appends (Raft section 8). What is pure about replication lives here: the log-matching append
+(Raft section 5.3), the epoch-based conflict hint, the commit rule over the configured voter set
+(section 5.4.2), snapshots and compaction (section 7), and the voter set a log implies. The state
+machine that sends and receives lives in `peer/consensus.py`.
+
+    .venv/bin/python -m pytest tests/unit/test_commitlog.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NewType, Union
+
+from peer.election import Epoch, Header, SiteId
+
+Round = NewType("Round", int)
+"""An outer round; consecutive in the log, 0 = before the first round."""
+
+LogIndex = NewType("LogIndex", int)
+"""A position in the replicated log, from 1; 0 = before the first entry."""
+
+
+@dataclass(frozen=True)
+class SampleRange:
+    """Samples [start, end) of one data block."""
+
+    block_id: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"empty or negative sample range {self}")
+
+
+@dataclass(frozen=True)
+class Contributor:
+    site: SiteId
+    tokens: int
+    ranges: tuple[SampleRange, ...]
+    pseudo_gradient_root: bytes
+
+
+@dataclass(frozen=True)
+class RoundCommit:
+    round: Round
+    contributors: tuple[Contributor, ...]
+    """Sorted by site, each site once: every peer averages them in this order."""
+    weights_hash: bytes
+
+    def __post_init__(self) -> None:
+        sites = [c.site for c in self.contributors]
+        if sites != sorted(set(sites)):
+            raise ValueError(f"round {self.round}: contributors must be sorted and unique, got {sites}")
+        if self.round < 1:
+            raise ValueError("rounds start at 1")
+
+
+@dataclass(frozen=True)
+class VoterChange:
+    site: SiteId
+    address: str
+    add: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    leader: SiteId
+
+
+Body = Union[RoundCommit, VoterChange, EpochStart]
+
+
+@dataclass(frozen=True)
+class Entry:
+    index: LogIndex
+    epoch: Epoch
+    body: Body
+
+
+Voters = tuple[tuple[SiteId, str], ...]
+"""A voter set: (site, address) pairs sorted by site."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The log up to `last_index` folded into a state (Raft section 7)."""
+
+    last_index: LogIndex
+    last_epoch: Epoch
+    last_round: Round
+    weights_hash: bytes
+    voters: Voters
+    app_state: bytes = b""
+    """Opaque state of the rounds layer at last_index (e.g. the trained-sample ledger)."""
+
+
+EMPTY_SNAPSHOT = Snapshot(LogIndex(0), Epoch(0), Round(0), b"", ())
+
+
+def bootstrap_entries(voters: Mapping[SiteId, str]) -> list[Entry]:
+    """The identical first entries every founding peer writes: one VoterChange(add) per voter at epoch
+    0, sorted by site. Identical on all founders, so they satisfy log matching without a leader;
+    a peer that joins later receives them by replication like any other entry."""
+    return [
+        Entry(LogIndex(i), Epoch(0), VoterChange(site, voters[site], True, "bootstrap"))
+        for i, site in enumerate(sorted(voters), start=1)
+    ]
+
+
+def apply_voter_change(voters: Voters, change: VoterChange) -> Voters:
+    current = dict(voters)
+    if change.add:
+        current[change.site] = change.address
+    else:
+        current.pop(change.site, None)
+    return tuple(sorted(current.items()))
+
+
+# --- replication messages (proto AppendEntries, AppendReply, InstallSnapshot) ---
+
+
+@dataclass(frozen=True)
+class AppendEntries:
+    header: Header
+    prev_index: LogIndex
+    prev_epoch: Epoch
+    entries: tuple[Entry, ...]
+    commit_index: LogIndex
+    seq: int
+
+
+@dataclass(frozen=True)
+class AppendReply:
+    header: Header
+    success: bool
+    match_index: LogIndex
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class InstallSnapshot:
+    header: Header
+    snapshot: Snapshot
+    seq: int
+
+
+@dataclass
+class AppendResult:
+    ok: bool
+    reason: str
+    match_index: LogIndex
+    """On success the last index verified to match the leader; on failure where to retry."""
+    first_changed: LogIndex | None = None
+    """First index whose content changed (truncated or appended), for PersistLog; None = none."""
+
+
+@dataclass
+class Log:
+    """A snapshot followed by consecutive entries. Mutated only by the consensus core."""
+
+    snapshot: Snapshot = EMPTY_SNAPSHOT
+    entries: list[Entry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        expected = self.snapshot.last_index + 1
+        for e in self.entries:
+            if e.index != expected:
+                raise ValueError(f"log entries not consecutive after snapshot: {e.index} != {expected}")
+            expected += 1
+
+    @property
+    def last_index(self) -> LogIndex:
+        return self.entries[-1].index if self.entries else self.snapshot.last_index
+
+    @property
+    def last_epoch(self) -> Epoch:
+        return self.entries[-1].epoch if self.entries else self.snapshot.last_epoch
+
+    def epoch_at(self, index: int) -> Epoch | None:
+        """Epoch of the entry at index; None when compacted away or beyond the end."""
+        if index == self.snapshot.last_index:
+            return self.snapshot.last_epoch
+        e = self.entry(index)
+        return e.epoch if e else None
+
+    def entry(self, index: int) -> Entry | None:
+        pos = index - self.snapshot.last_index - 1
+        return self.entries[pos] if 0 <= pos < len(self.entries) else None
+
+    def slice(self, first: int, max_n: int) -> tuple[Entry, ...]:
+        pos = max(0, first - self.snapshot.last_index - 1)
+        return tuple(self.entries[pos : pos + max_n])
+
+    def voters_at(self, index: int) -> Voters:
+        """Voter set after applying the log up to `index` (snapshot voters, then VoterChanges)."""
+        voters = self.snapshot.voters
+        for e in self.entries:
+            if e.index > index:
+                break
+            if isinstance(e.body, VoterChange):
+                voters = apply_voter_change(voters, e.body)
+        return voters
+
+    def voters(self) -> Voters:
+        """The configuration in force: the latest in the log, committed or not (thesis 4.1)."""
+        return self.voters_at(self.last_index)
+
+    def last_config_index(self) -> LogIndex:
+        for e in reversed(self.entries):
+            if isinstance(e.body, VoterChange):
+                return e.index
+        return self.snapshot.last_index
+
+    def last_round_entry(self, upto: int | None = None) -> tuple[Round, LogIndex, bytes]:
+        """(round, index, weights hash) of the last RoundCommit at or below `upto`."""
+        for e in reversed(self.entries):
+            if upto is not None and e.index > upto:
+                continue
+            if isinstance(e.body, RoundCommit):
+                return e.body.round, e.index, e.body.weights_hash
+        return self.snapshot.last_round, self.snapshot.last_index, self.snapshot.weights_hash
+
+    def append_local(self, epoch: Epoch, body: Body) -> Entry:
+        entry = Entry(LogIndex(self.last_index + 1), epoch, body)
+        self.entries.append(entry)
+        return entry
+
+    def append_from_leader(
+        self, prev_index: int, prev_epoch: int, entries: Sequence[Entry], commit_index: int
+    ) -> AppendResult:
+        """Raft 5.3: accept `entries` if this log holds (prev_index, prev_epoch); drop a conflicting
+        suffix (never below commit_index: that would be a safety bug, so it raises)."""
+        if prev_index > self.last_index:
+            return AppendResult(False, f"missing entries: prev index {prev_index} > last {self.last_index}",
+                                LogIndex(self.last_index + 1))
+        if prev_index < self.snapshot.last_index:
+            # Compacted: those entries are committed and equal to the leader's; skip them.
+            skip = self.snapshot.last_index - prev_index
+            entries, prev_index, prev_epoch = entries[skip:], self.snapshot.last_index, self.snapshot.last_epoch
+            if not entries:
+                return AppendResult(True, "ok (already compacted)", self.snapshot.last_index)
+        own = self.epoch_at(prev_index)
+        if own != prev_epoch:
+            # Hint: first index of our conflicting epoch, so the leader skips the whole epoch.
+            hint = prev_index
+            while hint - 1 > self.snapshot.last_index and self.epoch_at(hint - 1) == own:
+                hint -= 1
+            return AppendResult(False, f"log mismatch at {prev_index}: epoch {own} != {prev_epoch}",
+                                LogIndex(max(hint, commit_index + 1)))
+        first_changed: LogIndex | None = None
+        for e in entries:
+            mine = self.entry(e.index)
+            if mine is not None and mine.epoch == e.epoch:
+                continue
+            if mine is not None:
+                if e.index <= commit_index:
+                    raise AssertionError(f"leader overwrites committed index {e.index}")
+                del self.entries[e.index - self.snapshot.last_index - 1 :]
+            self.entries.append(e)
+            if first_changed is None:
+                first_changed = e.index
+        return AppendResult(True, "ok", LogIndex(prev_index + len(entries)), first_changed)
+
+    def install(self, snap: Snapshot) -> bool:
+        """Raft section 7: keep the suffix when it continues the snapshot, else drop the whole log.
+        Returns True when the log after the snapshot was kept."""
+        keep = self.epoch_at(snap.last_index) == snap.last_epoch and snap.last_index <= self.last_index
+        if keep:
+            self.entries = [e for e in self.entries if e.index > snap.last_index]
+        else:
+            self.entries = []
+        self.snapshot = snap
+        return keep
+
+
+def quorum_index(match: Mapping[SiteId, int], voters: Iterable[SiteId]) -> LogIndex:
+    """Highest index held by a majority of `voters` (missing voters count as 0)."""
+    held = sorted((match.get(v, 0) for v in set(voters)), reverse=True)
+    if not held:
+        return LogIndex(0)
+    return LogIndex(held[len(held) // 2])
+
+
+# --- canonical encoding for the on-disk store (stdlib JSON; the wire uses protobuf) ---
+
+
+def _body_to_obj(body: Body) -> dict[str, object]:
+    if isinstance(body, RoundCommit):
+        return {
+            "round": body.round,
+            "weights_hash": body.weights_hash.hex(),
+            "contributors": [
+                {
+                    "site": c.site,
+                    "tokens": c.tokens,
+                    "root": c.pseudo_gradient_root.hex(),
+                    "ranges": [[r.block_id, r.start, r.end] for r in c.ranges],
+                }
+                for c in body.contributors
+            ],
+        }
+    if isinstance(body, VoterChange):
+        return {"voter": body.site, "address": body.address, "add": body.add, "reason": body.reason}
+    return {"epoch_start": body.leader}
+
+
+def _body_from_obj(obj: dict[str, object]) -> Body:
+    if "round" in obj:
+        contributors = tuple(
+            Contributor(
+                SiteId(c["site"]),
+                int(c["tokens"]),
+                tuple(SampleRange(*r) for r in c["ranges"]),
+                bytes.fromhex(c["root"]),
+            )
+            for c in obj["contributors"]  # type: ignore[attr-defined]
+        )
+        return RoundCommit(Round(int(obj["round"])), contributors,  # type: ignore[call-overload]
+                           bytes.fromhex(str(obj["weights_hash"])))
+    if "voter" in obj:
+        return VoterChange(SiteId(str(obj["voter"])), str(obj["address"]), bool(obj["add"]), str(obj["reason"]))
+    return EpochStart(SiteId(str(obj["epoch_start"])))
+
+
+def encode_entry(entry: Entry) -> bytes:
+    obj = {"index": entry.index, "epoch": entry.epoch, "body": _body_to_obj(entry.body)}
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_entry(data: bytes) -> Entry:
+    obj = json.loads(data)
+    return Entry(LogIndex(int(obj["index"])), Epoch(int(obj["epoch"])), _body_from_obj(obj["body"]))
+
+
+def encode_snapshot(snap: Snapshot) -> bytes:
+    obj = {
+        "last_index": snap.last_index,
+        "last_epoch": snap.last_epoch,
+        "last_round": snap.last_round,
+        "weights_hash": snap.weights_hash.hex(),
+        "voters": [list(v) for v in snap.voters],
+        "app_state": snap.app_state.hex(),
+    }
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    obj = json.loads(data)
+    return Snapshot(
+        LogIndex(int(obj["last_index"])),
+        Epoch(int(obj["last_epoch"])),
+        Round(int(obj["last_round"])),
+        bytes.fromhex(obj["weights_hash"]),
+        tuple((SiteId(s), str(a)) for s, a in obj["voters"]),
+        bytes.fromhex(obj["app_state"]),
+    )

@@ -1,0 +1,601 @@
+"""The consensus core: election by lease epoch plus the replicated round-commit log, sans I/O.
+
+Raft (Ongaro & Ousterhout 2014) with PreVote, CheckQuorum and leader stickiness (Ongaro's thesis
+9.6, 6.2), a leader lease for decisions (thesis 6.4.1; margin in docs/decisions/consensus-lease-drift.md)
+and single-server voter changes (thesis 4.1). The rules live in `peer/election.py` and
+`peer/commitlog.py`; this class owns the state and turns inputs into ordered effects:
+
+    core = ConsensusCore.start(site, address, ElectionConfig.wan(), store.load(), now, rng)
+    effects = core.tick(now) / core.receive(msg, now) / core.propose_round(commit, now).effects
+
+The node executes the effects **in list order**: a `PersistHardState`, `PersistLog` or
+`PersistSnapshot` must be durable (fsynced) before any later effect of the same list runs, because a
+`Send` after it may promise what it persisted (a vote, an ack). `Committed` entries are applied in
+order, each exactly once. Contract and bounds: docs/consensus.md.
+
+    .venv/bin/python -m pytest tests/unit/test_consensus_core.py tests/sim/test_consensus_sim.py -q
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Union
+
+from peer.commitlog import (
+    AppendEntries,
+    AppendReply,
+    Entry,
+    EpochStart,
+    InstallSnapshot,
+    Log,
+    LogIndex,
+    RoundCommit,
+    Snapshot,
+    VoterChange,
+    Voters,
+    bootstrap_entries,
+    quorum_index,
+)
+from peer.election import (
+    ElectionConfig,
+    Epoch,
+    HardState,
+    Header,
+    RequestVote,
+    Role,
+    SiteId,
+    VoteReply,
+    has_majority,
+    vote_decision,
+)
+
+Message = Union[RequestVote, VoteReply, AppendEntries, AppendReply, InstallSnapshot]
+
+
+@dataclass(frozen=True)
+class Send:
+    to: SiteId
+    address: str
+    msg: Message
+
+
+@dataclass(frozen=True)
+class PersistHardState:
+    state: HardState
+
+
+@dataclass(frozen=True)
+class PersistLog:
+    """Drop every stored entry with index >= first_index, then append `entries`."""
+
+    first_index: LogIndex
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
+class PersistSnapshot:
+    """Store the snapshot; keep the stored entries after it only if the entry at its last index has
+    its epoch (commitlog.Log.install's rule), else drop them all."""
+
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Apply this entry: it is majority-replicated and durable. Emitted once per index, in order."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class SnapshotInstalled:
+    """The log up to snapshot.last_index was replaced by the leader's snapshot: restore the
+    application state from it (fetch θ by weights_hash) before applying later entries."""
+
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class LeaderChanged:
+    leader: SiteId | None
+    epoch: Epoch
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message or request this core refused; for logs and `ops status`. Changes nothing."""
+
+    from_site: SiteId
+    what: str
+    reason: str
+
+
+Effect = Union[Send, PersistHardState, PersistLog, PersistSnapshot, Committed, SnapshotInstalled, LeaderChanged,
+               Rejected]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Answer to a local request (propose, leave, voter change): accepted or not, why, effects."""
+
+    accepted: bool
+    reason: str
+    effects: list[Effect]
+    index: LogIndex | None = None
+
+
+@dataclass
+class DurableState:
+    """Everything the core reads from disk at start (logstore.Store.load returns it)."""
+
+    hard: HardState
+    snapshot: Snapshot
+    entries: list[Entry]
+
+    @classmethod
+    def fresh(cls, founders: Mapping[SiteId, str] | None = None) -> DurableState:
+        """A new peer. Founding peers of a run all pass the same `founders` (site -> address) and so
+        write identical bootstrap entries; a peer joining later passes None and receives the log."""
+        from peer.commitlog import EMPTY_SNAPSHOT
+
+        return cls(HardState(Epoch(0), None), EMPTY_SNAPSHOT, bootstrap_entries(founders or {}))
+
+
+@dataclass(frozen=True)
+class Status:
+    """What `ops status` shows (and the simulator compares)."""
+
+    site: SiteId
+    role: Role
+    epoch: Epoch
+    voted_for: SiteId | None
+    leader: SiteId | None
+    lease_expiry: float | None
+    """Leader only: local monotonic time until which it may decide; None otherwise."""
+    committed_round: int
+    commit_index: LogIndex
+    applied_index: LogIndex
+    last_index: LogIndex
+    voters: Voters
+
+
+def fencing_epoch(msg: Message) -> Epoch:
+    """The epoch a message is judged by. A pre-vote reply answers a question asked at
+    proposed_epoch - 1; every other message is as fresh as its header's epoch."""
+    if isinstance(msg, VoteReply) and msg.pre_vote:
+        return Epoch(msg.proposed_epoch - 1)
+    return msg.header.epoch
+
+
+@dataclass
+class _Member:
+    address: str
+    state: str  # "alive" | "dead" | "left", as membership reports it
+
+
+@dataclass
+class ConsensusCore:
+    site: SiteId
+    address: str
+    config: ElectionConfig
+    hard: HardState
+    log: Log
+    rng: random.Random
+    now: float
+    commit_index: LogIndex = LogIndex(0)
+    applied_index: LogIndex = LogIndex(0)
+    role: Role = Role.FOLLOWER
+    leader: SiteId | None = None
+    leader_address: str = ""
+    # Votes refused until this time: the last contact with a live leader (or this peer's start)
+    # plus election_timeout_min. Guards other leaders' leases (election.vote_decision).
+    sticky_until: float = 0.0
+    sticky_why: str = ""
+    election_deadline: float = math.inf
+    votes: set[SiteId] = field(default_factory=set)
+    leaving: bool = False
+    voter_note: str = ""
+    members: dict[SiteId, _Member] = field(default_factory=dict)
+    # Leader-only state, reset at every election win.
+    became_leader_at: float = 0.0
+    next_heartbeat: float = math.inf
+    next_index: dict[SiteId, int] = field(default_factory=dict)
+    match_index: dict[SiteId, int] = field(default_factory=dict)
+    ack_time: dict[SiteId, float] = field(default_factory=dict)  # send time of the newest acked message
+    sent_at: dict[int, float] = field(default_factory=dict)
+    seq: int = 0
+
+    @classmethod
+    def start(cls, site: SiteId, address: str, config: ElectionConfig, durable: DurableState, now: float,
+              rng: random.Random, applied_index: int = 0) -> ConsensusCore:
+        """A core from what is on disk. applied_index: last entry whose effect the node's own durable
+        state (checkpoint) already holds; entries after it are emitted again as Committed."""
+        log = Log(durable.snapshot, list(durable.entries))
+        applied = LogIndex(max(applied_index, durable.snapshot.last_index))
+        core = cls(site, address, config, durable.hard, log, rng, now, applied, applied)
+        # A restarted peer may have acked a leader's lease just before it crashed: refuse votes for
+        # one minimum election timeout, as if it had just heard from that leader.
+        core.sticky_until, core.sticky_why = now + config.election_timeout_min_s, "restarted within the election timeout"
+        core._reset_election_timer()
+        return core
+
+    # ----- inputs -----
+
+    def tick(self, now: float) -> list[Effect]:
+        now = self._advance(now)
+        effects: list[Effect] = []
+        if self.role is Role.LEADER:
+            if now >= max(self._lease_expiry(), self.became_leader_at + self.config.election_timeout_min_s):
+                self._step_down(None, effects, "check-quorum: no majority acked within the lease")
+                return effects
+            if now >= self.next_heartbeat:
+                self._broadcast(effects)
+            self._reconcile_voters(effects)
+        elif now >= self.election_deadline:
+            self._campaign(pre_vote=True, effects=effects)
+        return effects
+
+    def next_deadline(self) -> float:
+        if self.role is Role.LEADER:
+            return min(self.next_heartbeat,
+                       max(self._lease_expiry(), self.became_leader_at + self.config.election_timeout_min_s))
+        return self.election_deadline
+
+    def receive(self, msg: Message, now: float) -> list[Effect]:
+        now = self._advance(now)
+        effects: list[Effect] = []
+        h = msg.header
+        if isinstance(msg, RequestVote):
+            self._on_request_vote(msg, effects)
+            return effects
+        if fencing_epoch(msg) < self.hard.epoch:
+            reason = f"stale epoch {fencing_epoch(msg)} < {self.hard.epoch}"
+            effects.append(Rejected(h.from_site, type(msg).__name__, reason))
+            if isinstance(msg, (AppendEntries, InstallSnapshot)):
+                # Tell the stale leader about the newer epoch so it steps down.
+                effects.append(self._send(h.from_site, h.from_address,
+                                          AppendReply(self._header(), False, LogIndex(0), msg.seq, reason)))
+            return effects
+        if h.epoch > self.hard.epoch:
+            self._adopt_epoch(h.epoch, effects)
+        if isinstance(msg, VoteReply):
+            self._on_vote_reply(msg, effects)
+        elif isinstance(msg, AppendEntries):
+            self._on_append(msg, effects)
+        elif isinstance(msg, InstallSnapshot):
+            self._on_snapshot(msg, effects)
+        else:
+            self._on_append_reply(msg, effects)
+        return effects
+
+    def propose_round(self, commit: RoundCommit, now: float) -> Decision:
+        """Leader only: append the decision of round `commit.round` and replicate it."""
+        now = self._advance(now)
+        if self.role is not Role.LEADER:
+            return Decision(False, f"not leader (leader is {self.leader}, epoch {self.hard.epoch})", [])
+        if now >= self._lease_expiry():
+            return Decision(False, "no lease: a majority has not acked this leader recently", [])
+        last_round, last_round_index, _ = self.log.last_round_entry()
+        if last_round_index > self.commit_index:
+            return Decision(False, f"round {last_round} is not committed yet", [])
+        if commit.round != last_round + 1:
+            return Decision(False, f"round {commit.round} is not the next round {last_round + 1}", [])
+        return self._append_and_replicate(commit)
+
+    def member_alive(self, site: SiteId, address: str) -> None:
+        """Membership sees `site` alive at `address`: replicate to it; the leader adds it as a voter
+        once it has caught up with the committed log."""
+        self.members[site] = _Member(address, "alive")
+
+    def member_left(self, site: SiteId) -> None:
+        """Membership reports a graceful leave: the leader removes the voter."""
+        self._mark(site, "left")
+
+    def member_dead(self, site: SiteId) -> None:
+        """Membership declared `site` dead: the leader removes the voter once it has also had no ack
+        from it for election_timeout_max (its own confirmation), by a majority-committed entry."""
+        self._mark(site, "dead")
+
+    def leave(self, now: float) -> Decision:
+        """Graceful leave of this peer (`ops leave`, SIGTERM). See docs/decisions/consensus-last-voter.md."""
+        self._advance(now)
+        # A leaving voter keeps campaigning: until its removal commits it may be needed for a
+        # majority, and as leader it removes itself first.
+        self.leaving = True
+        voters = dict(self.log.voters())
+        if self.site not in voters:
+            return Decision(True, "not a voter", [])
+        if len(voters) == 1:
+            return Decision(False, "last voter stays in the voter set: the run resumes from its disk", [])
+        if self.role is not Role.LEADER:
+            return Decision(True, f"leader {self.leader} removes this voter when membership reports the leave", [])
+        effects: list[Effect] = []
+        self._reconcile_voters(effects)
+        return Decision(True, self.voter_note, effects)
+
+    def compact(self, upto: int, app_state: bytes) -> list[Effect]:
+        """Fold the applied log up to `upto` into a snapshot (after the node checkpointed it)."""
+        upto = min(upto, self.applied_index)
+        epoch = self.log.epoch_at(upto)
+        if upto <= self.log.snapshot.last_index or epoch is None:
+            return []
+        rnd, _, weights = self.log.last_round_entry(upto)
+        snap = Snapshot(LogIndex(upto), epoch, rnd, weights, self.log.voters_at(upto), app_state)
+        self.log.install(snap)
+        return [PersistSnapshot(snap)]
+
+    def status(self) -> Status:
+        return Status(
+            self.site, self.role, self.hard.epoch, self.hard.voted_for, self.leader,
+            self._lease_expiry() if self.role is Role.LEADER else None,
+            self.log.last_round_entry(self.commit_index)[0], self.commit_index, self.applied_index,
+            self.log.last_index, self.log.voters(),
+        )
+
+    def is_voter(self) -> bool:
+        return self.site in dict(self.log.voters())
+
+    # ----- election -----
+
+    def _advance(self, now: float) -> float:
+        # Time never runs backwards inside the core: a clock jump back is treated as no time passing.
+        self.now = max(self.now, now)
+        return self.now
+
+    def _reset_election_timer(self) -> None:
+        self.election_deadline = self.now + self.config.random_timeout(self.rng) if self.is_voter() else math.inf
+
+    def _sticky(self) -> str | None:
+        if self.role is Role.LEADER:
+            return f"{self.site} is the leader of epoch {self.hard.epoch}"
+        if self.now < self.sticky_until:
+            return self.sticky_why
+        return None
+
+    def _campaign(self, pre_vote: bool, effects: list[Effect]) -> None:
+        self.votes = {self.site}
+        if pre_vote:
+            self.role = Role.PRE_CANDIDATE
+            proposed = Epoch(self.hard.epoch + 1)
+        else:
+            self.role = Role.CANDIDATE
+            proposed = Epoch(self.hard.epoch + 1)
+            self.hard = HardState(proposed, self.site)
+            effects.append(PersistHardState(self.hard))
+        self._reset_election_timer()
+        req = RequestVote(self._header(), proposed, self.log.last_index, self.log.last_epoch, pre_vote)
+        for site, address in self.log.voters():
+            if site != self.site:
+                effects.append(self._send(site, address, req))
+        self._count_votes(effects)
+
+    def _count_votes(self, effects: list[Effect]) -> None:
+        if not has_majority(self.votes, (s for s, _ in self.log.voters())):
+            return
+        if self.role is Role.PRE_CANDIDATE:
+            self._campaign(pre_vote=False, effects=effects)
+        elif self.role is Role.CANDIDATE:
+            self._become_leader(effects)
+
+    def _on_request_vote(self, req: RequestVote, effects: list[Effect]) -> None:
+        h = req.header
+        sticky = self._sticky()
+        if not req.pre_vote and req.proposed_epoch > self.hard.epoch and sticky is None:
+            self._adopt_epoch(req.proposed_epoch, effects)
+        granted, reason = vote_decision(self.hard, req, (self.log.last_index, self.log.last_epoch), sticky)
+        if granted and not req.pre_vote:
+            self.hard = HardState(self.hard.epoch, h.from_site)
+            effects.append(PersistHardState(self.hard))
+            self._reset_election_timer()
+        if not granted:
+            effects.append(Rejected(h.from_site, "pre-vote" if req.pre_vote else "vote", reason))
+        effects.append(self._send(h.from_site, h.from_address,
+                                  VoteReply(self._header(), req.proposed_epoch, granted, req.pre_vote, reason)))
+
+    def _on_vote_reply(self, rep: VoteReply, effects: list[Effect]) -> None:
+        wanted = Role.PRE_CANDIDATE if rep.pre_vote else Role.CANDIDATE
+        expected = self.hard.epoch + 1 if rep.pre_vote else self.hard.epoch
+        if self.role is not wanted or rep.proposed_epoch != expected or not rep.granted:
+            return
+        self.votes.add(rep.header.from_site)
+        self._count_votes(effects)
+
+    def _adopt_epoch(self, epoch: Epoch, effects: list[Effect]) -> None:
+        was_leader = self.role is Role.LEADER
+        self.hard = HardState(epoch, None)
+        effects.append(PersistHardState(self.hard))
+        self.role, self.votes = Role.FOLLOWER, set()
+        if self.leader is not None or was_leader:
+            self.leader = None
+            effects.append(LeaderChanged(None, epoch))
+        self._reset_election_timer()
+
+    def _step_down(self, leader: SiteId | None, effects: list[Effect], why: str) -> None:
+        self.role, self.leader, self.next_heartbeat = Role.FOLLOWER, leader, math.inf
+        effects.append(Rejected(self.site, "leadership", why))
+        effects.append(LeaderChanged(leader, self.hard.epoch))
+        self._reset_election_timer()
+
+    def _become_leader(self, effects: list[Effect]) -> None:
+        self.role, self.leader, self.leader_address = Role.LEADER, self.site, self.address
+        self.became_leader_at = self.now
+        self.next_index = {}
+        self.match_index, self.ack_time, self.sent_at = {}, {}, {}
+        self.election_deadline = math.inf
+        effects.append(LeaderChanged(self.site, self.hard.epoch))
+        self._append_and_replicate(EpochStart(self.site), effects)
+
+    def _lease_expiry(self) -> float:
+        """Send time of the newest message a majority of voters acked, plus the lease (election.py)."""
+        voters = [s for s, _ in self.log.voters()]
+        if self.role is not Role.LEADER or not voters:
+            return -math.inf
+        times = sorted((self.now if v == self.site else self.ack_time.get(v, -math.inf) for v in voters),
+                       reverse=True)
+        return times[len(voters) // 2] + self.config.lease_s
+
+    # ----- replication -----
+
+    def _header(self) -> Header:
+        return Header(self.site, self.address, self.hard.epoch, self.log.last_round_entry(self.commit_index)[0])
+
+    def _send(self, to: SiteId, address: str, msg: Message) -> Send:
+        return Send(to, address, msg)
+
+    def _targets(self) -> dict[SiteId, str]:
+        """Everyone who needs the log: voters and live members (observers, voters-to-be)."""
+        out = {s: m.address for s, m in self.members.items() if m.state == "alive"}
+        out.update(dict(self.log.voters()))
+        out.pop(self.site, None)
+        return out
+
+    def _append_and_replicate(self, body: RoundCommit | VoterChange | EpochStart,
+                              effects: list[Effect] | None = None) -> Decision:
+        effects = [] if effects is None else effects
+        entry = self.log.append_local(self.hard.epoch, body)
+        effects.append(PersistLog(entry.index, (entry,)))
+        self._broadcast(effects)
+        self._advance_commit(effects)
+        return Decision(True, f"appended at index {entry.index}", effects, entry.index)
+
+    def _broadcast(self, effects: list[Effect]) -> None:
+        self.next_heartbeat = self.now + self.config.heartbeat_interval_s
+        for site, address in sorted(self._targets().items()):
+            effects.append(self._replicate_to(site, address))
+        # Forget send times no reply can still renew a lease from.
+        horizon = self.now - 2 * self.config.election_timeout_max_s
+        self.sent_at = {s: t for s, t in self.sent_at.items() if t >= horizon}
+
+    def _replicate_to(self, site: SiteId, address: str) -> Send:
+        self.seq += 1
+        self.sent_at[self.seq] = self.now
+        nxt = self.next_index.setdefault(site, self.log.last_index + 1)
+        if nxt <= self.log.snapshot.last_index:
+            return self._send(site, address, InstallSnapshot(self._header(), self.log.snapshot, self.seq))
+        prev = nxt - 1
+        prev_epoch = self.log.epoch_at(prev)
+        assert prev_epoch is not None, f"no epoch for index {prev} above the snapshot"
+        msg = AppendEntries(self._header(), LogIndex(prev), prev_epoch,
+                            self.log.slice(nxt, self.config.max_batch), self.commit_index, self.seq)
+        return self._send(site, address, msg)
+
+    def _follow(self, h: Header, effects: list[Effect]) -> None:
+        if self.role is Role.LEADER:
+            raise AssertionError(f"two leaders in epoch {self.hard.epoch}: {self.site} and {h.from_site}")
+        if self.leader != h.from_site:
+            effects.append(LeaderChanged(h.from_site, h.epoch))
+        self.role, self.leader, self.leader_address, self.votes = Role.FOLLOWER, h.from_site, h.from_address, set()
+        self.sticky_until = self.now + self.config.election_timeout_min_s
+        self.sticky_why = f"leader {h.from_site} heard within the election timeout (its lease holds)"
+        self._reset_election_timer()
+
+    def _on_append(self, msg: AppendEntries, effects: list[Effect]) -> None:
+        self._follow(msg.header, effects)
+        res = self.log.append_from_leader(msg.prev_index, msg.prev_epoch, msg.entries, self.commit_index)
+        if res.first_changed is not None:
+            effects.append(PersistLog(res.first_changed, self.log.slice(res.first_changed, len(self.log.entries))))
+        h = msg.header
+        if not res.ok:
+            effects.append(Rejected(h.from_site, "append", res.reason))
+        effects.append(self._send(h.from_site, h.from_address,
+                                  AppendReply(self._header(), res.ok, res.match_index, msg.seq, res.reason)))
+        if res.ok:
+            self._commit_to(min(msg.commit_index, res.match_index), effects)
+
+    def _on_snapshot(self, msg: InstallSnapshot, effects: list[Effect]) -> None:
+        self._follow(msg.header, effects)
+        snap = msg.snapshot
+        if snap.last_index > self.commit_index:
+            self.log.install(snap)
+            self.commit_index = self.applied_index = snap.last_index
+            effects.append(PersistSnapshot(snap))
+            effects.append(SnapshotInstalled(snap))
+        h = msg.header
+        effects.append(self._send(h.from_site, h.from_address,
+                                  AppendReply(self._header(), True, snap.last_index, msg.seq, "snapshot")))
+
+    def _on_append_reply(self, rep: AppendReply, effects: list[Effect]) -> None:
+        if self.role is not Role.LEADER:
+            return
+        site = rep.header.from_site
+        sent = self.sent_at.get(rep.seq)
+        if sent is not None:
+            self.ack_time[site] = max(self.ack_time.get(site, -math.inf), sent)
+        if rep.success:
+            self.match_index[site] = max(self.match_index.get(site, 0), rep.match_index)
+            self.next_index[site] = max(self.next_index.get(site, 0), self.match_index[site] + 1)
+            self._advance_commit(effects)
+        else:
+            self.next_index[site] = max(self.match_index.get(site, 0) + 1, min(rep.match_index, self.log.last_index + 1))
+        if not rep.success or self.next_index[site] <= self.log.last_index:
+            effects.append(self._replicate_to(site, rep.header.from_address))
+
+    def _advance_commit(self, effects: list[Effect]) -> None:
+        match = dict(self.match_index)
+        match[self.site] = self.log.last_index
+        n = quorum_index(match, (s for s, _ in self.log.voters()))
+        # Raft 5.4.2: only an entry of the leader's own epoch commits by counting replicas.
+        if n > self.commit_index and self.log.epoch_at(n) == self.hard.epoch:
+            self._commit_to(n, effects)
+            self._broadcast(effects)  # followers learn the new commit index one delay later
+            self._reconcile_voters(effects)
+
+    def _commit_to(self, index: int, effects: list[Effect]) -> None:
+        if index <= self.commit_index:
+            return
+        self.commit_index = LogIndex(index)
+        while self.applied_index < self.commit_index:
+            self.applied_index = LogIndex(self.applied_index + 1)
+            entry = self.log.entry(self.applied_index)
+            assert entry is not None, f"committed index {self.applied_index} missing from the log"
+            effects.append(Committed(entry))
+            body = entry.body
+            if isinstance(body, VoterChange) and body.site == self.site and not body.add and self.role is Role.LEADER:
+                # Thesis 4.2.2: a leader that removed itself steps down once the removal commits.
+                self._step_down(None, effects, "removed from the voter set")
+
+    # ----- voter set -----
+
+    def _mark(self, site: SiteId, state: str) -> None:
+        known = self.members.get(site)
+        address = known.address if known else dict(self.log.voters()).get(site, "")
+        self.members[site] = _Member(address, state)
+
+    def _reconcile_voters(self, effects: list[Effect]) -> None:
+        """Leader: propose at most one voter change toward what membership reports (thesis 4.1)."""
+        if self.role is not Role.LEADER or self.now >= self._lease_expiry():
+            return
+        if self.log.epoch_at(self.commit_index) != self.hard.epoch:
+            return  # thesis 4.1 fix: commit an entry of this epoch before changing the voter set
+        if self.log.last_config_index() > self.commit_index:
+            return  # one change at a time: the previous one is not committed yet
+        change = self._next_voter_change()
+        if change is not None:
+            self.voter_note = f"proposed {'add' if change.add else 'remove'} {change.site}: {change.reason}"
+            self._append_and_replicate(change, effects)
+
+    def _next_voter_change(self) -> VoterChange | None:
+        voters = dict(self.log.voters())
+        if self.leaving and self.site in voters:
+            if len(voters) == 1:
+                self.voter_note = "last voter stays in the voter set: the run resumes from its disk"
+                return None
+            return VoterChange(self.site, self.address, False, "graceful leave")
+        for site in sorted(voters):
+            m = self.members.get(site)
+            if site == self.site or m is None:
+                continue
+            if m.state == "left":
+                return VoterChange(site, voters[site], False, "graceful leave")
+            silent = self.now - self.ack_time.get(site, self.became_leader_at)
+            if m.state == "dead" and silent >= self.config.election_timeout_max_s:
+                return VoterChange(site, voters[site], False, f"dead: membership and no ack for {silent:.1f}s")
+        if self.leaving:
+            return None
+        for site, m in sorted(self.members.items()):
+            if m.state == "alive" and site not in voters and self.match_index.get(site, 0) >= self.commit_index:
+                return VoterChange(site, m.address, True, "join")
+        return None

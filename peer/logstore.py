@@ -1,0 +1,260 @@
+"""Durable consensus state: the epoch/vote, the snapshot and the log, with torn-write recovery.
+
+Format (docs/decisions/consensus-storage.md), in one directory per peer:
+
+* `hardstate`, `snapshot`: whole-file records written atomically (write temp, fsync, rename, fsync dir).
+* `log`: append-only records `MAGIC | u32 length | u32 crc32(length, payload) | payload`, one per entry
+  (canonical JSON from `peer/commitlog.py`). A batch is appended and fsynced once; a truncation
+  (a leader overwrote an uncommitted suffix) cuts the file at the record's offset and fsyncs.
+
+At start-up a bad record that reaches the end of the file is a torn write of an append that was never
+acknowledged (acks follow the fsync), so it is cut off; a bad record followed by more data is
+corruption of acknowledged data and raises `CorruptStore` instead of silently losing entries.
+
+`MemoryStore` has the same semantics in memory; the simulator uses it as the "disk" that survives a
+crash. Both execute the Persist* effects of `peer/consensus.py` via `persist(effect)`.
+
+    .venv/bin/python -m pytest tests/unit/test_logstore.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+
+from peer.commitlog import (
+    EMPTY_SNAPSHOT,
+    Entry,
+    Log,
+    LogIndex,
+    Round,
+    Snapshot,
+    decode_entry,
+    decode_snapshot,
+    encode_entry,
+    encode_snapshot,
+)
+from peer.consensus import DurableState, Effect, PersistHardState, PersistLog, PersistSnapshot
+from peer.election import Epoch, HardState, SiteId
+
+MAGIC = b"SMLR"
+_HEADER = struct.Struct(">4sII")  # magic, payload length, crc32 of (length, payload)
+
+
+class CorruptStore(RuntimeError):
+    """Acknowledged data is damaged (not a torn tail): refuse to start rather than lose entries."""
+
+
+class Store:
+    """In-memory semantics shared by both stores; subclasses add durability."""
+
+    def __init__(self) -> None:
+        self.hard = HardState(Epoch(0), None)
+        self.log = Log()
+
+    def load(self) -> DurableState:
+        return DurableState(self.hard, self.log.snapshot, list(self.log.entries))
+
+    def persist(self, effect: Effect) -> bool:
+        """Make a Persist* effect durable; returns False for effects that are not about storage."""
+        if isinstance(effect, PersistHardState):
+            self.save_hard_state(effect.state)
+        elif isinstance(effect, PersistLog):
+            self.write_log(effect.first_index, effect.entries)
+        elif isinstance(effect, PersistSnapshot):
+            self.save_snapshot(effect.snapshot)
+        else:
+            return False
+        return True
+
+    def save_hard_state(self, hard: HardState) -> None:
+        self.hard = hard
+
+    def write_log(self, first_index: int, entries: tuple[Entry, ...]) -> None:
+        if first_index > self.log.last_index + 1:
+            raise ValueError(f"log gap: writing at {first_index} after {self.log.last_index}")
+        keep = max(0, first_index - self.log.snapshot.last_index - 1)
+        self.log.entries = self.log.entries[:keep] + [e for e in entries if e.index > self.log.snapshot.last_index]
+
+    def save_snapshot(self, snap: Snapshot) -> None:
+        self.log.install(snap)
+
+
+class MemoryStore(Store):
+    """The simulator's disk: survives a crash of the core that writes it."""
+
+    def load(self) -> DurableState:
+        return copy.deepcopy(super().load())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _record(payload: bytes) -> bytes:
+    length = struct.pack(">I", len(payload))
+    return _HEADER.pack(MAGIC, len(payload), zlib.crc32(length + payload)) + payload
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(_record(payload))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _read_whole(path: Path) -> bytes | None:
+    """Payload of a file written by _write_atomic; None if absent. Rename is atomic, so a bad
+    record here is corruption, not a torn write."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    records, end = _parse(data)
+    if len(records) != 1 or end != len(data):
+        raise CorruptStore(f"{path}: not one valid record")
+    return records[0][1]
+
+
+def _parse(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """Valid records (offset, payload) from the start of `data`, and where they end."""
+    out: list[tuple[int, bytes]] = []
+    pos = 0
+    while pos + _HEADER.size <= len(data):
+        magic, length, crc = _HEADER.unpack_from(data, pos)
+        payload = data[pos + _HEADER.size : pos + _HEADER.size + length]
+        if magic != MAGIC or len(payload) != length or zlib.crc32(struct.pack(">I", length) + payload) != crc:
+            break
+        out.append((pos, payload))
+        pos += _HEADER.size + length
+    return out, pos
+
+
+class FileStore(Store):
+    """The on-disk store of one peer (`<state dir>/consensus/`)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._log_path = self.dir / "log"
+        self._offsets: list[int] = []  # file offset of each entry in self.log.entries
+        self.recovered: str = ""
+        """What start-up had to repair (for the node's log), empty if nothing."""
+
+    def exists(self) -> bool:
+        return (self.dir / "hardstate").exists() or self._log_path.exists()
+
+    def load_or_init(self, fresh: DurableState) -> DurableState:
+        """The stored state, or `fresh` written to disk first if this directory is new."""
+        if not self.exists():
+            self.save_hard_state(fresh.hard)
+            if fresh.snapshot != EMPTY_SNAPSHOT:
+                self.save_snapshot(fresh.snapshot)
+            self.write_log(fresh.snapshot.last_index + 1, tuple(fresh.entries))
+            return self.load()
+        return self.reload()
+
+    def reload(self) -> DurableState:
+        hard_raw = _read_whole(self.dir / "hardstate")
+        if hard_raw is not None:
+            obj = json.loads(hard_raw)
+            self.hard = HardState(Epoch(obj["epoch"]), SiteId(obj["voted_for"]) if obj["voted_for"] else None)
+        snap_raw = _read_whole(self.dir / "snapshot")
+        snap = decode_snapshot(snap_raw) if snap_raw is not None else EMPTY_SNAPSHOT
+        data = self._log_path.read_bytes() if self._log_path.exists() else b""
+        records, end = _parse(data)
+        if end < len(data):
+            if self._more_records_after(data, end):
+                raise CorruptStore(f"{self._log_path}: bad record at byte {end} followed by valid records")
+            self.recovered = f"cut torn tail of {len(data) - end} bytes at offset {end}"
+            with open(self._log_path, "r+b") as f:
+                f.truncate(end)
+                os.fsync(f.fileno())
+        entries = [decode_entry(p) for _, p in records]
+        for a, b in zip(entries, entries[1:]):
+            if b.index != a.index + 1:
+                raise CorruptStore(f"{self._log_path}: index {b.index} follows {a.index}")
+        self.log = self._reconcile(snap, entries)
+        if self.log.entries != entries:
+            self._rewrite_log()
+        else:
+            self._offsets = [off for off, _ in records]
+        return self.load()
+
+    def _reconcile(self, snap: Snapshot, entries: list[Entry]) -> Log:
+        """The log the files describe. A crash between writing a snapshot and rewriting the log leaves
+        entries the snapshot covers (or contradicts): apply Log.install's rule to them."""
+        if not entries or entries[0].index == snap.last_index + 1:
+            return Log(snap, entries)
+        if entries[0].index > snap.last_index + 1:
+            raise CorruptStore(f"{self._log_path}: log starts at {entries[0].index}, snapshot ends at {snap.last_index}")
+        first = entries[0].index
+        log = Log(Snapshot(LogIndex(first - 1), Epoch(0), Round(0), b"", ()), entries)
+        log.install(snap)
+        return log
+
+    @staticmethod
+    def _more_records_after(data: bytes, bad: int) -> bool:
+        # Scan for another intact record after the bad one: only a corrupted middle leaves one.
+        pos = data.find(MAGIC, bad + 1)
+        while pos != -1:
+            if _parse(data[pos:])[0]:
+                return True
+            pos = data.find(MAGIC, pos + 1)
+        return False
+
+    def save_hard_state(self, hard: HardState) -> None:
+        _write_atomic(self.dir / "hardstate", json.dumps({"epoch": hard.epoch, "voted_for": hard.voted_for}).encode())
+        super().save_hard_state(hard)
+
+    def write_log(self, first_index: int, entries: tuple[Entry, ...]) -> None:
+        keep = min(len(self.log.entries), max(0, first_index - self.log.snapshot.last_index - 1))
+        super().write_log(first_index, entries)
+        cut = self._offsets[keep] if keep < len(self._offsets) else self._end()
+        self._offsets = self._offsets[:keep]
+        with open(self._log_path, "r+b" if self._log_path.exists() else "w+b") as f:
+            f.truncate(cut)
+            f.seek(cut)
+            for e in self.log.entries[keep:]:
+                self._offsets.append(f.tell())
+                f.write(_record(encode_entry(e)))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def save_snapshot(self, snap: Snapshot) -> None:
+        _write_atomic(self.dir / "snapshot", encode_snapshot(snap))
+        super().save_snapshot(snap)
+        self._rewrite_log()
+
+    def _end(self) -> int:
+        return self._log_path.stat().st_size if self._log_path.exists() else 0
+
+    def _rewrite_log(self) -> None:
+        records = [_record(encode_entry(e)) for e in self.log.entries]
+        offsets, pos = [], 0
+        for r in records:
+            offsets.append(pos)
+            pos += len(r)
+        _write_atomic_raw(self._log_path, b"".join(records))
+        self._offsets = offsets
+
+
+def _write_atomic_raw(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
