@@ -27,7 +27,7 @@ from typing import Any
 from ops.placement import config as cfg
 from ops.placement import queue_model, templates
 from ops.placement.plan import Option, Plan, after, make_plan
-from ops.placement.predictions import Calibration, PredictionLog
+from ops.placement.predictions import Calibration, PredictionLog, PredictionLogError
 from ops.placement.slurm import JobStart, Prediction, SlurmError, SlurmSite, utc_now
 
 
@@ -39,6 +39,9 @@ class SiteProbe:
     predictions: tuple[Prediction, ...] = ()
     calibration: Calibration | None = None
     jobs: dict[str, JobStart] = field(default_factory=dict)
+    """Slurm's word on the site's recent submissions (from the prediction log), by job id."""
+    job_shapes: dict[str, cfg.JobShape] = field(default_factory=dict)
+    """The shape each of those jobs was submitted with."""
     error: str = ""
 
     def active_job(self) -> JobStart | None:
@@ -63,10 +66,11 @@ def probe_site(site: cfg.SiteSlurm, run: cfg.PlacementRun, log: PredictionLog) -
     except SlurmError as err:
         return SiteProbe(site=site, error=str(err))
     calibration = log.calibration(site.name, run.placement.calibration_min_samples)
-    return SiteProbe(site=site, predictions=tuple(predictions), calibration=calibration, jobs=jobs)
+    shapes = {r["job_id"]: cfg.JobShape.from_json(r["shape"]) for r in log.submissions(site.name)}
+    return SiteProbe(site, tuple(predictions), calibration, jobs, {j: shapes[j] for j in jobs})
 
 
-def _options(probe: SiteProbe, now: datetime) -> tuple[list[Option], Option]:
+def options_for(probe: SiteProbe, now: datetime) -> tuple[list[Option], Option]:
     """The planner's options for one probed site, and its default (configured shape) option."""
     site, cal = probe.site, probe.calibration
     assert cal is not None, "options of a site whose probe failed"
@@ -79,14 +83,15 @@ def _options(probe: SiteProbe, now: datetime) -> tuple[list[Option], Option]:
     if job is None:
         return options, default
     # The site already has an allocation coming or running: plan around it, submit nothing more.
-    limit = site.shape.time_s
+    shape = probe.job_shapes[job.job_id]
     if job.started and job.start is not None:
-        start, end = 0.0, max(0.0, (job.start + timedelta(seconds=limit) - now).total_seconds())
+        start, end = 0.0, max(0.0, (job.start + timedelta(seconds=shape.time_s) - now).total_seconds())
     else:
         start = max(0.0, (job.start - now).total_seconds()) if job.start else default.start_s
-        end = start + limit
+        end = start + shape.time_s
+    same = next((o for o in options if o.shape == shape), default)
     existing = Option(
-        site.name, site.shape, start, default.tokens_per_s, default.resubmit_wait_s, end, job.job_id
+        site.name, shape, start, site.tokens_per_s_for(shape), same.resubmit_wait_s, end, job.job_id
     )
     return [existing], existing
 
@@ -220,7 +225,7 @@ def place(run: cfg.PlacementRun, log: PredictionLog) -> tuple[Plan | None, list[
     answered = [p for p in probes if not p.error]
     if not answered:
         return None, probes, now
-    options = {p.site.name: _options(p, now) for p in answered}
+    options = {p.site.name: options_for(p, now) for p in answered}
     plan = make_plan(
         {n: o[0] for n, o in options.items()},
         {n: o[1] for n, o in options.items()},
@@ -282,6 +287,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         )
         return 1
     wanted = set(args.site or run.sites)
+    if wanted - set(run.sites):
+        raise cfg.PlacementConfigError(
+            f"--site names site(s) without a slurm table: {sorted(wanted - set(run.sites))}"
+        )
     predicted = {(p.site.name, pr.shape): pr for p in probes for pr in p.predictions}
     submitted = []
     for d in plan.decisions:
@@ -320,7 +329,7 @@ def _guard(func: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(func(args))
-        except (cfg.PlacementConfigError, templates.TemplateError) as err:
+        except (cfg.PlacementConfigError, templates.TemplateError, PredictionLogError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         except SlurmError as err:

@@ -139,6 +139,19 @@ class JobShape:
             "extra_args": list(self.extra_args),
         }
 
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> JobShape:
+        """The inverse of `to_json` (shapes stored in the prediction log)."""
+        return JobShape(
+            nodes=int(d["nodes"]),
+            time_s=int(d["time_s"]),
+            gpus_per_node=int(d.get("gpus_per_node", 0)),
+            partition=str(d.get("partition", "")),
+            account=str(d.get("account", "")),
+            qos=str(d.get("qos", "")),
+            extra_args=tuple(d.get("extra_args", ())),
+        )
+
 
 @dataclass(frozen=True)
 class TemplateParams:

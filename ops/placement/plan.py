@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ops.placement.config import JobShape
+from ops.placement.config import JobShape, PlacementConfigError
 from ops.placement.timeline import Counting, Segment, periodic_segments, time_to_target
 
 _MAX_HORIZON_S = 10 * 365 * 86400.0  # past ten years the target is "never"
@@ -180,7 +180,9 @@ def make_plan(
     active = [s for s in sites if useful[s]]
     n_combos = math.prod(len(useful[s]) for s in active)
     if n_combos > max_combinations:
-        raise ValueError(f"{n_combos} shape combinations exceed {max_combinations}: list fewer node_options")
+        raise PlacementConfigError(
+            f"{n_combos} shape combinations exceed {max_combinations}: list fewer node_options"
+        )
     best: tuple[float, float, tuple[Option, ...]] | None = None
     for combo in itertools.product(*(useful[s] for s in active)):
         ttt = evaluate(combo, target_tokens)

@@ -29,6 +29,11 @@ from typing import Any
 from ops.placement.config import JobShape
 from ops.placement.slurm import JobStart, Prediction, SlurmSite
 
+
+class PredictionLogError(ValueError):
+    """The prediction log cannot be read (a damaged line); the message names file and line."""
+
+
 _WINDOW = 20  # recent pairs only: queue policies and loads drift over weeks
 _SLACK_S = 60.0
 
@@ -70,7 +75,7 @@ class PredictionLog:
                 try:
                     out.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{self.path}:{n}: not a JSON record: {err}") from err
+                    raise PredictionLogError(f"{self.path}:{n}: not a JSON record: {err}") from err
         return out
 
     def record_probe(self, p: Prediction) -> None:

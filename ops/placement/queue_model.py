@@ -379,7 +379,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--scenario", type=Path, help="a scenario TOML (default: the three-site preset)")
     p.add_argument(
-        "--prediction-sigma", type=float, help="log-normal error of calibrated probes (default: the scenario's)"
+        "--prediction-sigma",
+        type=float,
+        help="log-normal error of calibrated probes (default: the scenario's)",
     )
     p.add_argument("--json", action="store_true", help="per-policy statistics as JSON (before the last line)")
 
@@ -388,11 +390,14 @@ def main_args(args: argparse.Namespace) -> int:
     if args.trials < 1:
         print("error: --trials must be >= 1", file=sys.stderr)
         return 2
-    scenario = (load_scenario(args.scenario) if args.scenario else Scenario.three_sites()).scaled(
-        args.load_scale
-    )
-    if args.prediction_sigma is not None:
-        scenario = replace(scenario, prediction_sigma=args.prediction_sigma)
+    try:
+        base = load_scenario(args.scenario) if args.scenario else Scenario.three_sites()
+        scenario = base.scaled(args.load_scale)
+        if args.prediction_sigma is not None:
+            scenario = replace(scenario, prediction_sigma=args.prediction_sigma)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     results = run(scenario, args.trials, args.seed)
     if args.json:
         print(
