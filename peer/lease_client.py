@@ -68,10 +68,17 @@ class Held:
 
 @dataclass
 class _RoundClaims:
-    claims: dict[SiteId, tuple[Claim, ...]]
+    """A round's claims, per block: sent to the block's current primary until it answers (so a claim
+    follows its block to a new primary after a view change)."""
+
+    claims: dict[BlockId, Claim]
     sent: float
-    vouchers: list[Voucher] = field(default_factory=list)
-    answered: set[SiteId] = field(default_factory=set)
+    vouchers: dict[BlockId, Voucher] = field(default_factory=dict)
+    answered: set[BlockId] = field(default_factory=set)
+
+    @property
+    def complete(self) -> bool:
+        return self.answered == set(self.claims)
 
 
 class LeaseClient:
@@ -138,27 +145,26 @@ class LeaseClient:
 
     def end_round(self, round_: int, now: float) -> list[Send]:
         """The leader closed `round_`: claim everything trained since the last claim."""
-        assert self.view is not None
-        per: dict[SiteId, list[Claim]] = {}
+        claims: dict[BlockId, Claim] = {}
         for (b, gen), spans in sorted(self.trained.items()):
             h = self.held.get(b)
             keep = h is not None and h.gen == gen and bool(h.spans)
             if h is not None and h.gen == gen and not keep:
                 del self.held[b]
-            owner = self.view.primary(b)
-            if owner is not None:
-                per.setdefault(owner, []).append(Claim(LeaseRef(b, gen), spans, keep))
+            if b in claims:  # trained under two generations: only the current one can be vouched
+                continue
+            claims[b] = Claim(LeaseRef(b, gen), spans, keep)
         self.trained.clear()
-        rc = _RoundClaims({o: tuple(cs) for o, cs in per.items()}, now)
+        rc = _RoundClaims(claims, now)
         self.rounds[round_] = rc
         return self._send_claims(round_, rc)
 
     def contribution(self, round_: int) -> Contribution | None:
         """The vouched samples of `round_` once every owner answered (None while waiting)."""
         rc = self.rounds.get(round_)
-        if rc is None or rc.answered != set(rc.claims):
+        if rc is None or not rc.complete:
             return None
-        vs = tuple(sorted(rc.vouchers, key=lambda v: v.block_id))
+        vs = tuple(v for _, v in sorted(rc.vouchers.items()))
         ranges = tuple(r for v in vs for r in to_ranges(v.block_id, v.spans))
         return Contribution(self.site, round_, ranges, vs)
 
@@ -192,7 +198,7 @@ class LeaseClient:
         out += self._maybe_grant(now)
         out += self._maybe_start(now)
         for r, rc in sorted(self.rounds.items()):
-            if rc.answered != set(rc.claims) and rc.sent + self.cfg.retry_after <= now:
+            if not rc.complete and rc.sent + self.cfg.retry_after <= now:
                 rc.sent = now
                 out += self._send_claims(r, rc)
         return out
@@ -221,10 +227,16 @@ class LeaseClient:
                     del self.held[msg.lease.block_id]
         elif isinstance(msg, TrainedReply):
             rc = self.rounds.get(msg.round)
-            if rc is not None and msg.header.site in rc.claims and msg.header.site not in rc.answered:
-                rc.answered.add(msg.header.site)
-                rc.vouchers.extend(msg.vouched)
-                self.lost_reasons.extend(r.reason for r in msg.refused)
+            if rc is not None:
+                for v in msg.vouched:
+                    c = rc.claims.get(v.block_id)
+                    if c is not None and v.block_id not in rc.answered and v.generation == c.lease.generation:
+                        rc.answered.add(v.block_id)
+                        rc.vouchers[v.block_id] = v
+                for r in msg.refused:
+                    if r.block_id in rc.claims and r.block_id not in rc.answered:
+                        rc.answered.add(r.block_id)
+                        self.lost_reasons.append(r.reason)
         elif isinstance(msg, Rejected) and self.asking and self.asking[0] == msg.header.site:
             self.asking = None
         return []
@@ -283,5 +295,11 @@ class LeaseClient:
         return [Send(self.view.primary(h.block), Start(self.header(), LeaseRef(h.block, h.gen)))]  # type: ignore[arg-type]
 
     def _send_claims(self, round_: int, rc: _RoundClaims) -> list[Send]:
-        return [Send(o, Trained(self.header(), round_, cs)) for o, cs in sorted(rc.claims.items())
-                if o not in rc.answered]
+        """One Trained per owner, with every unanswered claim whose block it is primary of now."""
+        assert self.view is not None
+        per: dict[SiteId, list[Claim]] = {}
+        for b, c in sorted(rc.claims.items()):
+            owner = self.view.primary(b)
+            if b not in rc.answered and owner is not None:
+                per.setdefault(owner, []).append(c)
+        return [Send(o, Trained(self.header(), round_, tuple(cs))) for o, cs in sorted(per.items())]

@@ -357,6 +357,8 @@ class LeaseOwner:
     def _on_trained(self, m: Trained, now: float) -> list[Effect]:
         vouched, refused, touched = [], [], []
         for c in m.claims:
+            if c.lease.block_id not in self.serving:
+                continue  # not this owner's (yet): no answer, the holder resends to the primary it finds
             why = self._claim(m.header.site, m.round, c, now)
             if why:
                 refused.append(Refusal(c.lease.block_id, why))
@@ -368,25 +370,25 @@ class LeaseOwner:
 
     def _claim(self, site: SiteId, rnd: int, c: Claim, now: float) -> str:
         assert self.view is not None
-        rec = self.records.get(c.lease.block_id)
+        rec = self.records[c.lease.block_id]
         spans = normalize(c.spans)
-        if rec is not None and c.lease.block_id in self.serving and PendingClaim(rnd, site, spans) in rec.pending:
+        if PendingClaim(rnd, site, spans) in rec.pending:
             return ""  # a retry of a claim already vouched
         why = self._check(site, c.lease)
         if why:
             return why
-        if not rec.started:  # type: ignore[union-attr]
+        if not rec.started:
             return f"block {c.lease.block_id} was never started by {site}"
         if rnd <= self.ledger.last_round:
             return f"round {rnd} is already decided (log at round {self.ledger.last_round})"
-        overlap = subtract(spans, rec.free_spans)  # type: ignore[union-attr]
+        overlap = subtract(spans, rec.free_spans)
         if overlap:
             return f"samples {fmt(overlap)} of block {c.lease.block_id} are already committed or claimed"
-        changes: dict[str, object] = {"pending": rec.pending + (PendingClaim(rnd, site, spans),)}  # type: ignore[union-attr]
+        changes: dict[str, object] = {"pending": rec.pending + (PendingClaim(rnd, site, spans),)}
         if not c.keep:
-            changes.update(holder=None, started=False, generation=next_gen(rec.generation, self.view.version))  # type: ignore[union-attr]
+            changes.update(holder=None, started=False, generation=next_gen(rec.generation, self.view.version))
             self.expiry.pop(c.lease.block_id, None)
-        self._write(rec.bumped(self.view.version, **changes), now)  # type: ignore[union-attr]
+        self._write(rec.bumped(self.view.version, **changes), now)
         return ""
 
     def _on_release(self, m: Release, now: float) -> list[Effect]:
