@@ -96,8 +96,13 @@ def options_for(probe: SiteProbe, now: datetime) -> tuple[list[Option], Option]:
     return [existing], existing
 
 
+class PeerError(RuntimeError):
+    """The peer named by --peer did not answer."""
+
+
 def _gossiped_tokens_per_s(address: str, timeout_s: float) -> dict[str, float]:
     """tokens/s that running peers measured and gossiped, as one peer's Admin/Status reports them."""
+    # Imported here: only --peer needs gRPC, and probe/simulate-queue should start fast without it.
     import grpc
 
     from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
@@ -107,7 +112,7 @@ def _gossiped_tokens_per_s(address: str, timeout_s: float) -> dict[str, float]:
         try:
             reply = admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=timeout_s)
         except grpc.RpcError as err:
-            raise SlurmError(f"peer {address} did not answer Admin/Status: {err.code().name}") from err
+            raise PeerError(f"peer {address} did not answer Admin/Status: {err.code().name}") from err
     return {m.site: m.meta.tokens_per_s for m in reply.members if m.meta.tokens_per_s > 0}
 
 
@@ -332,7 +337,7 @@ def _guard(func: Any) -> Any:
         except (cfg.PlacementConfigError, templates.TemplateError, PredictionLogError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        except SlurmError as err:
+        except (SlurmError, PeerError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
 

@@ -4,6 +4,7 @@ the exit status of configuration errors."""
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -90,3 +91,18 @@ def test_configuration_errors_exit_2_with_the_message(tmp_path: Path) -> None:
     assert out.returncode == 2 and "--tokens-per-s names site(s) without a slurm table: mars" in out.stderr
     out = _ops("place", "--config", str(run_file))
     assert out.returncode == 1 and "error: site a: cannot run /nonexistent/login" in out.stderr
+
+
+def test_unreachable_peer_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        '[placement]\ntarget_tokens = 1.0\nprobe_timeout_s = 2\n[sites.a.slurm]\nnodes = 1\ntime = "1"\n'
+    )
+    out = _ops("place", "--config", str(run_file), "--peer", f"127.0.0.1:{port}")
+    assert (
+        out.returncode == 1
+        and f"peer 127.0.0.1:{port} did not answer Admin/Status: UNAVAILABLE" in out.stderr
+    )
