@@ -229,7 +229,7 @@ class LeaseOwner:
         assert self.view is not None
         self.epoch = self.ledger.data_epoch
         self.serving |= set(self.syncing)
-        for b in self.records:
+        for b in set(self.records) | self.serving:
             self.records[b] = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self.view.version,
                                            self.epoch)
         self.retired.clear()

@@ -458,7 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     t0 = time.time()
     for seed in seeds:
-        res = simulate(seed, cfg)
+        try:
+            res = simulate(seed, cfg)
+        except Exception as err:  # a core raising is a failure of this seed, not of the sweep
+            bad += 1
+            print(f"seed {seed}: crashed: {type(err).__name__}: {err}")
+            continue
         if args.out is not None and seed == seeds[0]:
             write_data_dir(args.out, res.universe, res.log, res.events)
         if res.violations:

@@ -288,3 +288,25 @@ def test_every_message_round_trips_through_its_proto() -> None:
     for msg in messages:
         proto = to_proto(msg, getattr(leases_pb2, type(msg).__name__))
         assert from_proto(proto, type(msg)) == msg, type(msg).__name__
+
+
+def test_an_epoch_ending_while_a_block_syncs_leaves_it_served_and_fresh() -> None:
+    universe = {b: 4 for b in range(100, 110)}
+    joined = RingView.of(2, "abcd")
+    block = next(b for b in universe if joined.primary(b) == "d")  # the newcomer's first block
+    m = Mesh("abc", universe=universe)
+    m.set_view("abc")
+    m.run()
+    m.add(SiteId("d"), amnesiac=True)
+    m.cut = {SiteId(s) for s in "abc"}  # the sync answers do not arrive yet
+    m.set_view("abcd")
+    m.run()
+    d = m.owners[SiteId("d")]
+    assert block in d.syncing and block not in d.records
+    m.cut = set()
+    m.queue.clear()
+    m.commit(1, [("x", tuple(SampleRange(b, 0, 4) for b in universe))])
+    assert d.epoch == 1 and block in d.serving and d.records[block].state is LeaseState.FREE
+    m.send("a", GrantRequest(hdr(m, "a", data_epoch=1), 1, 3, False), "d")
+    m.run()
+    assert block in [g.block_id for g in replies(m, "a", GrantReply)[-1].grants]
