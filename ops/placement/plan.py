@@ -118,6 +118,18 @@ class Plan:
         ]
         return min(starts, default=math.inf)
 
+    def expected_runs(self, d: Decision) -> list[list[float]]:
+        """When the plan expects the site to train, [start, end] in seconds from now, up to the
+        target: its first job and the resubmissions after it (empty if it is not asked)."""
+        if d.option is None or not (d.submit or d.option.existing_job) or math.isinf(self.time_to_target_s):
+            return []
+        until = self.time_to_target_s
+        return [
+            [round(seg.start_s, 3), round(min(seg.end_s, until), 3)]
+            for seg in d.option.segments(until)
+            if seg.start_s < until
+        ]
+
     def to_json(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
             return None if math.isinf(x) else round(x, 3)
@@ -136,6 +148,7 @@ class Plan:
                     "shape": d.option.shape.to_json() if d.option else None,
                     "predicted_start_s": num(d.option.start_s) if d.option else None,
                     "tokens_per_s": d.option.tokens_per_s if d.option else None,
+                    "expected_runs_s": self.expected_runs(d),
                     "reason": d.reason,
                 }
                 for d in self.decisions

@@ -72,6 +72,17 @@ def test_site_starting_after_the_target_is_not_asked() -> None:
     # Waiting for both: the late site's start, then 2/s.
     assert plan.wait_for_all_s == pytest.approx(30 * H + 10 * H / 2)
     assert plan.training_starts_s == 0
+    # The fast site's 24 h job covers the 10 h to the target; the late one is not expected to run.
+    runs = {x["site"]: x["expected_runs_s"] for x in plan.to_json()["sites"]}
+    assert runs == {"fast": [[0.0, 10 * H]], "late": []}
+
+
+def test_expected_runs_include_resubmissions() -> None:
+    # 2 h jobs, 1 h wait before each: runs 1-3, 4-6, 7-9 h; 6 h of training at 1/s reach 6 h * 1/s at 9 h.
+    opt = _opt("a", 1, 1, 1.0, hours=2)
+    plan = make_plan({"a": [opt]}, {"a": opt}, 6 * H)
+    assert plan.time_to_target_s == pytest.approx(9 * H)
+    assert plan.to_json()["sites"][0]["expected_runs_s"] == [[H, 3 * H], [4 * H, 6 * H], [7 * H, 9 * H]]
 
 
 def test_ties_go_to_fewer_node_hours() -> None:
