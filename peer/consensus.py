@@ -273,17 +273,25 @@ class ConsensusCore:
 
     def propose_round(self, commit: RoundCommit, now: float) -> Decision:
         """Leader only: append the decision of round `commit.round` and replicate it."""
+        refusal = self.not_ready(now)
+        if refusal is not None:
+            return Decision(False, refusal, [])
+        next_round = self.log.last_round_entry()[0] + 1
+        if commit.round != next_round:
+            return Decision(False, f"round {commit.round} is not the next round {next_round}", [])
+        return self._append_and_replicate(commit)
+
+    def not_ready(self, now: float) -> str | None:
+        """Why this peer cannot decide a round now, or None when it can (the rounds layer polls it)."""
         now = self._advance(now)
         if self.role is not Role.LEADER:
-            return Decision(False, f"not leader (leader is {self.leader}, epoch {self.hard.epoch})", [])
+            return f"not leader (leader is {self.leader}, epoch {self.hard.epoch})"
         if now >= self._lease_expiry():
-            return Decision(False, "no lease: a majority has not acked this leader recently", [])
+            return "no lease: a majority has not acked this leader recently"
         last_round, last_round_index, _ = self.log.last_round_entry()
         if last_round_index > self.commit_index:
-            return Decision(False, f"round {last_round} is not committed yet", [])
-        if commit.round != last_round + 1:
-            return Decision(False, f"round {commit.round} is not the next round {last_round + 1}", [])
-        return self._append_and_replicate(commit)
+            return f"round {last_round} is not committed yet"
+        return None
 
     def member_alive(self, site: SiteId, address: str) -> None:
         """Membership sees `site` alive at `address`: replicate to it; the leader adds it as a voter

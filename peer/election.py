@@ -99,7 +99,8 @@ class ElectionConfig:
             # Sub-millisecond RTT; the bound is dominated by process pauses, not the network.
             election_timeout_min_s=1.0,
             election_timeout_max_s=2.0,
-            heartbeat_interval_s=0.2,
+            # Like wan(): at least five renewals per lease, so a few lost heartbeats cost nothing.
+            heartbeat_interval_s=0.15,
             max_clock_drift=0.01,
         )
 
@@ -109,7 +110,7 @@ class ElectionConfig:
             # Loopback tests want elections well under a second, yet above CI scheduling hiccups.
             election_timeout_min_s=0.3,
             election_timeout_max_s=0.6,
-            heartbeat_interval_s=0.05,
+            heartbeat_interval_s=0.05,  # six renewals per lease, like wan()
             max_clock_drift=0.01,
         )
 
