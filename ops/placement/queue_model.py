@@ -205,6 +205,9 @@ class Trial:
     """Shape index of each site's last submission (None: never submitted)."""
     nodes: list[list[int]]
     """Nodes of each segment in `segments` (for the node-hours a policy burns)."""
+    believed_start: list[float]
+    """When the probe said each site's last submission would start: what a planner knows of a job
+    still pending (the true start stays hidden until it happens)."""
 
     def node_hours(self, until_s: float) -> float:
         return sum(
@@ -237,17 +240,18 @@ def queue_aware(trial: Trial, now: float, deciding: Sequence[int]) -> dict[int, 
                 for w in [queue.predicted_wait_s(i, subs, j)]
             ]
         elif (j := trial.shapes[i]) is not None and trial.segments[i][-1].end_s > now:
-            # Running or waiting for a known start; afterwards it resubmits, and the planner
-            # expects the wait a probe of its current shape would predict.
+            # Running (its start is known) or pending (only the predicted start is); afterwards it
+            # resubmits, and the planner expects the wait a probe of its shape predicts now.
             last = trial.segments[i][-1]
+            start = last.start_s if last.start_s <= now else trial.believed_start[i]
             candidates[site.name] = [
                 Option(
                     site.name,
                     site.job_shape(j),
-                    max(0.0, last.start_s - now),
+                    max(0.0, start - now),
                     last.tokens_per_s,
                     queue.predicted_wait_s(i, subs, j),
-                    last.end_s - now,
+                    max(0.0, start - now) + site.walltime_h * HOUR,
                 )
             ]
     plan = make_plan(candidates, {n: o[0] for n, o in candidates.items()}, sc.target_tokens - done)
@@ -265,7 +269,9 @@ def simulate(scenario: Scenario, seed: int, choose: Chooser, counting: Counting)
     """One trial: sites submit at 0 and resubmit when each job ends. Returns the time-to-target
     (s) and the node-hours allocated until then (idle waiting for others included)."""
     n = len(scenario.sites)
-    trial = Trial(Queue(scenario, seed), [[] for _ in range(n)], [0] * n, [None] * n, [[] for _ in range(n)])
+    trial = Trial(
+        Queue(scenario, seed), [[] for _ in range(n)], [0] * n, [None] * n, [[] for _ in range(n)], [0.0] * n
+    )
     events: list[tuple[float, int]] = []
 
     def submit(now: float, deciding: Sequence[int]) -> None:
@@ -274,6 +280,7 @@ def simulate(scenario: Scenario, seed: int, choose: Chooser, counting: Counting)
                 continue  # not asked: this site takes no further part
             site = scenario.sites[i]
             start = now + trial.queue.wait_s(i, trial.submissions[i], j)
+            trial.believed_start[i] = now + trial.queue.predicted_wait_s(i, trial.submissions[i], j)
             trial.segments[i].append(Segment(start, start + site.walltime_h * HOUR, site.rate(j)))
             trial.nodes[i].append(site.shapes[j].nodes)
             trial.submissions[i] += 1
