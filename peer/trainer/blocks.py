@@ -163,3 +163,20 @@ def merge_ranges(ranges: Sequence[SampleRange]) -> list[SampleRange]:
         else:
             out.append(r)
     return out
+
+
+def subtract_ranges(queue: Sequence[SampleRange], done: Iterable[SampleRange]) -> list[SampleRange]:
+    """The samples of `queue` (kept in its order) that are not in `done`: what is left to train
+    after a restart, given the cursor of a checkpoint."""
+    trained = {(r.block_id, i) for r in done for i in range(r.start, r.end)}
+    out: list[SampleRange] = []
+    for r in queue:
+        start = None
+        for i in range(r.start, r.end + 1):
+            free = i < r.end and (r.block_id, i) not in trained
+            if free and start is None:
+                start = i
+            elif not free and start is not None:
+                out.append(SampleRange(r.block_id, start, i))
+                start = None
+    return out
