@@ -39,7 +39,7 @@ DEFAULT_WINDOW = 32
 
 # A contributor is fetched through its client, or held in the local store (None: our own).
 Sites = Mapping[str, ExchangeClient | None]
-# Receives the fp32 mean of layout chunk i.
+# Receives the fp32 mean of layout chunk i (a scratch buffer: copy it out before returning).
 Emit = Callable[[int, torch.Tensor], None]
 
 
@@ -95,10 +95,12 @@ class WindowedReducer:
         self._weights = {s: m.tokens / total for s, m in manifests.items()}
         self._remote = len(manifests) - len(local)
         self._frontier, self._end, self._window, self._emit = first, end, window, emit
-        self._pending: dict[int, dict[str, bytes]] = defaultdict(dict)
+        self._pending: dict[int, dict[str, memoryview]] = defaultdict(dict)
+        elements = next(iter(manifests.values())).chunk_size // next(iter(manifests.values())).layout.wire.itemsize
+        self._acc, self._term = torch.empty(elements), torch.empty(elements)
         self._changed = asyncio.Condition()
 
-    async def put(self, site: str, index: int, data: bytes) -> None:
+    async def put(self, site: str, index: int, data: memoryview) -> None:
         """Hands over a verified chunk; waits while `index` is a window or more ahead of the reduction."""
         async with self._changed:
             await self._changed.wait_for(lambda: index < self._frontier + self._window)
@@ -117,19 +119,28 @@ class WindowedReducer:
                 self._frontier += 1
                 self._changed.notify_all()
 
-    def _values(self, site: str, index: int, held: Mapping[str, bytes]) -> torch.Tensor:
-        data = codec.as_memoryview(self._local[site].chunk(index)) if site in self._local else held[site]
-        manifest = self._manifests[site]
-        return codec.wire_values(data, manifest.layout.wire, manifest.scale_exps[index])
+    def _wire(self, site: str, index: int, held: Mapping[str, memoryview]) -> torch.Tensor:
+        data = self._local[site].chunk(index) if site in self._local else held[site]
+        return codec.wire_view(data, self._manifests[site].layout.wire)
 
-    def _reduce(self, index: int, held: Mapping[str, bytes]) -> None:
-        acc: torch.Tensor | None = None
+    def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
+        acc = term = None
         for site in self._order:
-            values = self._values(site, index, held).mul_(self._weights[site])  # then add_: two roundings
-            acc = values if acc is None else acc.add_(values)
+            wire = self._wire(site, index, held)
+            if acc is None:  # scratch buffers, reused: the reduction runs one chunk at a time
+                acc, term = self._acc[: wire.numel()], self._term[: wire.numel()]
+                target = acc
+            else:
+                target = term
+            target.copy_(wire)
+            # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling
+            # then weighting. Then add_: two roundings (never an FMA), the same on every CPU.
+            target.mul_(self._weights[site] * 2.0 ** -self._manifests[site].scale_exps[index])
+            if target is term:
+                acc.add_(term)
         assert acc is not None
-        if not bool(torch.isfinite(acc).all()):  # one check of the sum; find the culprit only if it fails
-            bad = [s for s in self._order if not bool(torch.isfinite(self._values(s, index, held)).all())]
+        if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
+            bad = [s for s in self._order if not codec.is_finite(self._wire(s, index, held))]
             what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
             raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
         self._emit(index, acc)
@@ -184,7 +195,7 @@ async def _reduce_range(
     reducer = WindowedReducer(manifests, held, first, end, emit, window)
 
     def fetch(site: str, client: ExchangeClient) -> Awaitable[FetchStats]:
-        async def sink(index: int, data: bytes) -> None:
+        async def sink(index: int, data: memoryview) -> None:
             await reducer.put(site, index, data)
 
         report.stats[site] = FetchStats()
@@ -263,7 +274,8 @@ async def reduce_scatter_mean(
 
     def emit(index: int, mean: torch.Tensor) -> None:
         a, b = ref.chunk_bounds(index)
-        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], mean_data[a - start_byte : b - start_byte], wire)
+        out = mean_data[a - start_byte : b - start_byte]
+        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
 
     # Phase 1 (reduce-scatter): my shard of every pseudo-gradient -> my mean shard, published.
     await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
@@ -289,7 +301,7 @@ async def reduce_scatter_mean(
         if (m.layout, m.range_start, m.range_end, m.contributors, m.tokens) != expected:
             raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
 
-        async def sink(index: int, data: bytes) -> None:
+        async def sink(index: int, data: memoryview) -> None:
             await asyncio.to_thread(codec.decode_verified_chunk, m, index, data, dest)
 
         stats = report.stats.setdefault(owner, FetchStats())

@@ -21,12 +21,13 @@ import grpc
 import torch
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
-from peer.exchange import codec
+from peer.exchange import chunkwire, codec
+from peer.exchange.service import SERVICE
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
 from peer.transport import channels
 
-# Receives each verified chunk (index, bytes) in increasing index order.
-ChunkSink = Callable[[int, bytes], Awaitable[None]]
+# Receives each verified chunk (index, data) in increasing index order.
+ChunkSink = Callable[[int, memoryview], Awaitable[None]]
 
 # Statuses that say our own request is wrong: retrying cannot help.
 _FATAL = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNIMPLEMENTED}
@@ -90,16 +91,25 @@ class ExchangeClient:
     def __init__(self, address: str, creds: channels.Credentials = channels.PLAINTEXT) -> None:
         self.address = address
         self._creds = creds
-        self._channel = channels.open_channel(address, creds)
+        self._connect()
+
+    def _connect(self) -> None:
+        self._channel = channels.open_channel(self.address, self._creds)
         self._stub = exchange_pb2_grpc.ExchangeStub(self._channel)
+        # FetchChunks with chunkwire's zero-copy parser instead of the generated Chunk.FromString.
+        self._fetch_chunks = self._channel.unary_stream(
+            f"/{SERVICE}/FetchChunks",
+            request_serializer=exchange_pb2.FetchRequest.SerializeToString,
+            response_deserializer=chunkwire.parse,
+        )
 
     async def close(self) -> None:
         await self._channel.close()
 
     async def reconnect(self) -> None:
         """Replaces the channel (and its TCP connection); calls in flight on the old one fail."""
-        old, self._channel = self._channel, channels.open_channel(self.address, self._creds)
-        self._stub = exchange_pb2_grpc.ExchangeStub(self._channel)
+        old = self._channel
+        self._connect()
         await old.close()
 
     async def announce(self, manifest: codec.Manifest, timeout_s: float = 10.0) -> None:
@@ -123,7 +133,7 @@ class ExchangeClient:
         request = exchange_pb2.FetchRequest(
             key=codec.key_to_proto(manifest.key), root_hash=manifest.root_hash, first_chunk=first, end_chunk=end
         )
-        return self._stub.FetchChunks(request, timeout=timeout_s)
+        return self._fetch_chunks(request, timeout=timeout_s)
 
 
 async def fetch_chunks(
@@ -272,7 +282,7 @@ async def fetch_into(
     """
     codec.check_destination(manifest.layout, dest)
 
-    async def decode(index: int, data: bytes) -> None:
+    async def decode(index: int, data: memoryview) -> None:
         await asyncio.to_thread(codec.decode_verified_chunk, manifest, index, data, dest)
 
     return await fetch_chunks(manifest, sources, decode, policy=policy)

@@ -222,39 +222,58 @@ def as_memoryview(buf: torch.Tensor) -> memoryview:
     return memoryview(buf.numpy()).cast("B")
 
 
-def wire_values(data: torch.Tensor | bytes | memoryview, wire: WireDtype, scale_exp: int) -> torch.Tensor:
-    """The fp32 values of one chunk's bytes (scale undone). A fresh tensor: the caller may modify it."""
+def wire_view(data: torch.Tensor | bytes | memoryview, wire: WireDtype) -> torch.Tensor:
+    """One chunk's bytes seen as wire-dtype elements, without copying (read it, never write it)."""
     if isinstance(data, torch.Tensor):
         raw = data
     else:
         with warnings.catch_warnings():  # a received chunk is read-only bytes; this view is only read
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.frombuffer(data, dtype=torch.uint8)
-    values = raw.view(wire.torch_dtype).to(torch.float32, copy=True)
-    if scale_exp:
-        values.mul_(2.0**-scale_exp)
-    return values
+    return raw.view(wire.torch_dtype)
 
 
-def encode_chunk(pieces: Sequence[torch.Tensor], out: torch.Tensor, wire: WireDtype) -> tuple[bytes, int]:
+def magnitude(t: torch.Tensor) -> float:
+    """Largest |value| of `t` (0 when empty); NaN or Inf when `t` holds one.
+
+    One aminmax pass: ~10x faster on CPU than `isfinite(t).all()`, which materialises a bool tensor.
+    """
+    if t.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(t)
+    return max(abs(float(lo)), abs(float(hi)), key=lambda v: (math.isnan(v), v))
+
+
+def is_finite(t: torch.Tensor) -> bool:
+    return math.isfinite(magnitude(t))
+
+
+def encode_chunk(
+    pieces: Sequence[torch.Tensor], out: torch.Tensor, wire: WireDtype, *, known_finite: bool = False
+) -> tuple[bytes, int]:
     """Encodes the concatenation of `pieces` (1-D, any float dtype and device) into the uint8 `out`.
 
     Returns (blake3 of the chunk, scale exponent). fp16 chunks whose largest magnitude exceeds 65504
     are scaled by a power of two (exactly invertible) instead of overflowing to Inf; the exponent is
-    reported in the manifest. Raises NonFiniteError on NaN or Inf.
+    reported in the manifest. Raises NonFiniteError on NaN or Inf, in the input or after conversion,
+    unless the caller vouches for the input (`known_finite`, e.g. a mean it has just checked).
     """
     exp = 0
-    if wire is WireDtype.FP16 and pieces:
-        amax = max(float(p.abs().max()) if p.numel() else 0.0 for p in pieces)
-        if amax > FP16_MAX:  # NaN compares False: caught by the finite check below
+    if wire is WireDtype.FP16:  # the magnitude is needed for the scale: check the input
+        amax = max((magnitude(p) for p in pieces), default=0.0, key=lambda v: (math.isnan(v), v))
+        if not math.isfinite(amax):
+            raise NonFiniteError("NaN or Inf in the values to encode")
+        if amax > FP16_MAX:
             # fp32's largest finite value needs 2^-112 at most, so the exponent stays in range.
-            exp = -math.ceil(math.log2(amax / FP16_MAX)) if math.isfinite(amax) else 0
+            exp = -math.ceil(math.log2(amax / FP16_MAX))
     dst, pos = out.view(wire.torch_dtype), 0
     for p in pieces:
         n = p.numel()
         dst[pos : pos + n].copy_(p if exp == 0 else p * 2.0**exp)
         pos += n
-    if not bool(torch.isfinite(dst).all()):
+    # bf16 and fp32: check the output, which is smaller than an fp32 input and also catches bf16's
+    # rounding of fp32 values near 3.4e38 up to Inf. Scaled fp16 cannot overflow.
+    if wire is not WireDtype.FP16 and not known_finite and not is_finite(dst):
         raise NonFiniteError("NaN or Inf in the values to encode")
     return chunk_hash(as_memoryview(out)), exp
 
@@ -320,7 +339,7 @@ def encode(
         try:
             digest, exp = encode_chunk(pieces, data[start:end], wire)
         except NonFiniteError:
-            bad = [e.name for (e, _, _), p in zip(spans, pieces) if not bool(torch.isfinite(p).all())]
+            bad = [e.name for (e, _, _), p in zip(spans, pieces) if not is_finite(p)]
             what = f"NaN or Inf in {bad}" if bad else f"{[e.name for e, _, _ in spans]} overflow {wire.name}"
             raise NonFiniteError(f"pseudo-gradient of {site}, round {round}: {what}") from None
         hashes.append(digest)
@@ -340,11 +359,17 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> No
         raise ChunkError(f"{manifest.key}: chunk {index} hash mismatch")
 
 
-def scatter_values(layout: Layout, start: int, values: torch.Tensor, dest: Mapping[str, torch.Tensor]) -> None:
-    """Writes the fp32 `values` of layout bytes [start, ...) into the destination tensors in place."""
+def scatter_values(
+    layout: Layout, start: int, values: torch.Tensor, dest: Mapping[str, torch.Tensor], scale: float = 1.0
+) -> None:
+    """Writes `values` (the elements of layout bytes [start, ...), any float dtype) times `scale` into
+    the destination tensors in place; `copy_` converts dtype and device in the same pass."""
     end, pos = start + values.numel() * layout.wire.itemsize, 0
     for entry, a, b in layout.pieces(start, end):
-        dest[entry.name].view(-1)[a:b].copy_(values[pos : pos + b - a])
+        target = dest[entry.name].view(-1)[a:b]
+        target.copy_(values[pos : pos + b - a])
+        if scale != 1.0:  # a power of two for fp16 chunks: exact
+            target.mul_(scale)
         pos += b - a
 
 
@@ -359,10 +384,11 @@ def decode_verified_chunk(
     manifest: Manifest, index: int, data: bytes | memoryview, dest: Mapping[str, torch.Tensor]
 ) -> None:
     """Decodes chunk `index` (already checked by verify_chunk) into `dest`; NonFiniteError on NaN/Inf."""
-    values = wire_values(data, manifest.layout.wire, manifest.scale_exps[index])
-    if not bool(torch.isfinite(values).all()):
+    values = wire_view(data, manifest.layout.wire)
+    if not is_finite(values):
         raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
-    scatter_values(manifest.layout, manifest.chunk_bounds(index)[0], values, dest)
+    start = manifest.chunk_bounds(index)[0]
+    scatter_values(manifest.layout, start, values, dest, 2.0 ** -manifest.scale_exps[index])
 
 
 def decode(encoded: Encoded, dest: Mapping[str, torch.Tensor]) -> None:

@@ -11,22 +11,18 @@ from collections.abc import AsyncIterator
 import torch
 
 from peer.exchange import codec
-from peer.exchange.service import add_exchange_service
+from peer.exchange.service import ExchangeServicer, register_servicer
 from peer.exchange.store import ExchangeStore
-from peer.gen.sitemesh.v1 import exchange_pb2_grpc
 from peer.transport import channels
 
 
 @contextlib.asynccontextmanager
 async def serving(
-    store: ExchangeStore, servicer: exchange_pb2_grpc.ExchangeServicer | None = None
+    store: ExchangeStore, servicer: ExchangeServicer | None = None
 ) -> AsyncIterator[str]:
     """Serves `store` (or a custom servicer, e.g. a misbehaving test double) on 127.0.0.1:port."""
     server = channels.new_server()
-    if servicer is None:
-        add_exchange_service(server, store)
-    else:
-        exchange_pb2_grpc.add_ExchangeServicer_to_server(servicer, server)
+    register_servicer(server, servicer or ExchangeServicer(store))
     port = channels.bind(server, "127.0.0.1:0")
     await server.start()
     try:
