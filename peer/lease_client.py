@@ -189,7 +189,7 @@ class LeaseClient:
             if h.valid_until <= now:
                 self.lost_reasons.append(f"block {b}: lease ran out on {self.site}'s clock")
                 del self.held[b]
-        if now - self.last_renew >= self.cfg.renew_every:
+        if now >= self.last_renew + self.cfg.renew_every:  # the same sum next_deadline() reports
             self.last_renew = now
             per: dict[SiteId, list[LeaseRef]] = {}
             for h in self.held.values():

@@ -156,8 +156,9 @@ class LeaseOwner:
     def set_view(self, view: RingView, leader_epoch: int, now: float,
                  previous: RingView | None = None) -> list[Effect]:
         """A new ring view (from the committed voter set) and the current leader epoch. `previous` is
-        the view before it, for a core that starts with none (a restart or a late join); only the
-        run's very first view is adopted without asking anyone."""
+        the view before it, for a core that starts with none (a restart or a late join: give it only
+        the log's last view, not every view in turn). Only the run's very first view, on a core that
+        is not amnesiac, is adopted without asking anyone."""
         self.leader_epoch = max(self.leader_epoch, leader_epoch)
         if self.view is not None and view.version <= self.view.version:
             return []
@@ -182,12 +183,12 @@ class LeaseOwner:
             if owners[0] != self.site:
                 continue
             fresh = fresh_record(b, self.ledger.size(b), self.ledger.done(b), view.version, self.epoch)
-            if old is None:
+            if old is None and self.complete:
                 self._adopt(b, fresh, now)
-            elif old.primary(b) == self.site and self.complete:
+            elif old is not None and old.primary(b) == self.site and self.complete:
                 self._adopt(b, held.get(b, fresh), now)
             else:
-                prev = old.owners(b)
+                prev = old.owners(b) if old is not None else owners
                 sync = _Sync({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)))
                 if self.site in prev and self.complete:
                     sync.complete += 1

@@ -1,22 +1,24 @@
 """Deterministic simulation of data leases (DARL) under faults, with invariants checked per event.
 
-Each simulated site runs the real cores (peer/leases.py owner, peer/lease_client.py holder) over a
-seeded fake network (delay, loss, duplication) with its own skewed clock, and a training stand-in
-that consumes samples at a site-specific speed. One `Control` stands in for the leader and its
-commit log: it closes rounds, runs the real admission check (peer/admission.py), appends RoundCommits,
-and commits ring views (membership changes) as the voter set would; every site applies the log in
-order after a network delay. (The generic peer/sim runner and the real consensus core are not used
-yet: see docs/leases.md, "Simulator".)
+Runs on the generic simulator (peer/sim/runner.py: event heap, `SimNetwork`, `NodeClock`). Every site
+is a `LeasePeer` node: the real lease cores (peer/leases.py owner, peer/lease_client.py holder) plus a
+training stand-in that consumes samples at a site-specific speed. One more node, `Control` at address
+"leader", stands in for the leader and its commit log: it closes rounds, runs the real admission
+check (peer/admission.py), appends RoundCommits and ring views (membership changes are log entries,
+as voter changes are), and replicates the log to every site with AppendEntries-like `LogUpdate`
+messages that are resent until acknowledged, so sites apply it in order over the lossy network.
+(The real consensus core is simulated by peer/sim/consensus_sim.py; leases need from it only the
+committed log, which `Control` provides. It never crashes.)
 
-Faults per seed, at seeded random times: crash and restart of a holder; crash of a block's owners
-in turn (each after the previous one is back); simultaneous crash of a majority of a block's owners
-(rebuild from the log); a zombie paused past its lease; late joins; a rolling restart of every
-site; a graceful leave; clock offsets and rates (one site's clock runs 40% slow).
+Faults per seed, at seeded random times: crash and restart of a holder; the owners of a block
+crashed in turn (each after the previous one is back); a majority of a block's owners crashed at once
+(rebuild from the log); a zombie paused past its lease (SIGSTOP: its messages wait); a late join; a
+rolling restart of every site; a graceful leave and rejoin; clock offsets and rates (one site's clock
+runs 40% slow); message loss, duplication and reordering.
 
-Checked after every event: no sample in two commits of a data epoch (I4); no two sites hold owner
-vouchers for the same sample in undecided rounds unless its record was rebuilt; no lease generation
-acknowledged as started to two sites. At the end: every epoch that ended has every sample in
-exactly one commit (I5, via peer/audit.py), and the run finished its epochs.
+Checked after every event: no sample in two commits of a data epoch (I4); no two sites vouched for
+the same sample in undecided rounds unless its record was rebuilt; no lease generation acknowledged
+as started to two sites. At the end: every epoch exactly once (I5, via peer/audit.py), all finished.
 
     .venv/bin/python -m peer.sim.leases_sim --seeds 0:20 --sites 5
 """
@@ -24,39 +26,31 @@ exactly one commit (I5, via peer/audit.py), and the run finished its epochs.
 from __future__ import annotations
 
 import argparse
-import heapq
-import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Union
 
 from peer.admission import Admission, Contribution, admit_round
 from peer.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
-from peer.commitlog import Contributor, Entry, LogIndex, Round, RoundCommit
-from peer.election import Epoch
-from peer.election import SiteId
+from peer.commitlog import Contributor, Entry, LogIndex, Round, RoundCommit, SampleRange
+from peer.election import Epoch, SiteId
 from peer.lease_client import LeaseClient
-from peer.lease_types import (
-    EventKind,
-    LeaseEvent,
-    Message,
-    Send,
-    Spans,
-    StartReply,
-    TrainedReply,
-    fmt,
-    intersect,
-    normalize,
-    to_ranges,
-)
+from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
 from peer.leases import LeaseConfig, LeaseOwner
 from peer.logstore import FileStore
 from peer.ring import RingView
+from peer.sim.clock import NodeClock
+from peer.sim.network import SimNetwork
+from peer.sim.runner import NodeState, Simulation, derive_rng
 
-TICK = 0.25
+LEADER = "leader"
 STEP = 0.5
+"""Seconds (local) between two training steps of a site."""
+RESEND = 0.5
+"""Control resends unacknowledged log entries this often."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +64,7 @@ class SimConfig:
     """The leader decides round r this long after closing it (contributions arriving later are late)."""
     drop: float = 0.02
     dup: float = 0.01
+    reorder: float = 0.02
     faults: bool = True
     fault_span: float = 15.0
     """Faults start within this many seconds of each other (the run takes a few times more)."""
@@ -79,22 +74,260 @@ class SimConfig:
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
 
 
-@dataclass
-class Site:
-    name: SiteId
-    speed: int
-    offset: float
-    rate: float
-    ledger: EpochLedger
-    owner: LeaseOwner
-    client: LeaseClient
-    applied: int = 0
-    alive: bool = True
-    paused_until: float = 0.0
-    incarnation: int = 0
+# --- the log and the messages of the leader stand-in ---
 
-    def local(self, t: float) -> float:
-        return self.offset + self.rate * t
+
+@dataclass(frozen=True)
+class ViewEntry:
+    view: RingView
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    round: int
+    contributors: tuple[tuple[SiteId, tuple[SampleRange, ...]], ...]
+
+
+LogItem = Union[ViewEntry, CommitEntry]
+
+
+@dataclass(frozen=True)
+class LogUpdate:
+    """Leader -> site: log entries from `first` (1-based) on, and the last round it closed."""
+
+    first: int
+    entries: tuple[LogItem, ...]
+    closed_round: int
+
+
+@dataclass(frozen=True)
+class LogAck:
+    site: SiteId
+    applied: int
+
+
+@dataclass(frozen=True)
+class Offer:
+    contribution: Contribution
+
+
+@dataclass(frozen=True)
+class SimSend:
+    to: str
+    msg: object
+
+
+class Control:
+    """The leader and its commit log (stand-in): rounds, admission, membership views, replication."""
+
+    def __init__(self, universe: dict[int, int], cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.log: list[LogItem] = []
+        self.ledger = EpochLedger(universe)
+        self.acked: dict[SiteId, int] = {}
+        """Sites the log is replicated to (members, joiners, leavers until gone) -> applied index."""
+        self.round = 0
+        self.offers: dict[int, dict[SiteId, Contribution]] = {}
+        self.decisions: list[Admission] = []
+        self.duplicates: list[str] = []
+        self.committed_sets: list[frozenset[tuple[int, int]]] = []
+        self._epoch_samples: set[tuple[int, int]] = set()
+        self._next_round = cfg.round_len
+        self._decide: list[tuple[float, int]] = []
+        self._next_resend = 0.0
+
+    @property
+    def view(self) -> RingView | None:
+        return next((e.view for e in reversed(self.log) if isinstance(e, ViewEntry)), None)
+
+    def views(self) -> list[RingView]:
+        return [e.view for e in self.log if isinstance(e, ViewEntry)]
+
+    def commit_view(self, members: set[SiteId]) -> None:
+        self.log.append(ViewEntry(RingView.of(len(self.views()) + 1, members)))
+
+    def commits(self) -> list[tuple[int, list[tuple[SiteId, tuple[SampleRange, ...]]]]]:
+        return [(e.round, list(e.contributors)) for e in self.log if isinstance(e, CommitEntry)]
+
+    # Node interface (the leader's clock is true time: it is never skewed)
+
+    def tick(self, now: float) -> list[SimSend]:
+        while now >= self._next_round:
+            self.round += 1
+            self.offers[self.round] = {}
+            self._decide.append((self._next_round + self.cfg.decide_after, self.round))
+            self._next_round += self.cfg.round_len
+            self._next_resend = now  # tell every site now
+        for at, r in list(self._decide):
+            if now >= at:
+                self._decide.remove((at, r))
+                self._close(r)
+                self._next_resend = now
+        if now < self._next_resend:
+            return []
+        self._next_resend = now + RESEND
+        # also a heartbeat: it carries the closed round, so it goes out even with no new entry
+        return [SimSend(s, LogUpdate(i + 1, tuple(self.log[i:]), self.round)) for s, i in sorted(self.acked.items())]
+
+    def receive(self, msg: object, now: float) -> list[SimSend]:
+        if isinstance(msg, LogAck) and msg.site in self.acked:
+            self.acked[msg.site] = max(self.acked[msg.site], msg.applied)
+        elif isinstance(msg, Offer) and msg.contribution.round in self.offers:
+            self.offers[msg.contribution.round].setdefault(msg.contribution.site, msg.contribution)
+        return []
+
+    def next_deadline(self) -> float:
+        return min([self._next_round, self._next_resend] + [at for at, _ in self._decide])
+
+    def _close(self, r: int) -> None:
+        offered = self.offers.pop(r, {})
+        decisions = admit_round(r, offered.values(), self.ledger)
+        self.decisions.extend(decisions)
+        included = tuple((d.site, offered[d.site].ranges) for d in decisions if d.included)
+        applied = self.ledger.apply(r, included)
+        if applied.duplicated_samples:
+            self.duplicates.append(f"round {r} commits {applied.duplicated_samples} samples twice in data "
+                                   f"epoch {applied.data_epoch} (I4)")
+        for _, ranges in included:
+            for rg in ranges:
+                self._epoch_samples.update((rg.block_id, i) for i in range(rg.start, rg.end))
+        if applied.epoch_ended:
+            self.committed_sets.append(frozenset(self._epoch_samples))
+            self._epoch_samples = set()
+        self.log.append(CommitEntry(r, included))
+
+
+class LeasePeer:
+    """One site: lease owner + holder cores, its copy of the log, and a training stand-in."""
+
+    def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
+                 amnesiac: bool) -> None:
+        self.site = site
+        self.cfg = cfg
+        self.speed = speed
+        self.ledger = EpochLedger(universe)
+        self.owner = LeaseOwner(site, self.ledger, cfg.lease, amnesiac=amnesiac)
+        self.client = LeaseClient(site, self.ledger, cfg.lease)
+        self.applied = 0
+        self.closed = 0
+        self.views: list[RingView] = []
+        self.next_step = now + STEP
+        self.offered: set[int] = set()
+        self.left = False
+
+    def tick(self, now: float) -> list[Any]:
+        if now >= self.next_step:
+            self.next_step = now + STEP
+            if not self.left:
+                self.client.next_samples(self.speed * self.cfg.speed_scale, now)
+        return self.owner.tick(now) + self.client.tick(now) + self._offers()
+
+    def receive(self, msg: object, now: float) -> list[Any]:
+        if isinstance(msg, LogUpdate):
+            return self._log_update(msg, now)
+        return self.owner.receive(msg, now) + self.client.receive(msg, now) + self._offers()  # type: ignore[arg-type]
+
+    def next_deadline(self) -> float:
+        times = [self.next_step, self.owner.next_deadline(), self.client.next_deadline()]
+        return min(t for t in times if t is not None)
+
+    def leave(self, now: float) -> list[Any]:
+        """Graceful leave (I8): give every lease back, train no more."""
+        self.left = True
+        return list(self.client.release_all(now))
+
+    def _log_update(self, m: LogUpdate, now: float) -> list[Any]:
+        out: list[Any] = []
+        if m.first <= self.applied + 1:
+            seen = len(self.views)
+            for item in m.entries[self.applied + 1 - m.first:]:
+                self.applied += 1
+                if isinstance(item, ViewEntry):
+                    self.views.append(item.view)
+                else:
+                    self.ledger.apply(item.round, item.contributors)
+                    out += self.owner.on_commit(now) + self.client.on_commit(now)
+            if len(self.views) > seen:  # only the newest view of a batch (a restart replays them all)
+                prev = self.views[-2] if len(self.views) > 1 else None
+                out += self.owner.set_view(self.views[-1], 1, now, previous=prev)
+                out += self.client.set_view(self.views[-1], 1, now)
+                out += self.owner.on_commit(now) + self.client.on_commit(now)
+        if m.closed_round > self.closed and self.client.view is not None and not self.left:
+            self.closed = m.closed_round
+            out += self.client.end_round(m.closed_round, now)
+        out.append(SimSend(LEADER, LogAck(self.site, self.applied)))
+        return out + self._offers()
+
+    def _offers(self) -> list[SimSend]:
+        out = []
+        for r in sorted(self.client.rounds):
+            c = self.client.contribution(r)
+            if c is not None and c.ranges and r not in self.offered:
+                self.offered.add(r)
+                out.append(SimSend(LEADER, Offer(c)))
+        return out
+
+
+class LeaseChecker:
+    """Invariants after every event; the end-of-run audit."""
+
+    def __init__(self, run: LeaseSim) -> None:
+        self.run = run
+        self.vouched: dict[tuple[int, int], list[tuple[str, int, Spans]]] = {}
+        self.started: dict[tuple[int, int, int], str] = {}
+        self.rebuilt: set[tuple[int, int]] = set()
+        self.events: list[LeaseEvent] = []
+        self.by_kind: dict[str, int] = {}
+        """Messages sent, per type (the benchmark's grant and renewal counts)."""
+        self._dups_seen = 0
+
+    def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
+        out: list[str] = []
+        ctl = self.run.control
+        if len(ctl.duplicates) > self._dups_seen:
+            out += [f"t={sim.now:.1f}: {d}" for d in ctl.duplicates[self._dups_seen:]]
+            self._dups_seen = len(ctl.duplicates)
+        for e in effects:
+            if hasattr(e, "msg"):
+                kind = type(e.msg).__name__
+                self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+            if isinstance(e, LeaseEvent):
+                self.events.append(e)
+                if e.kind is EventKind.REBUILD:
+                    self.rebuilt.add((e.data_epoch, e.block))
+            elif isinstance(e, Send) and isinstance(e.msg, StartReply) and e.msg.ok:
+                key = (e.msg.header.data_epoch, e.msg.lease.block_id, e.msg.lease.generation)
+                if self.started.setdefault(key, e.to) != e.to:
+                    out.append(f"t={sim.now:.1f}: generation {key[2]} of block {key[1]} started by "
+                               f"{self.started[key]} and {e.to}")
+            elif isinstance(e, Send) and isinstance(e.msg, TrainedReply):
+                out += self._vouchers(sim.now, e.to, e.msg)
+        return out
+
+    def _vouchers(self, t: float, to: str, msg: TrainedReply) -> list[str]:
+        ctl = self.run.control
+        if msg.round <= ctl.ledger.last_round or msg.header.data_epoch != ctl.ledger.data_epoch:
+            return []
+        out = []
+        for v in msg.vouched:
+            key = (msg.header.data_epoch, v.block_id)
+            live = [x for x in self.vouched.get(key, []) if x[1] > ctl.ledger.last_round]
+            for site, rnd, spans in live:
+                clash = intersect(spans, v.spans)
+                if (site, rnd) != (to, msg.round) and clash and key not in self.rebuilt:
+                    out.append(f"t={t:.1f}: block {v.block_id} samples {fmt(clash)} vouched to {site} "
+                               f"(round {rnd}) and {to} (round {msg.round})")
+            self.vouched[key] = live + [(to, msg.round, normalize(v.spans))]
+        return out
+
+    def at_end(self, sim: Simulation) -> list[str]:
+        ctl = self.run.control
+        out = []
+        if ctl.ledger.data_epoch < self.run.cfg.epochs:
+            out.append(f"t={sim.now:.1f}: only {ctl.ledger.data_epoch} of {self.run.cfg.epochs} epochs "
+                       f"finished (liveness)")
+        out += [f"audit: {a}" for a in audit(self.run.universe, ctl.commits(), self.events) if not a.ok]
+        return out
 
 
 @dataclass
@@ -110,319 +343,168 @@ class Result:
     log: list[tuple[int, list]]
     faults: list[tuple[float, str]]
     by_kind: dict[str, int]
+    decisions: list[Admission]
 
 
-class Sim:
+class LeaseSim:
+    """One seeded run: the nodes, the leader stand-in, the fault schedule."""
+
     def __init__(self, seed: int, cfg: SimConfig) -> None:
         self.seed, self.cfg = seed, cfg
-        self.rng = random.Random(seed)
+        self.rng = derive_rng(seed, "leases")
         self.universe = {1000 + i: cfg.block_samples - (i % 3 == 2) for i in range(cfg.blocks)}
-        self.t = 0.0
-        self.q: list[tuple[float, int, Callable[[], None]]] = []
-        self.seq = 0
-        self.sites: dict[SiteId, Site] = {}
-        self.log: list[tuple[int, list[tuple[SiteId, tuple]]]] = []
-        self.leader_ledger = EpochLedger(self.universe)
-        self.views: list[RingView] = []
-        self.contribs: dict[int, list[Contribution]] = {}
-        self.round = 0
-        self.violations: list[str] = []
-        self.events: list[LeaseEvent] = []
-        self.messages = 0
-        self.by_kind: dict[str, int] = {}
-        """Messages sent, per type (the benchmark's grant and renewal counts)."""
-        self.vouched: dict[tuple[int, int], list[tuple[SiteId, int, Spans]]] = {}
-        self.started: dict[tuple[int, int, int], SiteId] = {}
-        self.rebuilt: set[tuple[int, int]] = set()
-        self.committed_sets: list[frozenset[tuple[int, int]]] = []
-        self._epoch_samples: set[tuple[int, int]] = set()
-        self.contributed: set[tuple[SiteId, int]] = set()
+        net = SimNetwork(derive_rng(seed, "network"), latency_s=(0.001, 0.05))
+        if cfg.faults:
+            net.drop_rate, net.duplicate_rate = cfg.drop, cfg.dup
+            net.reorder_rate, net.reorder_window_s = cfg.reorder, 0.2
+        self.sim = Simulation(seed, net)
+        self.control = Control(self.universe, cfg)
+        self.checker = LeaseChecker(self)
         self.faults: list[tuple[float, str]] = []
-        """(time, what) of every fault injected, for replay and for tests that check coverage."""
-        self.decisions: list[Admission] = []
-
-    # --- event loop ---
-
-    def at(self, t: float, fn: Callable[[], None]) -> None:
-        self.seq += 1
-        heapq.heappush(self.q, (t, self.seq, fn))
+        self.speeds: dict[SiteId, int] = {}
 
     def run(self) -> Result:
         names = [SiteId(f"s{i}") for i in range(self.cfg.sites)]
         founders = names if not self.cfg.faults else names[:-1]
+        self.sim.add_node(LEADER, lambda now: (self.control, []))
+        for n in names:
+            self.speeds[n] = self.rng.choice([1, 2, 3, 5, 8])
+            rate = 0.6 if (n == "s1" and self.cfg.faults) else (self.rng.uniform(0.98, 1.02) if self.cfg.faults else 1.0)
+            clock = NodeClock(offset=self.rng.uniform(-50, 50), rate=rate)
+            at = 0.0 if n in founders else 1e9  # late joiners are started by their join fault
+            self.sim.add_node(n, lambda now, n=n: (self._peer(n, now), []), at=at, clock=clock)
         for n in founders:
-            self._spawn(n, amnesiac=False)
-        self._commit_view(set(founders))
+            self.control.acked[n] = 0
+        self.control.commit_view(set(founders))
         if self.cfg.faults:
             self._schedule_faults(names)
-        self.at(self.cfg.round_len, self._close_round)
-        while self.q and self.leader_ledger.data_epoch < self.cfg.epochs and self.t < self.cfg.max_time:
-            self.t, _, fn = heapq.heappop(self.q)
-            fn()
-        if self.leader_ledger.data_epoch < self.cfg.epochs:
-            self.violations.append(f"t={self.t:.1f}: only {self.leader_ledger.data_epoch} of "
-                                   f"{self.cfg.epochs} epochs finished (liveness)")
-        audits = audit(self.universe, self.log, self.events, run_ended=False)
-        for a in audits:
-            if not a.ok:
-                self.violations.append(f"audit: {a}")
-        return Result(self.seed, self.violations, audits, self.events, self.t, self.messages,
-                      self.committed_sets, self.universe, self.log, self.faults,
-                      self.by_kind)
+        self.sim.schedule(self.cfg.max_time, lambda: None, "time is up")
+        self.sim.schedule(0.0, self._watch_epochs, "watch epochs")
+        res = self.sim.run(self.cfg.max_time, self.checker)
+        return Result(self.seed, res.violations,
+                      audit(self.universe, self.control.commits(), self.checker.events),
+                      self.checker.events, res.end_time, res.stats.get("sent", 0), self.control.committed_sets,
+                      self.universe, self.control.commits(), self.faults, self.checker.by_kind,
+                      self.control.decisions)
 
-    # --- sites ---
+    def _watch_epochs(self) -> None:
+        if self.control.ledger.data_epoch >= self.cfg.epochs:
+            self.sim.stop()
+        else:
+            self.sim.schedule(self.sim.now + 1.0, self._watch_epochs, "watch epochs")
 
-    def _spawn(self, name: SiteId, amnesiac: bool) -> None:
-        old = self.sites.get(name)
-        ledger = EpochLedger.from_log(self.universe, self.log)  # the durable commit log survives
-        lc = self.cfg.lease
-        speed = old.speed if old else self.rng.choice([1, 2, 3, 5, 8])
-        offset = old.offset if old else self.rng.uniform(-50, 50)
-        rate = old.rate if old else (0.6 if name == "s1" else self.rng.uniform(0.98, 1.02))
-        s = Site(name, speed, offset, rate, ledger, LeaseOwner(name, ledger, lc, amnesiac=amnesiac),
-                 LeaseClient(name, ledger, lc), applied=len(self.log),
-                 incarnation=(old.incarnation + 1) if old else 0)
-        self.sites[name] = s
-        inc = s.incarnation
-        self._every(s, inc, TICK, lambda: self._tick(s))
-        self._every(s, inc, STEP, lambda: self._train(s))
-        if self.views and amnesiac:
-            self._apply_view(s, len(self.views) - 1)
-
-    def _every(self, s: Site, inc: int, dt: float, fn: Callable[[], None]) -> None:
-        def go() -> None:
-            if not s.alive or s.incarnation != inc or self.sites[s.name] is not s:
-                return
-            if self.t >= s.paused_until:
-                fn()
-            self.at(max(self.t, s.paused_until) + dt, go)
-        self.at(self.t + self.rng.uniform(0, dt), go)
-
-    def _effects(self, s: Site, effects: list) -> None:
-        for e in effects:
-            if isinstance(e, LeaseEvent):
-                self.events.append(e)
-                if e.kind is EventKind.REBUILD:
-                    self.rebuilt.add((e.data_epoch, e.block))
-            else:
-                self._send(s.name, e)
-
-    def _tick(self, s: Site) -> None:
-        now = s.local(self.t)
-        self._effects(s, s.owner.tick(now) + s.client.tick(now))
-        self._maybe_contribute(s)
-
-    def _train(self, s: Site) -> None:
-        s.client.next_samples(s.speed * self.cfg.speed_scale, s.local(self.t))
-
-    def _send(self, frm: SiteId, e: Send) -> None:
-        self.messages += 1
-        kind = type(e.msg).__name__
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
-        if self.rng.random() < self.cfg.drop:
-            return
-        copies = 2 if self.rng.random() < self.cfg.dup else 1
-        for _ in range(copies):
-            self.at(self.t + self.rng.uniform(0.001, 0.05), lambda: self._deliver(e.to, e.msg))
-
-    def _deliver(self, to: SiteId, msg: Message) -> None:
-        s = self.sites.get(to)
-        if s is None or not s.alive or self.t < s.paused_until:
-            return
-        now = s.local(self.t)
-        if isinstance(msg, StartReply) and msg.ok:
-            self._check_start(to, msg)
-        if isinstance(msg, TrainedReply):
-            self._check_vouchers(to, msg)
-        self._effects(s, s.owner.receive(msg, now) + s.client.receive(msg, now))
-        self._maybe_contribute(s)
-
-    # --- the leader and its log (stand-in) ---
-
-    def _close_round(self) -> None:
-        self.round += 1
-        r = self.round
-        self.contribs[r] = []
-        for s in list(self.sites.values()):
-            self.at(self.t + self.rng.uniform(0.001, 0.05), lambda s=s, inc=s.incarnation: self._end_round(s, inc, r))
-        self.at(self.t + self.cfg.decide_after, lambda: self._decide(r))
-        self.at(self.t + self.cfg.round_len, self._close_round)
-
-    def _end_round(self, s: Site, inc: int, r: int) -> None:
-        if s.alive and s.incarnation == inc and self.t >= s.paused_until and s.client.view is not None:
-            self._effects(s, s.client.end_round(r, s.local(self.t)))
-            self._maybe_contribute(s)
-
-    def _maybe_contribute(self, s: Site) -> None:
-        for r in sorted(s.client.rounds):
-            c = s.client.contribution(r)
-            if c is not None and c.ranges and r in self.contribs and (s.name, r) not in self.contributed:
-                self.contributed.add((s.name, r))
-                self.at(self.t + self.rng.uniform(0.001, 0.05), lambda c=c: self._receive_contribution(c))
-
-    def _receive_contribution(self, c: Contribution) -> None:
-        if c.round == self.round and c.round not in {rnd for rnd, _ in self.log}:
-            self.contribs[c.round].append(c)
-
-    def _decide(self, r: int) -> None:
-        offered = {c.site: c for c in self.contribs.pop(r, [])}
-        decisions = admit_round(r, offered.values(), self.leader_ledger)
-        self.decisions.extend(decisions)
-        included = [(d.site, offered[d.site].ranges) for d in decisions if d.included]
-        applied = self.leader_ledger.apply(r, included)
-        if applied.duplicated_samples:
-            self.violations.append(f"t={self.t:.1f}: round {r} commits {applied.duplicated_samples} "
-                                   f"samples twice in data epoch {applied.data_epoch} (I4)")
-        for site, ranges in included:
-            for rg in ranges:
-                self._epoch_samples.update((rg.block_id, i) for i in range(rg.start, rg.end))
-        if applied.epoch_ended:
-            self.committed_sets.append(frozenset(self._epoch_samples))
-            self._epoch_samples = set()
-            self.vouched.clear()
-        self.log.append((r, included))
-        for k, lst in list(self.vouched.items()):
-            self.vouched[k] = [v for v in lst if v[1] > r]
-        n = len(self.log)
-        for s in list(self.sites.values()):
-            self.at(self.t + self.rng.uniform(0.01, 0.3), lambda s=s: self._apply_log(s, n))
-
-    def _apply_log(self, s: Site, upto: int) -> None:
-        if not s.alive or self.sites[s.name] is not s:
-            return
-        while s.applied < upto:
-            rnd, contributors = self.log[s.applied]
-            s.ledger.apply(rnd, contributors)
-            s.applied += 1
-            now = s.local(self.t)
-            self._effects(s, s.owner.on_commit(now) + s.client.on_commit(now))
-
-    def _commit_view(self, members: set[SiteId]) -> None:
-        self.views.append(RingView.of(len(self.views) + 1, members))
-        i = len(self.views) - 1
-        for s in list(self.sites.values()):
-            self.at(self.t + self.rng.uniform(0.01, 0.3), lambda s=s: self._apply_view(s, i))
-
-    def _apply_view(self, s: Site, i: int) -> None:
-        if not s.alive or self.sites[s.name] is not s:
-            return
-        self._apply_log(s, len(self.log))
-        now = s.local(self.t)
-        prev = self.views[i - 1] if i > 0 else None
-        self._effects(s, s.owner.set_view(self.views[i], 1, now, previous=prev)
-                      + s.client.set_view(self.views[i], 1, now))
-
-    # --- invariants ---
-
-    def _check_start(self, to: SiteId, msg: StartReply) -> None:
-        key = (self.sites[to].ledger.data_epoch, msg.lease.block_id, msg.lease.generation)
-        other = self.started.setdefault(key, to)
-        if other != to:
-            self.violations.append(f"t={self.t:.1f}: generation {msg.lease.generation} of block {msg.lease.block_id} "
-                                   f"started by {other} and {to}")
-
-    def _check_vouchers(self, to: SiteId, msg: TrainedReply) -> None:
-        epoch = self.leader_ledger.data_epoch
-        if msg.round <= self.leader_ledger.last_round:
-            return
-        for v in msg.vouched:
-            key = (epoch, v.block_id)
-            for site, rnd, spans in self.vouched.get(key, []):
-                if (site, rnd) != (to, msg.round) and intersect(spans, v.spans) and key not in self.rebuilt:
-                    self.violations.append(f"t={self.t:.1f}: block {v.block_id} samples {fmt(intersect(spans, v.spans))} "
-                                           f"vouched to {site} (round {rnd}) and {to} (round {msg.round})")
-            self.vouched.setdefault(key, []).append((to, msg.round, normalize(v.spans)))
+    def _peer(self, name: SiteId, now: float) -> LeasePeer:
+        # a process started after the run began has no lease state: it must sync, never bootstrap
+        peer = LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac=self.sim.now > 0)
+        self.control.acked[name] = 0  # a (re)started process applies the log from its start
+        return peer
 
     # --- faults ---
 
     def _schedule_faults(self, names: list[SiteId]) -> None:
-        rng, span = self.rng, self.cfg.fault_span
-        last = names[-1]
-        self.at(rng.uniform(5, span), lambda: self._join(last))
-        victim = names[rng.randrange(len(names) - 1)]
-        t = rng.uniform(10, span)
-        self.at(t, lambda: self._crash(victim))
-        self.at(t + rng.uniform(3, 15), lambda: self._restart(victim))
-        self.at(rng.uniform(10, span), lambda: self._pause(self._pick_alive(), self.cfg.lease.ttl * rng.uniform(1.5, 3)))
+        rng, span, at = self.rng, self.cfg.fault_span, self.sim.schedule
+        at(rng.uniform(5, span), lambda: self._join(names[-1]), "late join")
+        down_for, paused_for = rng.uniform(3, 15), self.cfg.lease.ttl * rng.uniform(1.5, 3)
+        at(rng.uniform(10, span), lambda: self._crash_then_restart(self._pick_up(), down_for), "crash a holder")
+        at(rng.uniform(10, span), lambda: self._pause(self._pick_up(), paused_for), "zombie")
         block = rng.choice(sorted(self.universe))
-        t = rng.uniform(span, 2 * span)
-        self.at(t, lambda: self._owners_in_turn(block, 0))
-        t = rng.uniform(2 * span, 3 * span)
-        self.at(t, lambda: self._rolling(sorted(self.sites), 0))
+        at(rng.uniform(span, 2 * span), lambda: self._owners_in_turn(block, 0), "owners in turn")
+        at(rng.uniform(2 * span, 3 * span), lambda: self._rolling(list(names), 0), "rolling restart")
         if self.cfg.sites >= 5:
-            self.at(rng.uniform(3 * span, 4 * span), lambda: self._majority_loss(rng.choice(sorted(self.universe))))
-        t = rng.uniform(4 * span, 5 * span)
-        self.at(t, lambda: self._leave(self._pick_alive()))
+            at(rng.uniform(3 * span, 4 * span), lambda: self._majority_loss(rng.choice(sorted(self.universe))),
+               "majority loss")
+        at(rng.uniform(4 * span, 5 * span), lambda: self._leave(self._pick_up()), "graceful leave")
 
-    def _pick_alive(self) -> SiteId | None:
-        """A live member, chosen when the fault fires (a site picked in advance may be down then)."""
-        alive = sorted(n for n, s in self.sites.items() if s.alive)
-        return self.rng.choice(alive) if alive else None
+    def _note(self, what: str) -> None:
+        self.faults.append((self.sim.now, what))
 
     def _members(self) -> set[SiteId]:
-        return set(self.views[-1].members) if self.views else set()
+        view = self.control.view
+        return set(view.members) if view else set()
+
+    def _up(self, name: str) -> bool:
+        return self.sim.state(name) is not NodeState.DOWN
+
+    def _pick_up(self) -> SiteId | None:
+        """A running member, chosen when the fault fires (a site picked in advance may be down)."""
+        up = sorted(n for n in self._members() if self.sim.state(n) is NodeState.UP)
+        return self.rng.choice(up) if up else None
 
     def _join(self, name: SiteId) -> None:
-        if name in self.sites and self.sites[name].alive:
+        if self._up(name):
             return
-        self.faults.append((self.t, f"join {name}"))
-        self._spawn(name, amnesiac=True)
-        self.at(self.t + 1.0, lambda: self._commit_view(self._members() | {name}))
+        self._note(f"join {name}")
+        self.sim.restart(name)
+        self.sim.schedule(self.sim.now + 1.0, lambda: self.control.commit_view(self._members() | {name}),
+                          f"view: {name} joins")
 
-    def _crash(self, name: SiteId) -> None:
-        s = self.sites.get(name)
-        if s is None or not s.alive:
-            return
-        s.alive = False
-        self.faults.append((self.t, f"crash {name}"))
-        self.at(self.t + 2.0, lambda: self._commit_view(self._members() - {name}))
+    def _crash(self, name: SiteId | None) -> bool:
+        if name is None or not self._up(name) or len(self._members()) <= 2:
+            return False
+        self._note(f"crash {name}")
+        self.sim.crash(name)
+        self.sim.schedule(self.sim.now + 2.0, lambda: self._remove(name), f"view: {name} dead")
+        return True
 
-    def _restart(self, name: SiteId) -> None:
-        if not self.sites[name].alive:
-            self._join(name)
+    def _remove(self, name: SiteId) -> None:
+        if not self._up(name):
+            self.control.commit_view(self._members() - {name})
+
+    def _later(self, action: Callable[[], None], label: str) -> None:
+        """A fault that cannot hit now (too few sites up): try again a little later."""
+        self.sim.schedule(self.sim.now + 3.0, action, label)
+
+    def _crash_then_restart(self, name: SiteId | None, after: float) -> None:
+        if self._crash(name):
+            self.sim.schedule(self.sim.now + after, lambda: self._join(name), f"restart {name}")  # type: ignore[arg-type]
 
     def _pause(self, name: SiteId | None, dt: float) -> None:
-        s = self.sites.get(name) if name else None
-        if s is not None and s.alive:
-            self.faults.append((self.t, f"pause {name} for {dt:.1f}s"))
-            s.paused_until = self.t + dt
+        if name is None:
+            self._later(lambda: self._pause(self._pick_up(), dt), "zombie")
+            return
+        self._note(f"pause {name} for {dt:.1f}s")
+        self.sim.pause(name)
+        self.sim.schedule(self.sim.now + dt, lambda: self.sim.resume(name), f"resume {name}")
 
     def _leave(self, name: SiteId | None) -> None:
-        s = self.sites.get(name) if name else None
-        if s is None or not s.alive or len(self._members()) <= 2:
+        if name is None or len(self._members()) <= 2:
+            self._later(lambda: self._leave(self._pick_up()), "graceful leave")
             return
-        self.faults.append((self.t, f"leave {name}"))
-        self._effects(s, s.client.release_all(s.local(self.t)))
-        s.alive = False
-        self.at(self.t + 0.5, lambda: self._commit_view(self._members() - {name}))
-        self.at(self.t + self.rng.uniform(10, 30), lambda: self._join(name))
+        self._note(f"leave {name}")
+        self.sim.act(name, lambda node, now: node.leave(now))
+        self.sim.schedule(self.sim.now + 0.5, lambda: self._gone(name), f"{name} exits")
+
+    def _gone(self, name: SiteId) -> None:
+        self.control.commit_view(self._members() - {name})
+        self.sim.schedule(self.sim.now + 1.0, lambda: self.sim.crash(name), f"{name} process ends")
+        self.sim.schedule(self.sim.now + self.rng.uniform(10, 30), lambda: self._join(name), f"{name} returns")
 
     def _owners_in_turn(self, block: int, i: int) -> None:
-        owners = self.views[-1].owners(block)
-        if i >= len(owners) or len(self._members()) <= 2:
+        view = self.control.view
+        owners = view.owners(block) if view else ()
+        if i >= len(owners):
             return
-        name = owners[i]
-        self.faults.append((self.t, f"owner {i} of block {block}"))
-        self._crash(name)
-        self.at(self.t + 5.0, lambda: self._restart(name))
-        self.at(self.t + 12.0, lambda: self._owners_in_turn(block, i + 1))
+        self._note(f"owner {i} of block {block}")
+        self._crash_then_restart(owners[i], 5.0)
+        self.sim.schedule(self.sim.now + 12.0, lambda: self._owners_in_turn(block, i + 1), "next owner")
 
     def _majority_loss(self, block: int) -> None:
-        owners = self.views[-1].owners(block)
-        if len(self._members()) - len(owners) < 1 or len(owners) < 3:
+        view = self.control.view
+        owners = view.owners(block) if view else ()
+        up = [self.sim.state(o) is NodeState.UP for o in owners[:2]]
+        if len(owners) < 3 or len(self._members()) < 4 or not all(up):
+            self._later(lambda: self._majority_loss(block), "majority loss")
             return
-        self.faults.append((self.t, f"majority of owners of block {block}"))
+        self._note(f"majority of owners of block {block}")
         for name in owners[:2]:
-            self._crash(name)
-            self.at(self.t + 6.0, lambda name=name: self._restart(name))
+            self._crash_then_restart(name, 6.0)
 
     def _rolling(self, names: list[SiteId], i: int) -> None:
         if i >= len(names):
             return
-        self.faults.append((self.t, f"rolling restart {i}"))
-        self._crash(names[i])
-        self.at(self.t + 4.0, lambda: self._restart(names[i]))
-        self.at(self.t + 10.0, lambda: self._rolling(names, i + 1))
+        self._note(f"rolling restart {i}")
+        self._crash_then_restart(names[i], 4.0)
+        self.sim.schedule(self.sim.now + 10.0, lambda: self._rolling(names, i + 1), "rolling restart")
 
 
 def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, list]],
@@ -441,7 +523,7 @@ def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, lis
 
 
 def simulate(seed: int, cfg: SimConfig | None = None) -> Result:
-    return Sim(seed, cfg or SimConfig()).run()
+    return LeaseSim(seed, cfg or SimConfig()).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,9 +24,10 @@ FAULT_KINDS = ("join", "crash", "pause", "owner 0 of block", "owner 1 of block",
 def test_no_violation_under_all_faults(seed: int) -> None:
     res = simulate(seed)
     assert res.violations == [], f"replay: .venv/bin/python -m peer.sim.leases_sim --seeds {seed}"
-    assert [a.epoch for a in res.audits] == [0, 1, 2]
-    for a in res.audits:
-        assert (a.committed_once, a.duplicated, a.lost, a.ended) == (a.samples_total, 0, 0, True)
+    ended = [a for a in res.audits if a.ended]
+    assert [a.epoch for a in ended] == [0, 1, 2] and len(res.audits) - len(ended) <= 1
+    for a in ended:
+        assert (a.committed_once, a.duplicated, a.lost) == (a.samples_total, 0, 0)
     kinds = {k for k in FAULT_KINDS if any(k in what for _, what in res.faults)}
     assert kinds == set(FAULT_KINDS), f"seed {seed} injected only {sorted(kinds)}"
 
@@ -52,22 +53,34 @@ def _break_owner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LeaseRecord, "free_spans", property(lambda r: subtract((Span(0, r.size),), r.done)))
 
 
-def test_a_broken_owner_is_caught_and_admission_still_keeps_the_log_exactly_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _silence_voucher_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stops at its first violation: without this, a broken owner stops it before any commit."""
+    monkeypatch.setattr(sim.LeaseChecker, "_vouchers", lambda self, t, to, msg: [])
+
+
+def test_a_broken_owner_is_caught_by_the_voucher_check(monkeypatch: pytest.MonkeyPatch) -> None:
     _break_owner(monkeypatch)
     found = [simulate(seed).violations for seed in range(4)]
     assert sum(1 for vs in found if any("vouched to" in v for v in vs)) >= 2, found
-    assert not any("(I4)" in v or "audit" in v for vs in found for v in vs), "the log check is the backstop"
+
+
+def test_with_a_broken_owner_admission_still_keeps_every_epoch_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    _break_owner(monkeypatch)
+    _silence_voucher_check(monkeypatch)
+    for seed in range(4):
+        res = simulate(seed)
+        assert res.violations == [], (seed, res.violations)
+        assert any(not d.included and "already" in d.reason for d in res.decisions), "the backstop did work"
 
 
 def test_a_broken_owner_and_a_broken_admission_commit_duplicates_and_are_caught(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _break_owner(monkeypatch)
+    _silence_voucher_check(monkeypatch)
     monkeypatch.setattr(sim, "admit_round", lambda r, cs, ledger: [Admission(c.site, True, "sabotaged", ())
                                                                   for c in cs])
     found = [simulate(seed).violations for seed in range(4)]
     assert sum(1 for vs in found if any("(I4)" in v for v in vs)) >= 2, found
-    assert all(any("audit" in v for v in vs) for vs in found if any("(I4)" in v for v in vs))
 
 
 @pytest.mark.slow
