@@ -3,7 +3,9 @@
 The cores (peer/membership.py, ...) define frozen dataclasses whose field names are the proto
 field names, so conversion is structural: a nested dataclass is a sub-message, a tuple of
 dataclasses a repeated message, an Enum the proto enum value `<ENUM_NAME_IN_SNAKE_CAPS>_<MEMBER>`,
-and a `tuple[tuple[str, str], ...]` a proto map. Anything that does not fit raises `WireError`,
+a `tuple[tuple[str, str], ...]` a proto map (or, for a repeated message, one message per tuple
+with its fields in declaration order), and a field typed as a union of dataclasses a `oneof` of
+the same name whose member is chosen by message type name. Anything that does not fit raises `WireError`,
 which servicers turn into INVALID_ARGUMENT: a malformed message is refused, never half-applied.
 """
 
@@ -56,25 +58,43 @@ def to_proto(obj: Any, proto_cls: type[ProtoMessage]) -> ProtoMessage:
 def _fill(out: ProtoMessage, obj: Any) -> None:
     fields_by_name = out.DESCRIPTOR.fields_by_name
     for f in dataclasses.fields(obj):
-        if f.name not in fields_by_name:
-            raise WireError(f"{type(obj).__name__}.{f.name} has no field in {out.DESCRIPTOR.full_name}")
         value = getattr(obj, f.name)
-        fd = fields_by_name[f.name]
         if value is None:
             continue
+        fd = fields_by_name.get(f.name) or _oneof_member(out, f.name, type(value).__name__)
         if _is_map(fd):
             getattr(out, f.name).update(dict(value))
         elif fd.is_repeated:
             target = getattr(out, f.name)
             for item in value:
-                if fd.type == FieldDescriptor.TYPE_MESSAGE:
+                if fd.type == FieldDescriptor.TYPE_MESSAGE and isinstance(item, tuple):
+                    _fill_positional(target.add(), item)
+                elif fd.type == FieldDescriptor.TYPE_MESSAGE:
                     _fill(target.add(), item)
                 else:
                     target.append(_scalar_out(item, fd))
         elif fd.type == FieldDescriptor.TYPE_MESSAGE:
-            _fill(getattr(out, f.name), value)
+            _fill(getattr(out, fd.name), value)
         else:
             setattr(out, f.name, _scalar_out(value, fd))
+
+
+def _oneof_member(out: ProtoMessage, name: str, type_name: str) -> FieldDescriptor:
+    oneof = out.DESCRIPTOR.oneofs_by_name.get(name)
+    if oneof is None:
+        raise WireError(f"{out.DESCRIPTOR.full_name} has no field {name}")
+    for fd in oneof.fields:
+        if fd.message_type is not None and fd.message_type.name == type_name:
+            return fd
+    raise WireError(f"{out.DESCRIPTOR.full_name}.{name} has no member of type {type_name}")
+
+
+def _fill_positional(out: ProtoMessage, values: tuple[Any, ...]) -> None:
+    fds = out.DESCRIPTOR.fields
+    if len(values) != len(fds):
+        raise WireError(f"{out.DESCRIPTOR.full_name} needs {len(fds)} values, got {len(values)}")
+    for fd, value in zip(fds, values):
+        setattr(out, fd.name, _scalar_out(value, fd))
 
 
 def _is_map(fd: FieldDescriptor) -> bool:
@@ -96,7 +116,8 @@ def from_proto(msg: ProtoMessage, cls: type[T]) -> T:
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         fd = fields_by_name.get(f.name)
         if fd is None:
-            raise WireError(f"{msg.DESCRIPTOR.full_name} has no field {f.name}")
+            kwargs[f.name] = _oneof_in(msg, f.name, hints[f.name])
+            continue
         tp, optional = _strip_optional(hints[f.name])
         value = getattr(msg, f.name)
         if _is_map(fd):
@@ -117,7 +138,22 @@ def from_proto(msg: ProtoMessage, cls: type[T]) -> T:
         raise WireError(f"invalid {msg.DESCRIPTOR.full_name}: {err}") from err
 
 
+def _oneof_in(msg: ProtoMessage, name: str, tp: Any) -> Any:
+    if name not in msg.DESCRIPTOR.oneofs_by_name:
+        raise WireError(f"{msg.DESCRIPTOR.full_name} has no field {name}")
+    which = msg.WhichOneof(name)
+    if which is None:
+        raise WireError(f"{msg.DESCRIPTOR.full_name}.{name} is not set")
+    value = getattr(msg, which)
+    for cls in typing.get_args(tp):
+        if cls.__name__ == value.DESCRIPTOR.name:
+            return from_proto(value, cls)
+    raise WireError(f"{msg.DESCRIPTOR.full_name}.{name}: {value.DESCRIPTOR.name} is not expected here")
+
+
 def _value_in(value: Any, tp: Any, fd: FieldDescriptor) -> Any:
+    if fd.type == FieldDescriptor.TYPE_MESSAGE and typing.get_origin(tp) is tuple:
+        return tuple(getattr(value, item.name) for item in value.DESCRIPTOR.fields)
     if fd.type == FieldDescriptor.TYPE_MESSAGE:
         return from_proto(value, tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

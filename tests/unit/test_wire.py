@@ -54,3 +54,28 @@ def test_absent_meta_stays_none() -> None:
     back = from_proto(membership_pb2.MemberUpdate(site="x", state=membership_pb2.MEMBER_STATE_DEAD), MemberUpdate)
     assert back.meta is None
     assert back.state is MemberState.DEAD
+
+
+def test_consensus_entries_oneof_and_voter_tuples_round_trip() -> None:
+    from peer.commitlog import AppendEntries, Contributor, Entry, EpochStart, RoundCommit, SampleRange, VoterChange
+    from peer.election import Epoch, Header, SiteId
+    from peer.gen.sitemesh.v1 import consensus_pb2
+
+    entries = (
+        Entry(1, Epoch(1), EpochStart(SiteId("a"))),
+        Entry(2, Epoch(1), VoterChange(SiteId("b"), "h:2", True, "joined")),
+        Entry(3, Epoch(2), RoundCommit(1, (Contributor(SiteId("a"), 10, (SampleRange(5, 0, 3),), b"\x01" * 32),),
+                                       b"\x02" * 32)),
+    )
+    msg = AppendEntries(Header(SiteId("a"), "h:1", Epoch(3), 2), 0, Epoch(0), entries, 2, 7)
+    proto = to_proto(msg, consensus_pb2.AppendEntries)
+    assert [e.WhichOneof("body") for e in proto.entries] == ["epoch_start", "voter_change", "round_commit"]
+    assert from_proto(consensus_pb2.AppendEntries.FromString(proto.SerializeToString()), AppendEntries) == msg
+
+
+def test_missing_oneof_is_refused() -> None:
+    from peer.commitlog import Entry
+    from peer.gen.sitemesh.v1 import consensus_pb2
+
+    with pytest.raises(WireError, match="LogEntry.body is not set"):
+        from_proto(consensus_pb2.LogEntry(index=1, epoch=1), Entry)
