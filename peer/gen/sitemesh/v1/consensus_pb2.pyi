@@ -149,22 +149,28 @@ class AppendReply(_message.Message):
     reason: str
     def __init__(self, header: _Optional[_Union[ConsensusHeader, _Mapping]] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., seq: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
-class InstallSnapshot(_message.Message):
-    __slots__ = ("header", "last_index", "last_epoch", "last_round", "weights_hash", "voters", "app_state", "seq")
-    HEADER_FIELD_NUMBER: _ClassVar[int]
+class Snapshot(_message.Message):
+    __slots__ = ("last_index", "last_epoch", "last_round", "weights_hash", "voters", "app_state")
     LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     APP_STATE_FIELD_NUMBER: _ClassVar[int]
-    SEQ_FIELD_NUMBER: _ClassVar[int]
-    header: ConsensusHeader
     last_index: int
     last_epoch: int
     last_round: int
     weights_hash: bytes
     voters: _containers.RepeatedCompositeFieldContainer[Voter]
     app_state: bytes
+    def __init__(self, last_index: _Optional[int] = ..., last_epoch: _Optional[int] = ..., last_round: _Optional[int] = ..., weights_hash: _Optional[bytes] = ..., voters: _Optional[_Iterable[_Union[Voter, _Mapping]]] = ..., app_state: _Optional[bytes] = ...) -> None: ...
+
+class InstallSnapshot(_message.Message):
+    __slots__ = ("header", "snapshot", "seq")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    header: ConsensusHeader
+    snapshot: Snapshot
     seq: int
-    def __init__(self, header: _Optional[_Union[ConsensusHeader, _Mapping]] = ..., last_index: _Optional[int] = ..., last_epoch: _Optional[int] = ..., last_round: _Optional[int] = ..., weights_hash: _Optional[bytes] = ..., voters: _Optional[_Iterable[_Union[Voter, _Mapping]]] = ..., app_state: _Optional[bytes] = ..., seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ConsensusHeader, _Mapping]] = ..., snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
