@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
 
 
 class MemberState(enum.Enum):
@@ -106,7 +105,7 @@ class PushPull:
     reply: bool = False
 
 
-Message = Union[Ping, Ack, PingReq, Nack, PushPull]
+Message = Ping | Ack | PingReq | Nack | PushPull
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ class StateChanged:
     reason: str
 
 
-Effect = Union[Send, StateChanged]
+Effect = Send | StateChanged
 
 
 @dataclass(frozen=True)

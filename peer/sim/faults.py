@@ -114,7 +114,7 @@ def _split(rng: random.Random, addresses: Sequence[str], parts: int) -> list[tup
     rng.shuffle(shuffled)
     cuts = sorted(rng.sample(range(1, len(shuffled)), parts - 1))
     bounds = [0, *cuts, len(shuffled)]
-    return [tuple(sorted(shuffled[a:b])) for a, b in zip(bounds, bounds[1:])]
+    return [tuple(sorted(shuffled[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def plan(rng: random.Random, kinds: Sequence[str], addresses: Sequence[str], start: float,
@@ -144,7 +144,7 @@ def plan(rng: random.Random, kinds: Sequence[str], addresses: Sequence[str], sta
     cuts = [k for k in ("partition", "one_way", "bridge") if k in kinds]
     if cuts and len(addresses) >= 3:
         rng.shuffle(cuts)
-        for kind, (a, b) in zip(cuts, _slots(rng, len(cuts), start, end, limits.cut_s)):
+        for kind, (a, b) in zip(cuts, _slots(rng, len(cuts), start, end, limits.cut_s), strict=True):
             groups = _split(rng, addresses, 3 if kind == "bridge" else 2)
             if kind == "bridge":  # the smallest group bridges the other two
                 groups.sort(key=len)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from peer.membership import (
@@ -401,10 +402,10 @@ def run_seed(seed: int, scenario: MembershipScenario,
                                 quiesce_at=fault_end, slack_s=period + 4 * LATENCY_S[scenario.preset][1],
                                 settle_s=scenario.settle_periods * period)
     node_clocks = clocks(rng, addr_list, limits, skew="skew" in kinds)
-    for i, (address, site) in enumerate(addresses.items()):
+    for address, site in addresses.items():
         seeds = rng.sample([a for a in addr_list if a != address], 3)
-        sim.add_node(address, _factory(scenario.core, seed, site, address, cfg, seeds), at=rng.uniform(0, 2 * period),
-                     clock=node_clocks[address])
+        sim.add_node(address, _factory(scenario.core, seed, site, address, cfg, seeds),
+                     at=rng.uniform(0, 2 * period), clock=node_clocks[address])
     faults = plan(derive_rng(seed, "faults"), kinds, addr_list, fault_start, fault_end, limits)
     for f in faults:
         apply(sim, f, limits)
@@ -436,9 +437,9 @@ def _plan_leaves(sim: Simulation, rng: random.Random, checker: MembershipChecker
     period = scenario.config().probe_interval_s
     for address in rng.sample(candidates, min(len(candidates), rng.randint(0, scenario.max_leaves))):
         at = rng.uniform(start, end - 3 * period)
-        sim.schedule(at, lambda a=address: checker.leave(sim, a), f"leave {address}")
+        sim.schedule(at, partial(checker.leave, sim, address), f"leave {address}")
         # Linger one period so the LEFT rumour goes out, then the process exits.
-        sim.schedule(at + period, lambda a=address: sim.crash(a), f"exit {address}")
+        sim.schedule(at + period, partial(sim.crash, address), f"exit {address}")
         if rng.random() < 0.4:
             back = rng.uniform(at + 2 * period, end)
-            sim.schedule(back, lambda a=address: sim.restart(a), f"rejoin {address}")
+            sim.schedule(back, partial(sim.restart, address), f"rejoin {address}")

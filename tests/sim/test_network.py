@@ -95,13 +95,15 @@ def test_plans_are_deterministic_bounded_and_do_not_overlap(seed: int) -> None:
     faults = plan(random.Random(seed), KINDS, addresses, 10.0, 70.0, limits)
     assert faults == plan(random.Random(seed), KINDS, addresses, 10.0, 70.0, limits)
     for f in faults:
-        assert 10.0 <= f.start < 70.0 and (f.end is None or f.start < f.end <= 70.0)
-    cut = sorted((f.start, f.end) for f in faults if f.kind in ("partition", "one_way", "bridge"))
-    assert all(a[1] <= b[0] for a, b in zip(cut, cut[1:]))
+        assert 10.0 <= f.start < 70.0
+        assert f.end is None or f.start < f.end <= 70.0
+    cuts = ("partition", "one_way", "bridge")
+    cut = sorted((f.start, f.end or 70.0) for f in faults if f.kind in cuts)
+    assert all(a[1] <= b[0] for a, b in zip(cut, cut[1:], strict=False))
     for address in addresses:
         own = sorted((f.start, f.end or 70.0) for f in faults
                      if f.kind in ("crash", "pause") and address in f.targets)
-        assert all(a[1] <= b[0] for a, b in zip(own, own[1:])), f"overlapping faults on {address}"
+        assert all(a[1] <= b[0] for a, b in zip(own, own[1:], strict=False)), f"overlapping faults on {address}"
     for f in faults:
         if f.kind == "bridge":
             assert len(f.groups) == 3 and all(f.groups)

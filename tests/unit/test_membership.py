@@ -4,11 +4,14 @@ refutation, rumour precedence, dissemination, joining, leaving, local health."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import pytest
 
 from peer.membership import (
     Ack,
+    Effect,
     MemberMeta,
     Membership,
     MembershipConfig,
@@ -24,6 +27,7 @@ from peer.membership import (
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 CFG = MembershipConfig.lan()
+M = TypeVar("M")
 
 
 def meta(site: str) -> MemberMeta:
@@ -49,21 +53,29 @@ def view(m: Membership, site: str) -> tuple[MemberState, int] | None:
     return next(((v.state, v.incarnation) for v in m.members() if v.site == site), None)
 
 
-def sends(effects: list, kind: type) -> list[Send]:
-    return [e for e in effects if isinstance(e, Send) and isinstance(e.msg, kind)]
+@dataclass(frozen=True)
+class Out(Generic[M]):
+    """A Send whose message type is known (keeps the tests type-checked)."""
+
+    to: str
+    msg: M
 
 
-def changes(effects: list) -> list[StateChanged]:
+def sends(effects: list[Effect], kind: type[M]) -> list[Out[M]]:
+    return [Out(e.to, e.msg) for e in effects if isinstance(e, Send) and isinstance(e.msg, kind)]
+
+
+def changes(effects: list[Effect]) -> list[StateChanged]:
     return [e for e in effects if isinstance(e, StateChanged)]
 
 
-def probe(m: Membership, now: float) -> tuple[float, Send]:
+def probe(m: Membership, now: float) -> tuple[float, Out[Ping]]:
     """Advance to the member's next probe and return the Ping it sends."""
     for _ in range(50):
         now = max(now, m.next_deadline())
-        before = getattr(m, "_probe")
+        before = m._probe
         effects = m.tick(now)
-        after = getattr(m, "_probe")
+        after = m._probe
         if after is not None and after is not before:
             (ping,) = [s for s in sends(effects, Ping) if s.msg.seq == after.seq]
             return now, ping
@@ -200,7 +212,7 @@ def test_intermediary_relays_ack_or_nacks() -> None:
     (ack,) = sends(m.receive(Ack(ping.msg.seq, "b"), 5.1), Ack)
     assert ack.to == "c:1" and ack.msg.seq == 77 and ack.msg.from_site == "a"
     m.receive(PingReq(78, "c", "c:1", "d", "d:1"), 6.0)
-    nacks: list[Send] = []
+    nacks: list[Out[Nack]] = []
     t = 6.0
     while not nacks and t < 6.0 + CFG.probe_timeout_s + 1e-3:
         t = m.next_deadline()
@@ -260,8 +272,8 @@ def test_prober_tells_a_suspect_it_is_suspected() -> None:
 
 def test_restarted_member_outbids_its_previous_life() -> None:
     m = Membership(meta("a"), CFG, random.Random(3), 100.0)
-    (join,) = m.join(["b:1"], 100.0)
-    assert isinstance(join.msg, PushPull) and join.msg.join and join.to == "b:1"
+    (join,) = sends(m.join(["b:1"], 100.0), PushPull)
+    assert join.msg.join and join.to == "b:1"
     assert not m.joined
     reply = PushPull("b", "b:1", (rumour("b", ALIVE, 0), rumour("a", DEAD, 5)), reply=True)
     m.receive(reply, 100.1)
@@ -275,7 +287,7 @@ def test_restarted_member_outbids_its_previous_life() -> None:
 def test_join_is_retried_until_a_seed_answers() -> None:
     m = Membership(meta("a"), CFG, random.Random(3), 0.0)
     assert len(m.join(["b:1", "c:1", "a:1"], 0.0)) == 2  # our own address is not a seed
-    retry = [s for s in m.tick(CFG.join_retry_interval_s) if isinstance(s.msg, PushPull)]
+    retry = sends(m.tick(CFG.join_retry_interval_s), PushPull)
     assert {s.to for s in retry} == {"b:1", "c:1"} and all(s.msg.join for s in retry)
     m.receive(PushPull("b", "b:1", (rumour("b", ALIVE, 0),), reply=True), 1.5)
     later = m.tick(2 * CFG.join_retry_interval_s)
@@ -361,7 +373,8 @@ def test_health_recovers_with_successful_probes() -> None:
     m.tick(now + CFG.probe_interval_s)  # fails that probe and starts the next one
     assert m.health_multiplier == 4
     for _ in range(3):
-        running = getattr(m, "_probe")
+        running = m._probe
+        assert running is not None
         m.receive(Ack(running.seq, running.target), now)
         now, _ = probe(m, now)
     assert m.health_multiplier == 1
