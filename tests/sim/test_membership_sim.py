@@ -4,15 +4,27 @@ replay determinism, `ops simulate`, and deliberately broken cores that the invar
 from __future__ import annotations
 
 import argparse
+import random
 import re
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 import ops.simulate as simulate
-from peer.membership import Membership, MemberState, MemberUpdate
+from peer.membership import (
+    MemberMeta,
+    Membership,
+    MembershipConfig,
+    MemberState,
+    MemberUpdate,
+    StateChanged,
+)
 from peer.membership import _Probe as Probe
-from peer.sim.membership_sim import MembershipScenario, run_seed
+from peer.sim.membership_sim import LATENCY_S, MembershipScenario, run_seed
+from peer.sim.network import SimNetwork
+from peer.sim.runner import Simulation
 
 # ~100 seeds x 20 members with all faults: about a minute on one core.
 SWEEP = range(0, 100)
@@ -157,3 +169,49 @@ def test_five_hundred_seeds_all_faults(capsys: pytest.CaptureFixture[str]) -> No
     code = args.func(args)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert code == 0 and re.fullmatch(r"seeds=500 events=\d+ violations=0", last), last
+
+
+# -- WAN: a GC pause must not make a peer look dead ---------------------------------------------------
+
+
+class Deaths:
+    """Records every DEAD verdict (a Checker that never objects)."""
+
+    def __init__(self) -> None:
+        self.dead: list[str] = []
+        self.suspected: list[str] = []
+
+    def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
+        for e in effects:
+            if isinstance(e, StateChanged) and e.new is MemberState.DEAD:
+                self.dead.append(f"{address} declared {e.site} dead: {e.reason}")
+            if isinstance(e, StateChanged) and e.new is MemberState.SUSPECT:
+                self.suspected.append(e.site)
+        return []
+
+    def at_end(self, sim: Simulation) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize("pause_s,seed", [(1.0, 0), (2.5, 1), (5.0, 2), (8.0, 3)])
+def test_wan_gc_pause_is_not_death(pause_s: float, seed: int) -> None:
+    cfg = MembershipConfig.wan()
+    sim = Simulation(seed, SimNetwork(random.Random(seed), latency_s=LATENCY_S["wan"]))
+    addresses = [f"site{i}:7946" for i in range(5)]
+    for i, address in enumerate(addresses):
+        def start(now: float, address: str = address) -> tuple[Membership, list[Any]]:
+            m = Membership(MemberMeta(address.split(":")[0], address), cfg, random.Random(address), now)
+            return m, m.join(addresses[:1], now)
+        sim.add_node(address, start, at=0.3 * i)
+    deaths = Deaths()
+    for k in range(4):  # four long pauses of one member, each while it is probed
+        at = 40.0 + 30.0 * k
+        sim.schedule(at, lambda: sim.pause(addresses[3]), "gc pause")
+        sim.schedule(at + pause_s, lambda: sim.resume(addresses[3]), "gc resumes")
+    sim.run(200.0, deaths)
+    assert not deaths.dead, deaths.dead
+    if pause_s > cfg.probe_interval_s:
+        assert "site3" in deaths.suspected  # it was noticed, and refuted in time
+    node = sim.node(addresses[0])
+    assert isinstance(node, Membership)
+    assert all(v.state is MemberState.ALIVE for v in node.members())
