@@ -138,10 +138,14 @@ class LeaseOwner:
         self.deferred: list[_Deferred] = []
         self.unacked_since: dict[BlockId, float] = {}
         self.sync_sent: float = clock_origin
-        self.complete = not amnesiac
-        """False after a restart or late join until the next view change: this peer's records of the
-        view it started in are not a quorum member (it lost or never had them)."""
-        self._had_view = False
+        self.live_since: int | None = None if amnesiac else 0
+        """First ring version at which this core took part in the protocol (a message passed its
+        fence, so other peers were on that view too); 0: a founder, trusted from the first view.
+        A restarted or joining core learns the log's views by replay, and has no records of the views
+        it was not running in."""
+        self.trusted_prev = False
+        """This core's records of the previous view hold every write it acknowledged in it: it was
+        live before that view began. Only then does its SyncReply count toward a majority."""
         self.epoch = ledger.data_epoch
         self._dirty: set[BlockId] = set()
         self._order: list[BlockId] = []
@@ -156,9 +160,9 @@ class LeaseOwner:
     def set_view(self, view: RingView, leader_epoch: int, now: float,
                  previous: RingView | None = None) -> list[Effect]:
         """A new ring view (from the committed voter set) and the current leader epoch. `previous` is
-        the view before it, for a core that starts with none (a restart or a late join: give it only
-        the log's last view, not every view in turn). Only the run's very first view, on a core that
-        is not amnesiac, is adopted without asking anyone."""
+        the view before it, for a core that starts with none (a restart or a late join). Only the
+        run's very first view, on a founder's core, is adopted without asking anyone; a view replayed
+        from the log by a restarted core is not trusted (`live_since`)."""
         self.leader_epoch = max(self.leader_epoch, leader_epoch)
         if self.view is not None and view.version <= self.view.version:
             return []
@@ -169,7 +173,8 @@ class LeaseOwner:
         self.unacked_since.clear()
         self.syncing.clear()
         self.expiry.clear()
-        held = {**self.retired, **self.records} if self.complete else {}
+        trusted = old is not None and self.live_since is not None and self.live_since < old.version
+        held = {**self.retired, **self.records} if trusted else {}
         self.records, self.retired, self.serving = {}, {}, set()
         out: list[Effect] = []
         for b in self.ledger.blocks:
@@ -183,14 +188,14 @@ class LeaseOwner:
             if owners[0] != self.site:
                 continue
             fresh = fresh_record(b, self.ledger.size(b), self.ledger.done(b), view.version, self.epoch)
-            if old is None and self.complete:
-                self._adopt(b, fresh, now)
-            elif old is not None and old.primary(b) == self.site and self.complete:
-                self._adopt(b, held.get(b, fresh), now)
+            if old is None and self.live_since == 0:
+                self._adopt(b, fresh, now)  # the run's first view: the log is the whole truth
+            elif old is not None and old.primary(b) == self.site and b in held:
+                self._adopt(b, held[b], now)
             else:
                 prev = old.owners(b) if old is not None else owners
                 sync = _Sync({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)))
-                if self.site in prev and self.complete:
+                if self.site in prev and trusted:
                     sync.complete += 1
                     sync.got.extend([held[b]] if b in held else [])
                 if sync.complete + len(sync.waiting) < sync.needed:
@@ -199,8 +204,7 @@ class LeaseOwner:
                     out.extend(self._finish_sync(b, sync, now))
                 else:
                     self.syncing[b] = sync
-        self.complete = self.complete or self._had_view
-        self._had_view = True
+        self.trusted_prev = trusted
         self._rebuild_order()
         out.extend(self._request_syncs(now))
         return out + self._flush(now)
@@ -250,6 +254,8 @@ class LeaseOwner:
         if refusal:
             req = msg.req if isinstance(msg, GrantRequest) else 0
             return [Send(msg.header.site, Rejected(self.header(), req, refusal))]
+        if self.live_since is None and msg.header.site != self.site:
+            self.live_since = msg.header.ring_version
         return handler(self, msg, now) + self._flush(now)
 
     def tick(self, now: float) -> list[Effect]:
@@ -428,8 +434,8 @@ class LeaseOwner:
 
     def _on_sync_request(self, m: SyncRequest, now: float) -> list[Effect]:
         held = {**self.retired, **self.records}
-        recs = tuple(held[b] for b in m.block_ids if b in held) if self.complete else ()
-        return [Send(m.header.site, SyncReply(self.header(), recs, self.complete))]
+        recs = tuple(held[b] for b in m.block_ids if b in held) if self.trusted_prev else ()
+        return [Send(m.header.site, SyncReply(self.header(), recs, self.trusted_prev))]
 
     def _on_sync_reply(self, m: SyncReply, now: float) -> list[Effect]:
         out: list[Effect] = []
