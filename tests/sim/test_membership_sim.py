@@ -215,3 +215,19 @@ def test_wan_gc_pause_is_not_death(pause_s: float, seed: int) -> None:
     node = sim.node(addresses[0])
     assert isinstance(node, Membership)
     assert all(v.state is MemberState.ALIVE for v in node.members())
+
+
+def test_bench_membership_small_group_within_bounds() -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_membership"
+    out = subprocess.run([sys.executable, str(script), "--sizes", "10", "--trials", "3", "--json"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["n"] == 10 and row["trials"] == 3
+    assert 0 < row["first_suspect_periods"] <= row["all_dead_periods"]
+    assert row["all_dead_max"] <= row["detection_bound_periods"]
+    assert 0 < row["dissemination_periods"] < row["all_dead_periods"]
