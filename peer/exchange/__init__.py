@@ -1,0 +1,37 @@
+"""Pseudo-gradient exchange: chunked, blake3-verified transfers pulled peer to peer, and the mean.
+
+What the node calls (all asyncio, on its loop):
+
+    store = ExchangeStore()
+    add_exchange_service(server, store)                          # before server.start()
+    encoded = await publish_pseudo_gradient(store, delta, round=r, site=me, tokens=n)
+    sites = {me: None, "b": ExchangeClient("host:port"), ...}    # the round's contributors
+    report = await all_to_all_mean(r, sites, store, dest)        # or reduce_scatter_mean(r, me, ...)
+    # dest now holds sum(n_s * delta_s) / sum(n_s); report.stats has the faults survived per site
+    store.drop_rounds_before(r)                                  # after the round is committed
+
+Lower level: `client.fetch_manifest` / `client.fetch_into` fetch one object into preallocated
+tensors; `codec.encode` / `codec.decode` work without any network. Modules: codec (layout, chunks,
+hashes, manifest <-> proto), chunkwire (Chunk messages without copies), store, service, client,
+allreduce. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
+"""
+
+from peer.exchange.allreduce import MeanReport, all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean
+from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, FetchStats, fetch_into, fetch_manifest
+from peer.exchange.service import add_exchange_service
+from peer.exchange.store import ExchangeStore
+
+__all__ = [
+    "ExchangeClient",
+    "ExchangeStore",
+    "FetchError",
+    "FetchPolicy",
+    "FetchStats",
+    "MeanReport",
+    "add_exchange_service",
+    "all_to_all_mean",
+    "fetch_into",
+    "fetch_manifest",
+    "publish_pseudo_gradient",
+    "reduce_scatter_mean",
+]

@@ -24,6 +24,7 @@ control then pauses their senders).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class MeanReport:
     sites: tuple[str, ...]
     tokens: dict[str, int]
     stats: dict[str, FetchStats] = field(default_factory=dict)
+    phase_done: dict[str, float] = field(default_factory=dict)
+    """time.monotonic() at the end of each phase ("manifests", "reduce", "gather"), for profiling."""
 
     @property
     def bytes_received(self) -> int:
@@ -226,11 +229,13 @@ async def all_to_all_mean(
     layout = any_manifest.layout
     codec.check_destination(layout, dest)
     report = MeanReport(round_, tuple(sorted(sites)), {s: m.tokens for s, m in manifests.items()})
+    report.phase_done["manifests"] = time.monotonic()
 
     def emit(index: int, mean: torch.Tensor) -> None:
         codec.scatter_values(layout, any_manifest.chunk_bounds(index)[0], mean, dest)
 
     await _reduce_range(manifests, sites, store, 0, any_manifest.num_chunks, emit, report, policy, window)
+    report.phase_done["reduce"] = time.monotonic()
     return report
 
 
@@ -264,6 +269,7 @@ async def reduce_scatter_mean(
     layout, wire = ref.layout, ref.layout.wire
     codec.check_destination(layout, dest)
     report = MeanReport(round_, tuple(sorted(sites)), {s: m.tokens for s, m in manifests.items()})
+    report.phase_done["manifests"] = time.monotonic()
     shards = shard_chunks(ref.num_chunks, list(sites))
     first, end = shards[me]
     start_byte = first * ref.chunk_size
@@ -288,6 +294,7 @@ async def reduce_scatter_mean(
         mean_data,
     )  # fmt: skip
     await store.publish(mine)
+    report.phase_done["reduce"] = time.monotonic()
 
     # Phase 2 (all-gather): every owner's mean shard, decoded into dest; mine from the local bytes.
     async def gather(owner: str, client: ExchangeClient | None) -> None:
@@ -308,4 +315,5 @@ async def reduce_scatter_mean(
         await fetch_chunks(m, [client], sink, policy=policy, stats=stats)
 
     await _all([gather(s, c) for s, c in sites.items()])
+    report.phase_done["gather"] = time.monotonic()
     return report
