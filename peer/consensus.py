@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -36,6 +36,7 @@ from peer.commitlog import (
     Snapshot,
     VoterChange,
     Voters,
+    apply_voter_change,
     bootstrap_entries,
     quorum_index,
 )
@@ -586,24 +587,42 @@ class ConsensusCore:
             self._append_and_replicate(change, effects)
 
     def _next_voter_change(self) -> VoterChange | None:
+        """The first candidate change that keeps the responsive voters a majority of the new set.
+
+        Priority: confirmed-dead voters first (each removal makes a majority easier to reach), then
+        graceful leaves (this leader's own, then others'), then joins. A change that would leave the
+        voters that answered within election_timeout_min short of a majority waits: removing a live
+        leaver before a dead voter would otherwise strand the rest (e.g. {A, B leaving, C dead})."""
         voters = dict(self.log.voters())
-        if self.leaving and self.site in voters:
-            if len(voters) == 1:
-                self.voter_note = "last voter stays in the voter set: the run resumes from its disk"
-                return None
-            return VoterChange(self.site, self.address, False, "graceful leave")
+        if self.leaving and list(voters) == [self.site]:
+            self.voter_note = "last voter stays in the voter set: the run resumes from its disk"
+            return None
+        def answers(site: SiteId) -> bool:
+            fresh = self.now - self.ack_time.get(site, -math.inf) < self.config.election_timeout_min_s
+            dead = site in self.members and self.members[site].state == "dead"
+            return site == self.site or (fresh and not dead)
+
+        for change in self._voter_change_candidates(voters):
+            new = [s for s, _ in apply_voter_change(tuple(sorted(voters.items())), change)]
+            if has_majority(filter(answers, new), new):
+                return change
+            self.voter_note = (f"waiting to {'add' if change.add else 'remove'} {change.site}: the voters that "
+                               f"answer ({', '.join(filter(answers, new))}) would not be a majority")
+        return None
+
+    def _voter_change_candidates(self, voters: dict[SiteId, str]) -> Iterator[VoterChange]:
         for site in sorted(voters):
             m = self.members.get(site)
-            if site == self.site or m is None:
-                continue
-            if m.state == "left":
-                return VoterChange(site, voters[site], False, "graceful leave")
             silent = self.now - self.ack_time.get(site, self.became_leader_at)
-            if m.state == "dead" and silent >= self.config.election_timeout_max_s:
-                return VoterChange(site, voters[site], False, f"dead: membership and no ack for {silent:.1f}s")
-        if self.leaving:
-            return None
-        for site, m in sorted(self.members.items()):
-            if m.state == "alive" and site not in voters and self.match_index.get(site, 0) >= self.commit_index:
-                return VoterChange(site, m.address, True, "join")
-        return None
+            if site != self.site and m is not None and m.state == "dead" and silent >= self.config.election_timeout_max_s:
+                yield VoterChange(site, voters[site], False, f"dead: membership and no ack for {silent:.1f}s")
+        if self.leaving and self.site in voters:
+            yield VoterChange(self.site, self.address, False, "graceful leave")
+        for site in sorted(voters):
+            m = self.members.get(site)
+            if site != self.site and m is not None and m.state == "left":
+                yield VoterChange(site, voters[site], False, "graceful leave")
+        if not self.leaving:
+            for site, m in sorted(self.members.items()):
+                if m.state == "alive" and site not in voters and self.match_index.get(site, 0) >= self.commit_index:
+                    yield VoterChange(site, m.address, True, "join")

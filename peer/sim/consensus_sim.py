@@ -1,11 +1,13 @@
 """Deterministic simulation of election + commit log under faults, with invariants after every event.
 
-FoundationDB-style: one seed fixes everything (clocks, delays, faults, workload); any failure prints
-the seed and `replay(seed, ...)` reproduces it. `Cluster` holds the cores, their "disks"
-(`MemoryStore`) and the invariant checker, and is also the zero-delay harness of the unit tests;
-`Sim` adds a network (delay, drop, duplicate, reorder, replay of old messages, partitions incl.
-bridge and one-way), per-peer clocks (rate skew, jumps), pauses (SIGSTOP), crash/restart and churn
-(join, graceful leave, death), then heals and checks liveness within `liveness_bound`.
+FoundationDB-style: one seed fixes everything (clocks, delays, faults, workload); a failure names
+the command that replays it with a trace. `Cluster` holds the cores, their "disks" (`MemoryStore`)
+and the invariant checks; `Lockstep` runs it on one clock with a fixed delay (unit tests, bench);
+`run_seed` runs it on the generic simulator (peer/sim/runner.py) under its seeded fault schedule
+(peer/sim/faults.py: crash/restart, pause past the election timeout, partitions incl. bridge and
+one-way, drop, duplicate, reorder, delay, clock skew and forward jumps) plus this scenario's own
+`replay` (old messages re-delivered: stale epochs) and `churn` (a join, a graceful leave, crashed
+voters declared dead), then heals and checks liveness within `liveness_bound`.
 
 Invariants (architecture.md I1-I3, docs/consensus.md):
   I1 at most one leader per epoch; a message with a stale epoch never changes the receiver's state;
@@ -14,7 +16,8 @@ Invariants (architecture.md I1-I3, docs/consensus.md):
   apply exactly once and in order (checked through a hash chain every peer computes);
   lease: at most one leader with a valid lease at any real time (when no clock jumps).
 
-    .venv/bin/python -m peer.sim.consensus_sim --seeds 1000 --voters 3 5
+    .venv/bin/python -m peer.sim.consensus_sim --seeds 0:1000 --voters 3 5
+    .venv/bin/python -m peer.sim.consensus_sim --seeds 17:18 --voters 3 --trace   # replay one seed
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import json
 import math
 import random
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from peer.commitlog import Contributor, Entry, LogIndex, Round, RoundCommit, SampleRange, encode_entry
 from peer.consensus import (
@@ -44,9 +48,10 @@ from peer.consensus import (
 )
 from peer.election import ElectionConfig, Role, SiteId
 from peer.logstore import MemoryStore
+from peer.sim.faults import KINDS, FaultLimits, apply, clocks, parse_faults, plan
+from peer.sim.network import SimNetwork
+from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
 
-ALL_FAULTS = frozenset({"drop", "duplicate", "reorder", "replay", "partition", "bridge", "one_way", "pause",
-                        "crash", "skew", "jump", "churn"})
 SIM_CONFIG = ElectionConfig(election_timeout_min_s=0.3, election_timeout_max_s=0.6, heartbeat_interval_s=0.05,
                             max_clock_drift=0.01, max_batch=16)
 
@@ -79,35 +84,40 @@ class Cluster:
     config: ElectionConfig
     seed: int
     founders: dict[SiteId, str]
-    check_lease: bool = True
+    boot: bool = True
+    """Start the founders at time 0 (False: the caller starts every peer, e.g. the runner's factory)."""
+    core_type: type[ConsensusCore] = ConsensusCore
     cores: dict[SiteId, ConsensusCore | None] = field(default_factory=dict)
     disks: dict[SiteId, MemoryStore] = field(default_factory=dict)
     apps: dict[SiteId, _App] = field(default_factory=dict)
     leaders: dict[int, SiteId] = field(default_factory=dict)
     committed: dict[int, Entry] = field(default_factory=dict)
+    commit_epochs: dict[int, int] = field(default_factory=dict)
     rounds: dict[int, Entry] = field(default_factory=dict)
     chains: dict[int, bytes] = field(default_factory=dict)
+    history: list[tuple[SiteId, Message]] = field(default_factory=list)
+    """Messages delivered so far, for the `replay` fault."""
     events: int = 0
 
     def __post_init__(self) -> None:
-        for site in sorted(self.founders):
-            self.add(site, 0.0, founder=True)
-
-    def add(self, site: SiteId, now: float, founder: bool = False) -> None:
-        disk = MemoryStore()
-        fresh = DurableState.fresh(self.founders if founder else None)
-        disk.save_hard_state(fresh.hard)
-        disk.write_log(1, tuple(fresh.entries))
-        self.disks[site], self.apps[site] = disk, _App()
-        self.restart(site, now)
+        if self.boot:
+            for site in sorted(self.founders):
+                self.start(site, 0.0)
 
     def address(self, site: SiteId) -> str:
         return f"{site}:7000"
 
-    def restart(self, site: SiteId, now: float) -> None:
+    def start(self, site: SiteId, now: float) -> None:
+        """Start (or restart, from its disk) the peer `site`; a new site that is no founder joins."""
+        if site not in self.disks:
+            disk = MemoryStore()
+            fresh = DurableState.fresh(self.founders if site in self.founders else None)
+            disk.save_hard_state(fresh.hard)
+            disk.write_log(1, tuple(fresh.entries))
+            self.disks[site], self.apps[site] = disk, _App()
         rng = random.Random(f"{self.seed}/{site}/{self.events}")
-        self.cores[site] = ConsensusCore.start(site, self.address(site), self.config, self.disks[site].load(), now,
-                                               rng, self.apps[site].index)
+        self.cores[site] = self.core_type.start(site, self.address(site), self.config, self.disks[site].load(),
+                                                now, rng, self.apps[site].index)
 
     def crash(self, site: SiteId) -> None:
         self.cores[site] = None
@@ -160,6 +170,8 @@ class Cluster:
         if entry.index != app.index + 1:
             raise Violation(f"{site} applied index {entry.index} after {app.index} (exactly once, in order)")
         known = self.committed.setdefault(entry.index, entry)
+        # The first peer to apply an index is the leader that committed it, at its epoch.
+        self.commit_epochs.setdefault(entry.index, self.core(site).hard.epoch)
         if known != entry:
             raise Violation(f"index {entry.index} committed as {known} and as {entry} (on {site})")
         if isinstance(entry.body, RoundCommit):
@@ -177,15 +189,16 @@ class Cluster:
         other = self.leaders.setdefault(epoch, site)
         if other != site:
             raise Violation(f"two leaders in epoch {epoch}: {other} and {site}")
+        # Leader completeness (Raft 5.4): a leader of epoch e holds every entry committed before e.
+        # (A leader of an older epoch may still appear late, from held votes; it is fenced.)
         log = self.core(site).log
         for index, entry in self.committed.items():
-            if index > log.snapshot.last_index and log.entry(index) != entry:
-                raise Violation(f"leader {site} of epoch {epoch} lacks committed index {index}: {log.entry(index)}")
+            if self.commit_epochs[index] < epoch and index > log.snapshot.last_index and log.entry(index) != entry:
+                raise Violation(f"leader {site} of epoch {epoch} lacks committed index {index} ({entry}); "
+                                f"it holds {log.entry(index)}")
 
     def check_leases(self, local_now: dict[SiteId, float]) -> None:
         """At most one leader whose lease is valid at this instant (each judged by its own clock)."""
-        if not self.check_lease:
-            return
         holders = [s for s in self.live() if self.core(s).role is Role.LEADER
                    and local_now[s] < self.core(s)._lease_expiry()]
         if len(holders) > 1:
@@ -277,364 +290,348 @@ class Lockstep:
         self.post(site, self.cluster.execute(site, effects))
 
 
-@dataclass
-class SimResult:
-    seed: int
-    voters: int
-    faults: frozenset[str]
-    violation: str | None = None
-    events: int = 0
-    committed_rounds: int = 0
-    leader_after_heal_s: float | None = None
-    commit_after_heal_s: float | None = None
-    live_ok: bool = True
-
-
 def liveness_bound(config: ElectionConfig, max_delay_s: float) -> float:
-    """After faults stop: restarted peers refuse votes for E_min, then one election timeout (< E_max),
-    a pre-vote and a vote round trip (4 delays), an EpochStart commit (2), a proposal wait (one
-    heartbeat), a round commit (2) and the commit index reaching followers (1). Split votes retry after
-    another E_max; the bound allows two retries."""
+    """Seconds from the end of the faults until a round proposed then is applied by every live peer.
+
+    Restarted peers refuse votes for E_min; then one election timeout (< E_max), a pre-vote and a
+    vote round trip (4 delays), the EpochStart commit (2), the proposal (one workload period of
+    `PROPOSE_EVERY`), the round's commit (2) and the commit index reaching followers (1). Split votes
+    retry after another E_max; the bound allows two retries. docs/consensus.md derives it."""
     e = config
-    return e.election_timeout_min_s + 3 * e.election_timeout_max_s + 2 * e.heartbeat_interval_s + 12 * max_delay_s
+    return (e.election_timeout_min_s + 3 * e.election_timeout_max_s + PROPOSE_EVERY
+            + 2 * e.heartbeat_interval_s + 12 * max_delay_s)
 
 
-class Sim:
-    """One seeded run: `fault_s` of faults, then healing and a liveness check."""
+PROPOSE_EVERY = 0.1
+"""Seconds between two attempts of the rounds layer to decide a round (the workload)."""
+LATENCY_S = (0.001, 0.01)
+"""One-way delay of the simulated network (faults add jitter and reordering on top)."""
+EXTRA_KINDS = ("replay", "churn")
+"""Faults of this scenario beyond peer.sim.faults.KINDS: re-delivery of old messages (stale epochs),
+and membership churn (a site joins, a voter leaves gracefully, crashed voters are declared dead)."""
 
-    MAX_DELAY = 0.01  # seconds; normal one-way delay is uniform in [1 ms, MAX_DELAY]
 
-    def __init__(self, seed: int, voters: int, faults: Iterable[str] = ALL_FAULTS, fault_s: float = 6.0,
-                 config: ElectionConfig = SIM_CONFIG) -> None:
-        self.rng = random.Random(seed)
-        self.seed, self.faults, self.fault_s, self.config = seed, frozenset(faults), fault_s, config
-        unknown = self.faults - ALL_FAULTS
-        if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}")
-        sites = [SiteId(f"s{i:02d}") for i in range(voters)]
-        self.cluster = Cluster(config, seed, {s: f"{s}:7000" for s in sites}, check_lease="jump" not in self.faults)
-        self.result = SimResult(seed, voters, self.faults)
-        self.t = 0.0
-        self.queue: list[tuple[float, int, str, object]] = []
-        self.n = 0
-        skew = 0.005 if "skew" in self.faults else 0.0  # half the configured drift bound
-        self.rate = {s: 1 + self.rng.uniform(-skew, skew) for s in sites}
-        self.offset = {s: self.rng.uniform(0, 100) for s in sites}
-        self.wake_at: dict[SiteId, float] = {}
-        self.paused: dict[SiteId, list[Message]] = {}
-        self.gone: set[SiteId] = set()  # left gracefully: never restarts
-        self.leaving: set[SiteId] = set()
-        self.blocked: set[tuple[SiteId, SiteId]] = set()
-        self.history: list[tuple[SiteId, Message]] = []
-        self.p_drop = self.rng.uniform(0.02, 0.2) if "drop" in self.faults else 0.0
-        self.p_dup = 0.05 if "duplicate" in self.faults else 0.0
-        self.jitter = 0.05 if "reorder" in self.faults else 0.0
-        self.healed = False
-        self.heal_t = math.inf
-        self.proposed_after_heal: set[int] = set()
-        self.next_site = len(sites)
+def parse_kinds(spec: str) -> tuple[str, ...]:
+    """`ops simulate --faults` words plus `replay` and `churn`; `all` includes them."""
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    extra = tuple(k for k in EXTRA_KINDS if k in words or "all" in words)
+    return parse_faults(",".join(w for w in words if w not in EXTRA_KINDS) or "none") + extra
 
-    # ----- scheduling -----
 
-    def push(self, t: float, kind: str, data: object) -> None:
-        self.n += 1
-        heapq.heappush(self.queue, (t, self.n, kind, data))
+@dataclass(frozen=True)
+class ConsensusScenario:
+    """One seed: `voters` founders; a fault window; then healing and the liveness check."""
 
-    def local(self, site: SiteId) -> float:
-        return self.offset[site] + self.rate[site] * self.t
+    voters: int = 3
+    kinds: tuple[str, ...] = KINDS + EXTRA_KINDS
+    warmup_s: float = 1.0
+    fault_s: float = 6.0
+    check_lease: bool = False
+    """Check that leases never overlap; needs clocks without jumps (so `jump` faults are left out)."""
+    config: ElectionConfig = SIM_CONFIG
+    core: type[ConsensusCore] = ConsensusCore
+    """The core under test (tests swap in broken subclasses to show the invariants catch them)."""
 
-    def reschedule(self, site: SiteId) -> None:
-        c = self.cluster.cores.get(site)
-        if c is None or site in self.paused:
-            return
-        d = c.next_deadline()
-        if d == math.inf:
-            return
-        # 1 ns late, so that rounding never wakes the peer just before its own deadline.
-        t = max(self.t, (d - self.offset[site]) / self.rate[site] + 1e-9)
-        if self.wake_at.get(site) != t:
-            self.wake_at[site] = t
-            self.push(t, "wake", (site, t))
+    def limits(self) -> FaultLimits:
+        # Faults scaled to the election timing: pauses and crashes around E_max, so some outlive it.
+        return FaultLimits(max_crashes=max(1, (self.voters - 1) // 2), permanent_crash_p=0.2,
+                           crash_s=(0.1, 3.0), pause_s=(0.1, 2.0), max_pauses=3, cut_s=(0.3, 2.5),
+                           reorder_window_s=0.05, max_extra_delay_s=0.05, max_drift=0.005, max_offset_s=100.0,
+                           jump_s=(0.1, 2.0))
 
-    def send(self, src: SiteId, sends: list[Send]) -> None:
-        for s in sends:
-            if (src, s.to) in self.blocked or self.rng.random() < self.p_drop:
-                continue
-            copies = 2 if self.rng.random() < self.p_dup else 1
-            for _ in range(copies):
-                delay = self.rng.uniform(0.001, self.MAX_DELAY) + self.rng.uniform(0, self.jitter)
-                self.push(self.t + delay, "deliver", (s.to, s.msg))
-            if "replay" in self.faults and not self.healed:
-                self.history.append((s.to, s.msg))
-        self.reschedule(src)
 
-    # ----- run -----
+class SimPeer:
+    """The node the generic runner drives: one core plus its disk and applied state (in `Cluster`).
+    Violations raised by the cluster's checks are recorded for the checker and stop the run."""
 
-    def run(self) -> SimResult:
+    def __init__(self, cluster: Cluster, site: SiteId, violations: list[str], record: bool) -> None:
+        self.cluster, self.site, self.violations, self.record = cluster, site, violations, record
+
+    def _guard(self, fn: Callable[[], list[Send]]) -> list[Send]:
         try:
-            self._run()
+            return fn()
         except Violation as v:
-            self.result.violation = str(v)
-        self.result.events = self.cluster.events
-        self.result.committed_rounds = len(self.cluster.rounds)
-        return self.result
+            self.violations.append(str(v))
+            return []
 
-    def _run(self) -> None:
+    def tick(self, now: float) -> list[Send]:
+        return self._guard(lambda: self.cluster.tick(self.site, now))
+
+    def receive(self, msg: Message, now: float) -> list[Send]:
+        if self.record:
+            self.cluster.history.append((self.site, msg))
+        return self._guard(lambda: self.cluster.deliver(self.site, msg, now))
+
+    def next_deadline(self) -> float:
+        return self.cluster.core(self.site).next_deadline()
+
+    def do(self, effects: list[Effect]) -> list[Send]:
+        return self._guard(lambda: self.cluster.execute(self.site, effects))
+
+
+class ConsensusChecker:
+    """Per-event checks that need the runner (leases, process states) and the liveness check."""
+
+    def __init__(self, scenario: ConsensusScenario, cluster: Cluster, violations: list[str], heal_at: float) -> None:
+        self.scenario, self.cluster, self.violations, self.heal_at = scenario, cluster, violations, heal_at
+        self.proposed_after_heal: list[int] = []
+        self.committed_after_heal_s: float | None = None
+        self.liveness_skipped = False
+
+    def sync(self, sim: Simulation) -> None:
+        for site, core in self.cluster.cores.items():
+            if core is not None and sim.node(site) is None:
+                self.cluster.crash(site)  # the runner crashed it: its core's memory is gone
+
+    def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
+        self.sync(sim)
+        if self.scenario.check_lease and not self.violations:
+            try:
+                self.cluster.check_leases({s: sim.local_now(s) for s in self.cluster.live()})
+            except Violation as v:
+                self.violations.append(str(v))
+        return list(self.violations)
+
+    def progress(self, sim: Simulation) -> None:
+        if self.committed_after_heal_s is not None or sim.now < self.heal_at:
+            return
+        live = [s for s in self.cluster.live() if sim.state(s) is NodeState.UP]
+        if any(all(self.cluster.apps[s].index >= i for s in live) for i in self.proposed_after_heal):
+            self.committed_after_heal_s = sim.now - self.heal_at
+
+    def at_end(self, sim: Simulation) -> list[str]:
+        if self.violations or self.committed_after_heal_s is not None:
+            return list(self.violations)
+        # Liveness is owed only while the live sites form a majority of the committed voter set
+        # (architecture.md: a minority crash is survived); churn can legitimately remove that.
+        live = set(self.cluster.live())
+        ahead = max((self.cluster.core(s) for s in live), key=lambda c: c.commit_index, default=None)
+        voters = {v for v, _ in ahead.log.voters_at(ahead.commit_index)} if ahead else set()
+        if not voters or len(voters & live) < len(voters) // 2 + 1:
+            self.liveness_skipped = True
+            return []
+        bound = liveness_bound(self.scenario.config, LATENCY_S[1])
+        return [f"liveness: no round proposed after healing at {self.heal_at:.2f}s was applied by every live "
+                f"peer within {bound:.2f}s (live {sorted(live)}, voters {sorted(voters)})"]
+
+
+def run_seed(seed: int, scenario: ConsensusScenario, trace: Callable[[str], None] | None = None) -> RunResult:
+    """One seeded run on the generic simulator; RunResult.stats carries the consensus counters."""
+    return _Run(seed, scenario, trace).run()
+
+
+class _Run:
+    def __init__(self, seed: int, scenario: ConsensusScenario, trace: Callable[[str], None] | None) -> None:
+        self.seed, self.sc = seed, scenario
+        self.rng = derive_rng(seed, "consensus")
+        sites = [SiteId(f"s{i:02d}") for i in range(scenario.voters)]
+        self.cluster = Cluster(scenario.config, seed, {s: f"{s}:7000" for s in sites}, boot=False,
+                               core_type=scenario.core)
+        self.violations: list[str] = []
+        self.sim = Simulation(seed, SimNetwork(derive_rng(seed, "network"), LATENCY_S), trace)
+        self.fault_start = scenario.warmup_s
+        self.heal_at = scenario.warmup_s + scenario.fault_s
+        self.checker = ConsensusChecker(scenario, self.cluster, self.violations, self.heal_at)
+        self.leaving: set[SiteId] = set()
+        self.gone: set[SiteId] = set()
+        limits = scenario.limits()
+        kinds = [k for k in scenario.kinds if k in KINDS]
+        node_clocks = clocks(derive_rng(seed, "clocks"), sites, limits, skew="skew" in kinds)
+        for s in sites:
+            self.sim.add_node(s, self._factory(s), at=0.0, clock=node_clocks[s])
+        self.faults = plan(derive_rng(seed, "faults"), kinds, sites, self.fault_start, self.heal_at, limits)
+        if scenario.check_lease:
+            self.faults = [f for f in self.faults if f.kind != "jump"]  # jumps void leases by design
+        for f in self.faults:
+            apply(self.sim, f, limits)
+        if "replay" in scenario.kinds:
+            for _ in range(self.rng.randint(3, 10)):
+                self.sim.schedule(self.rng.uniform(self.fault_start, self.heal_at), self._replay, "replay old messages")
+        if "churn" in scenario.kinds:
+            self._plan_churn(sites)
+            self.sim.schedule(self.heal_at, self._converge, "membership converges")
+        self.sim.schedule(0.05, self._workload, "rounds layer")
+
+    def _factory(self, site: SiteId) -> Callable[[float], tuple[SimPeer, list[Any]]]:
+        def start(now: float) -> tuple[SimPeer, list[Any]]:
+            if "churn" in self.sc.kinds:
+                self._tell_all(lambda c: c.member_alive(site, self.cluster.address(site)), but=site)
+            self.cluster.start(site, now)  # after _tell_all: the runner registers the node only later
+            if "churn" in self.sc.kinds:
+                self._membership_view(self.cluster.core(site))
+            return SimPeer(self.cluster, site, self.violations, record="replay" in self.sc.kinds), []
+        return start
+
+    def run(self) -> RunResult:
+        end = self.heal_at + liveness_bound(self.sc.config, LATENCY_S[1])
+        result = self.sim.run(end, self.checker)
+        result.stats.update(committed_rounds=len(self.cluster.rounds), leaders=len(self.cluster.leaders),
+                            liveness_skipped=int(self.checker.liveness_skipped),
+                            commit_after_heal_ms=round(1000 * (self.checker.committed_after_heal_s or -0.001)))
+        return result
+
+    def _peer(self, site: SiteId) -> SimPeer | None:
+        node = self.sim.node(site)
+        return node if isinstance(node, SimPeer) and self.sim.state(site) is NodeState.UP else None
+
+    def _tell_all(self, fn: Callable[[ConsensusCore], None], but: SiteId | None = None) -> None:
+        """A membership verdict reaching every running peer (gossip is simulated elsewhere)."""
+        self.checker.sync(self.sim)
         for s in self.cluster.live():
-            self.reschedule(s)
-        self.push(0.05, "propose", None)
-        if self.faults - {"skew"}:
-            self.push(self.rng.uniform(0.2, 1.0), "fault", None)
-        self.push(self.fault_s, "heal", None)
-        end = self.fault_s + liveness_bound(self.config, self.MAX_DELAY)
-        while self.queue:
-            t, _, kind, data = heapq.heappop(self.queue)
-            if t > end:
-                break
-            self.t = t
-            getattr(self, f"_on_{kind}")(data)
-            self.cluster.check_leases({s: self.local(s) for s in self.cluster.live()})
-        self.result.live_ok = self.result.commit_after_heal_s is not None
-        if not self.result.live_ok:
-            raise Violation(f"liveness: no round committed on every live peer within "
-                            f"{liveness_bound(self.config, self.MAX_DELAY):.2f}s of healing")
+            if s != but:
+                fn(self.cluster.core(s))
 
-    def _on_wake(self, data: object) -> None:
-        site, t = data  # type: ignore[misc]
-        if self.wake_at.get(site) != t or self.cluster.cores.get(site) is None or site in self.paused:
-            return
-        del self.wake_at[site]
-        self.send(site, self.cluster.tick(site, self.local(site)))
-
-    def _on_deliver(self, data: object) -> None:
-        site, msg = data  # type: ignore[misc]
-        if self.cluster.cores.get(site) is None:
-            return
-        if site in self.paused:
-            self.paused[site].append(msg)  # the kernel buffers it for the stopped process
-            return
-        self.send(site, self.cluster.deliver(site, msg, self.local(site)))
-
-    def _on_propose(self, _: object) -> None:
+    def _workload(self) -> None:
         """The rounds layer of every peer: the leader decides the next round when it may."""
-        self.push(self.t + 0.1, "propose", None)
+        self.sim.schedule(self.sim.now + PROPOSE_EVERY, self._workload, "rounds layer")
+        self.checker.sync(self.sim)
         self._depart_leavers()
-        self.cluster.compact_all(every=12)
+        try:
+            self.cluster.compact_all(every=12)
+        except Violation as v:
+            self.violations.append(str(v))
         for site in self.cluster.live():
-            core = self.cluster.core(site)
-            if core.role is not Role.LEADER or site in self.paused:
+            peer, core = self._peer(site), self.cluster.core(site)
+            if peer is None or core.role is not Role.LEADER:
                 continue
-            rnd = core.log.last_round_entry()[0] + 1
-            contributors = tuple(
-                Contributor(s, self.rng.randint(1, 10**6), (SampleRange(rnd, 0, self.rng.randint(1, 64)),),
-                            hashlib.blake2b(f"{self.seed}/{rnd}/{s}".encode(), digest_size=8).digest())
-                for s in self.cluster.live() if self.rng.random() < 0.7
-            )
-            weights = hashlib.blake2b(f"{self.seed}/{rnd}/{site}/{self.t}".encode(), digest_size=8).digest()
-            d = core.propose_round(RoundCommit(Round(rnd), contributors, weights), self.local(site))
-            if d.accepted and self.healed and d.index is not None:
-                self.proposed_after_heal.add(d.index)
-            self.send(site, self.cluster.execute(site, d.effects))
-        self._check_progress()
+            self.sim.act(site, lambda _n, now, s=site: self._propose(s, now))  # type: ignore[misc]
+        self.checker.progress(self.sim)
 
-    def _check_progress(self) -> None:
-        if not self.healed:
+    def _propose(self, site: SiteId, now: float) -> list[Send]:
+        core = self.cluster.core(site)
+        rnd = Round(core.log.last_round_entry()[0] + 1)
+        contributors = tuple(
+            Contributor(s, self.rng.randint(1, 10**6), (SampleRange(rnd, 0, self.rng.randint(1, 64)),),
+                        hashlib.blake2b(f"{self.seed}/{rnd}/{s}".encode(), digest_size=8).digest())
+            for s in self.cluster.live() if self.rng.random() < 0.7)
+        weights = hashlib.blake2b(f"{self.seed}/{rnd}/{site}/{now}".encode(), digest_size=8).digest()
+        d = core.propose_round(RoundCommit(rnd, contributors, weights), now)
+        if d.accepted and d.index is not None and self.sim.now >= self.heal_at:
+            self.checker.proposed_after_heal.append(d.index)
+        peer = self._peer(site)
+        return peer.do(d.effects) if peer else []
+
+    def _replay(self) -> None:
+        """Re-deliver a few messages seen earlier: stale epochs must change nothing."""
+        history = self.cluster.history
+        for _ in range(min(5, len(history))):
+            to, msg = history[self.rng.randrange(len(history))]
+            if self._peer(to) is not None:
+                self.sim.act(to, lambda node, now, m=msg: node.receive(m, now))  # type: ignore[misc]
+
+    def _plan_churn(self, sites: list[SiteId]) -> None:
+        span = (self.fault_start, self.heal_at)
+        joiner = SiteId(f"s{len(sites):02d}")
+        self.sim.add_node(joiner, self._factory(joiner), at=self.rng.uniform(*span))
+        busy = {t for f in self.faults for t in f.targets if f.kind in ("crash", "pause")}
+        calm = [s for s in sites if s not in busy]
+        if len(sites) >= 5 and calm:  # a leave plus the minority of crashes stays survivable
+            leaver = self.rng.choice(calm)
+            self.sim.schedule(self.rng.uniform(*span), lambda: self._leave(leaver), f"leave {leaver}")
+        for f in self.faults:
+            if f.kind == "crash" and (f.end is None or f.end - f.start > 2 * self.sc.config.election_timeout_max_s):
+                (site,) = f.targets
+                # Membership declares it dead some time after the crash.
+                at = f.start + 1.5 * self.sc.config.election_timeout_max_s
+                self.sim.schedule(at, lambda s=site: self._tell_all(lambda c: c.member_dead(s)),  # type: ignore[misc]
+                                  f"dead {site}")
+
+    def _membership_view(self, core: ConsensusCore) -> None:
+        """What membership tells a peer about the others: those running are alive, leavers left."""
+        for other in self.cluster.live():
+            if other in self.leaving or other in self.gone:
+                core.member_left(other)
+            elif other != core.site:
+                core.member_alive(other, self.cluster.address(other))
+
+    def _converge(self) -> None:
+        """Once faults stop, gossip converges: every running peer holds the same view."""
+        self.checker.sync(self.sim)
+        for site in self.cluster.live():
+            self._membership_view(self.cluster.core(site))
+
+    def _leave(self, site: SiteId) -> None:
+        if self._peer(site) is None:
             return
-        live = [s for s in self.cluster.live()]
-        if self.result.leader_after_heal_s is None and any(
-                self.cluster.core(s).role is Role.LEADER and self.local(s) < self.cluster.core(s)._lease_expiry()
-                for s in live):
-            self.result.leader_after_heal_s = self.t - self.heal_t
-        if self.result.commit_after_heal_s is None and any(
-                all(self.cluster.apps[s].index >= i for s in live) for i in self.proposed_after_heal):
-            self.result.commit_after_heal_s = self.t - self.heal_t
-
-    # ----- faults -----
-
-    def _on_fault(self, _: object) -> None:
-        if self.healed:
-            return
-        self.push(self.t + self.rng.uniform(0.1, 0.8), "fault", None)
-        actions = [a for a in ("partition", "bridge", "one_way", "pause", "crash", "jump", "replay", "churn")
-                   if a in self.faults]
-        if not actions:
-            return
-        getattr(self, f"_fault_{self.rng.choice(actions)}")()
-
-    def _sites(self) -> list[SiteId]:
-        return sorted(s for s in self.cluster.cores if s not in self.gone)
-
-    def _fault_partition(self) -> None:
-        sites = self._sites()
-        if self.blocked or len(sites) < 2:
-            self.blocked = set()
-            return
-        side = set(self.rng.sample(sites, self.rng.randint(1, len(sites) - 1)))
-        self.blocked = {(a, b) for a in sites for b in sites if (a in side) != (b in side)}
-
-    def _fault_bridge(self) -> None:
-        sites = self._sites()
-        if len(sites) < 3:
-            return
-        bridge = self.rng.choice(sites)
-        rest = [s for s in sites if s != bridge]
-        side = set(self.rng.sample(rest, self.rng.randint(1, len(rest) - 1)))
-        self.blocked = {(a, b) for a in rest for b in rest if (a in side) != (b in side)}
-
-    def _fault_one_way(self) -> None:
-        sites = self._sites()
-        a = self.rng.choice(sites)
-        outgoing = self.rng.random() < 0.5
-        self.blocked = {(a, b) if outgoing else (b, a) for b in sites if b != a}
-
-    def _leader_or_any(self) -> SiteId | None:
-        live = [s for s in self.cluster.live() if s not in self.paused]
-        leaders = [s for s in live if self.cluster.core(s).role is Role.LEADER]
-        pool = leaders if leaders and self.rng.random() < 0.6 else live
-        return self.rng.choice(pool) if pool else None
-
-    def _fault_pause(self) -> None:
-        site = self._leader_or_any()
-        if site is None:
-            return
-        self.paused[site] = []
-        # Longer than the election timeout: the others elect a new leader meanwhile.
-        self.push(self.t + self.rng.uniform(0.5, 3) * self.config.election_timeout_max_s, "resume", site)
-
-    def _on_resume(self, site: object) -> None:
-        s = SiteId(str(site))
-        buffered = self.paused.pop(s, None)
-        if buffered is None or self.cluster.cores.get(s) is None:
-            return
-        self.wake_at.pop(s, None)
-        self.send(s, self.cluster.tick(s, self.local(s)))  # timers fire first, as after SIGCONT
-        for msg in buffered:
-            if self.cluster.cores.get(s) is not None:
-                self.send(s, self.cluster.deliver(s, msg, self.local(s)))
-
-    def _fault_crash(self) -> None:
-        site = self._leader_or_any()
-        if site is None:
-            return
-        self.cluster.crash(site)
-        down = self.rng.uniform(0.1, 3.0)
-        if "churn" in self.faults and down > self.config.election_timeout_max_s * 2:
-            for s in self.cluster.live():
-                self.cluster.core(s).member_dead(site)  # membership's verdict reaches every peer
-        self.push(self.t + down, "restart", site)
-
-    def _on_restart(self, site: object) -> None:
-        s = SiteId(str(site))
-        if self.cluster.cores.get(s) is not None or s in self.gone:
-            return
-        self.leaving.discard(s)  # a crash interrupted its leave: it comes back as a member
-        self.cluster.restart(s, self.local(s))
-        if "churn" in self.faults:
-            for other in self.cluster.live():
-                if other != s:
-                    self.cluster.core(other).member_alive(s, self.cluster.address(s))
-        self.reschedule(s)
-
-    def _fault_jump(self) -> None:
-        site = self.rng.choice(self._sites())
-        self.offset[site] += self.rng.choice([-1, 1]) * self.rng.uniform(0.1, 2.0)
-        self.wake_at.pop(site, None)
-        self.reschedule(site)
-
-    def _fault_replay(self) -> None:
-        for _ in range(min(5, len(self.history))):
-            to, msg = self.rng.choice(self.history)
-            self.push(self.t + self.rng.uniform(0.001, 0.05), "deliver", (to, msg))
-
-    def _fault_churn(self) -> None:
-        live = [s for s in self.cluster.live() if s not in self.paused]
-        if self.rng.random() < 0.5 and len(self._sites()) < len(self.cluster.founders) + 2:
-            site = SiteId(f"s{self.next_site:02d}")
-            self.next_site += 1
-            self.rate[site], self.offset[site] = 1.0, self.rng.uniform(0, 100)
-            self.cluster.add(site, self.local(site))
-            for s in live:
-                self.cluster.core(s).member_alive(site, self.cluster.address(site))
-            self.reschedule(site)
-        elif len(live) > 2:
-            site = self.rng.choice(live)
-            self.leaving.add(site)
-            self.cluster.execute(site, self.cluster.core(site).leave(self.local(site)).effects)
-            for s in live:
-                if s != site:
-                    self.cluster.core(s).member_left(site)  # membership gossips LEFT
+        self.leaving.add(site)
+        self.sim.act(site, lambda node, now: node.do(self.cluster.core(site).leave(now).effects))
+        self._tell_all(lambda c: c.member_left(site), but=site)
 
     def _depart_leavers(self) -> None:
         """A leaving peer exits once its removal is committed (I8), as `ops leave` waits for it; it
         may learn that from any peer, so judge by the most advanced committed voter set."""
         live = [self.cluster.core(s) for s in self.cluster.live()]
-        if not live:
+        if not live or not self.leaving:
             return
         ahead = max(live, key=lambda c: c.commit_index)
         committed_voters = dict(ahead.log.voters_at(ahead.commit_index))
         for site in sorted(self.leaving):
-            if self.cluster.cores.get(site) is not None and site not in committed_voters:
+            if site not in committed_voters:
+                self.sim.crash(site)
                 self.cluster.crash(site)
-                self.gone.add(site)
                 self.leaving.discard(site)
-                self.paused.pop(site, None)
-
-    def _on_heal(self, _: object) -> None:
-        self.healed, self.heal_t = True, self.t
-        self.blocked, self.p_drop, self.p_dup, self.jitter = set(), 0.0, 0.0, 0.0
-        for site in list(self.paused):
-            self._on_resume(site)
-        for site in self._sites():
-            if self.cluster.cores.get(site) is None:
-                self._on_restart(site)
-        if "churn" in self.faults:
-            # Membership converges after healing: every peer sees every other live one alive.
-            for s in self.cluster.live():
-                for other in self.cluster.live():
-                    if other in self.leaving:
-                        self.cluster.core(s).member_left(other)
-                    elif other != s:
-                        self.cluster.core(s).member_alive(other, self.cluster.address(other))
+                self.gone.add(site)
 
 
-def run_consensus_sweep(seeds: Iterable[int], voters: Iterable[int], faults: Iterable[str] = ALL_FAULTS,
-                        fault_s: float = 6.0) -> dict[str, object]:
-    """Runs every (seed, voters) pair; returns a summary with the failing seeds and their violations.
-
-    Clock jumps void leases by design (docs/decisions/consensus-lease-drift.md), so when `jump` is
-    among the faults every seed also runs once without it, with the lease invariant checked."""
-    fault_set = frozenset(faults)
-    variants = [fault_set] + ([fault_set - {"jump"}] if "jump" in fault_set else [])
-    results = [Sim(seed, n, f, fault_s).run() for n in voters for seed in seeds for f in variants]
-    failures = [r for r in results if r.violation]
-    heal = [r.commit_after_heal_s for r in results if r.commit_after_heal_s is not None]
-    lead = [r.leader_after_heal_s for r in results if r.leader_after_heal_s is not None]
+def run_consensus_sweep(seeds: Iterable[int], voters: Iterable[int],
+                        kinds: Iterable[str] = KINDS + EXTRA_KINDS, fault_s: float = 6.0) -> dict[str, object]:
+    """Every (seed, voters) pair, each twice: with all `kinds` (clock jumps included), and with
+    clock jumps left out and the lease invariant checked. Returns totals and the failing runs."""
+    kinds = tuple(kinds)
+    runs: list[tuple[int, int, bool, RunResult]] = []
+    for n in voters:
+        for seed in seeds:
+            for lease in (False, True):
+                sc = ConsensusScenario(voters=n, kinds=kinds, fault_s=fault_s, check_lease=lease)
+                runs.append((seed, n, lease, run_seed(seed, sc)))
+    failures = [(s, n, lease, r) for s, n, lease, r in runs if r.violations]
+    heal = [r.stats["commit_after_heal_ms"] for *_, r in runs if r.stats["commit_after_heal_ms"] >= 0]
     return {
-        "runs": len(results),
-        "lease_checked_runs": sum(1 for r in results if "jump" not in r.faults),
-        "violations": len(failures),
-        "failures": [{"seed": r.seed, "voters": r.voters, "faults": sorted(r.faults), "violation": r.violation}
-                     for r in failures[:20]],
-        "committed_rounds": sum(r.committed_rounds for r in results),
-        "events": sum(r.events for r in results),
-        "max_leader_after_heal_s": max(lead, default=None),
-        "max_commit_after_heal_s": max(heal, default=None),
-        "liveness_bound_s": liveness_bound(SIM_CONFIG, Sim.MAX_DELAY),
-        "faults": sorted(fault_set),
+        "runs": len(runs),
+        "violations": sum(len(r.violations) for *_, r in runs),
+        "failures": [{"seed": s, "voters": n, "lease_checked": lease, "violation": r.violations[0],
+                      "replay": f"python -m peer.sim.consensus_sim --seeds {s}:{s + 1} --voters {n} --trace"
+                                + (" --check-lease" if lease else "")}
+                     for s, n, lease, r in failures[:20]],
+        "events": sum(r.events for *_, r in runs),
+        "committed_rounds": sum(r.stats["committed_rounds"] for *_, r in runs),
+        "liveness_checked": sum(1 for *_, r in runs if not r.stats["liveness_skipped"]),
+        "max_commit_after_heal_ms": max(heal, default=None),
+        "liveness_bound_ms": round(1000 * liveness_bound(SIM_CONFIG, LATENCY_S[1])),
+        "kinds": list(kinds),
     }
+
+
+# --- `ops simulate --protocol consensus` (registered by ops/simulate.py's PROTOCOLS) ---
+
+
+def ops_run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None) -> RunResult:
+    sc = ConsensusScenario(voters=args.members, kinds=parse_kinds(args.faults),
+                           check_lease=bool(getattr(args, "check_lease", False)))
+    return run_seed(seed, sc, trace)
+
+
+def ops_replay_flags(args: argparse.Namespace) -> list[str]:
+    return ["--members", str(args.members), "--faults", args.faults]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Simulate election + commit log under faults.")
-    p.add_argument("--seeds", type=int, default=100, help="number of seeds, from --first-seed")
-    p.add_argument("--first-seed", type=int, default=0, help="first seed (replay one with --seeds 1)")
-    p.add_argument("--voters", type=int, nargs="+", default=[3, 5], help="voter counts to simulate")
-    p.add_argument("--faults", default=",".join(sorted(ALL_FAULTS)), help="comma-separated fault kinds")
-    p.add_argument("--fault-s", type=float, default=6.0, help="seconds of faults before healing")
+    p.add_argument("--seeds", default="0:100", help="seed range FIRST:END, end exclusive (default 0:100)")
+    p.add_argument("--voters", type=int, nargs="+", default=[3, 5], help="voter counts to simulate (default 3 5)")
+    p.add_argument("--faults", default="all", help="fault kinds or sets, comma-separated, plus replay, churn")
+    p.add_argument("--fault-s", type=float, default=6.0, help="seconds of faults before healing (default 6)")
+    p.add_argument("--trace", action="store_true", help="print every event of a single run")
+    p.add_argument("--check-lease", action="store_true", help="with --trace: the lease-checked variant")
     args = p.parse_args(argv)
-    faults = [f for f in args.faults.split(",") if f]
-    summary = run_consensus_sweep(range(args.first_seed, args.first_seed + args.seeds), args.voters, faults,
-                                  args.fault_s)
+    lo, hi = (int(x) for x in args.seeds.split(":"))
+    kinds = parse_kinds(args.faults)
+    if args.trace:
+        sc = ConsensusScenario(voters=args.voters[0], kinds=kinds, fault_s=args.fault_s, check_lease=args.check_lease)
+        r = run_seed(lo, sc, print)
+        print(json.dumps({"violations": r.violations, "events": r.events, **r.stats}))
+        return 1 if r.violations else 0
+    summary = run_consensus_sweep(range(lo, hi), args.voters, kinds, args.fault_s)
     print(json.dumps(summary, indent=2))
     return 1 if summary["violations"] else 0
 

@@ -69,7 +69,7 @@ def test_crashed_follower_catches_up_from_the_log_on_restart() -> None:
     lagger = next(s for s in net.cluster.live() if s != leader)
     net.cluster.crash(lagger)
     leader = _commit_rounds(net, 40)  # more than one AppendEntries batch (16 in SIM_CONFIG)
-    net.cluster.restart(lagger, net.t)
+    net.cluster.start(lagger, net.t)
     assert net.run_until(lambda: _round(net, lagger) == 40, timeout=1.0)
 
 
@@ -82,7 +82,7 @@ def test_follower_behind_a_compacted_log_gets_a_snapshot() -> None:
     net.cluster.compact_all(every=1)
     assert net.cluster.core(leader).log.snapshot.last_round == 10
     net.run_for(0.01)  # heartbeats built before the compaction are lost on the down peer
-    net.cluster.restart(lagger, net.t)
+    net.cluster.start(lagger, net.t)
     seen: list[object] = []
     original = net.cluster.execute
 
@@ -138,7 +138,7 @@ def test_leader_that_leaves_removes_itself_then_steps_down() -> None:
 def test_joiner_is_added_as_voter_after_catching_up() -> None:
     net = Lockstep(3)
     leader = _commit_rounds(net, 3)
-    net.cluster.add(SiteId("s03"), net.t)
+    net.cluster.start(SiteId("s03"), net.t)
     for s in net.cluster.live():
         if s != "s03":
             net.cluster.core(s).member_alive(SiteId("s03"), "s03:7000")
@@ -169,7 +169,7 @@ def test_all_stopped_then_one_restarted_resumes_from_its_disk() -> None:
         net.cluster.crash(s)
     net.run_for(1.0)
     for s in net.cluster.cores:
-        net.cluster.restart(s, net.t)
+        net.cluster.start(s, net.t)
         # Each resumes at what it applied; followers may not have heard of the last commit yet.
         assert net.cluster.core(s).status().applied_index == net.cluster.apps[s].index
     assert max(_round(net, s) for s in net.cluster.cores) == 4
@@ -186,7 +186,7 @@ def test_sole_voter_restarts_alone_and_keeps_committing() -> None:
     net = Lockstep(1)
     _commit_rounds(net, 3)
     net.cluster.crash(SiteId("s00"))
-    net.cluster.restart(SiteId("s00"), net.t)
+    net.cluster.start(SiteId("s00"), net.t)
     leader = _commit_rounds(net, 1)
     assert leader == "s00" and _round(net, leader) == 4
 
@@ -205,3 +205,21 @@ def test_committed_effects_come_once_in_index_order() -> None:
     net.cluster.execute = spy  # type: ignore[method-assign,assignment]
     _commit_rounds(net, 5)
     assert seen == list(range(seen[0], seen[0] + len(seen))) and len(seen) >= 5
+
+
+def test_dead_voter_is_removed_before_a_leaver_so_the_rest_keeps_a_majority() -> None:
+    # {A, B, C}: C crashes for good, B leaves. Removing B first would leave {A, C}, where A alone is
+    # no majority; the leader waits for C's death to be confirmed and removes C first.
+    net = Lockstep(3)
+    leader = _commit_rounds(net, 1)
+    leaver, dead = sorted(s for s in net.cluster.live() if s != leader)
+    net.cluster.crash(dead)
+    for s in (leader, leaver):
+        net.cluster.core(s).member_dead(dead)
+        net.cluster.core(s).member_left(leaver)
+    assert net.run_until(lambda: net.cluster.core(leader).status().voters == ((leader, f"{leader}:7000"),),
+                         timeout=4 * E_MAX)
+    removed = [e.body.site for e in net.cluster.committed.values()
+               if isinstance(e.body, VoterChange) and not e.body.add]
+    assert removed == [dead, leaver]
+    assert _commit_rounds(net, 1) == leader

@@ -116,7 +116,7 @@ def test_restarted_former_leader_with_stale_epoch_rejoins_as_follower() -> None:
     new = _elect(net)
     net.propose(new)
     net.run_for(0.1)
-    net.cluster.restart(old, net.t)
+    net.cluster.start(old, net.t)
     assert net.cluster.core(old).hard.epoch == old_epoch  # from its disk
     net.run_for(E_MAX)
     st = net.cluster.core(old).status()
