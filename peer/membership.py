@@ -166,14 +166,15 @@ class Membership:
                 for m in sorted(rows, key=lambda m: m.site)]
 
     def join(self, seeds: Sequence[str], now: float) -> list[Effect]:
-        """Send our table to every seed address (PushPull join=True); `tick` retries until one
-        answers. With no seeds (or only our own address) we are a group of one, joined at once."""
+        """Send our table to every seed address (PushPull join=True); until one answers, `tick`
+        retries. With no seeds (or only our own address) we are a group of one, joined at once.
+        Calling it again later (an operator's `ops join`) merges another group into ours."""
         self._seeds = tuple(a for a in seeds if a != self.address)
         if not self._seeds:
             self._joined = True
             return []
-        self._joined = False
-        self._next_join = now + self.config.join_retry_interval_s
+        if not self._joined:
+            self._next_join = now + self.config.join_retry_interval_s
         return self._send_join()
 
     def leave(self, now: float) -> list[Effect]:
@@ -240,6 +241,8 @@ class Membership:
         """Handle one message from the network."""
         if self._left:
             return self._receive_after_leave(msg)
+        if isinstance(msg, Ping) and msg.target_site != self.site:
+            return []  # meant for an earlier process on this address: not our conversation
         sender = self._members.get(msg.from_site)
         if sender is not None:
             sender.last_heard = now
@@ -247,9 +250,8 @@ class Membership:
             return self._on_push_pull(msg, now)
         effects = self._apply_all(msg.updates if not isinstance(msg, Nack) else (), now)
         if isinstance(msg, Ping):
-            if msg.target_site == self.site:  # else: a new process on a reused address; stay quiet
-                effects.append(Send(msg.from_address, Ack(msg.seq, self.site,
-                                                          self._updates_for((msg.from_site,), True))))
+            effects.append(Send(msg.from_address, Ack(msg.seq, self.site,
+                                                      self._updates_for((msg.from_site,), True))))
         elif isinstance(msg, Ack):
             effects += self._on_ack(msg, now)
         elif isinstance(msg, PingReq):
@@ -431,7 +433,10 @@ class Membership:
         return tuple(out + [u for u in taken if u not in out])
 
     def _rumour(self, m: _Member) -> MemberUpdate:
-        return MemberUpdate(m.site, m.state, m.incarnation, m.meta, self.site)
+        s = self._suspicions.get(m.site) if m.state == SUSPECT else None
+        # Name the suspecter, not us: others count distinct suspecters as confirmations.
+        return MemberUpdate(m.site, m.state, m.incarnation, m.meta,
+                            s.first_from if s is not None else self.site)
 
     def _table(self, join: bool = False, reply: bool = False) -> PushPull:
         rows = [self._me, *self._members.values()]

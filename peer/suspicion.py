@@ -29,6 +29,7 @@ class Suspicion:
         self.site = site
         self.incarnation = incarnation
         self.start = start
+        self.first_from = first_from
         self._min = min_s
         self._max = max_s
         self._k = max(0, k)

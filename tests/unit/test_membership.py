@@ -223,7 +223,8 @@ def test_intermediary_relays_ack_or_nacks() -> None:
 
 def test_ping_for_another_site_on_a_reused_address_is_ignored() -> None:
     m = member()
-    assert m.receive(Ping(5, "b", "b:1", "someone-else"), 0.0) == []
+    assert m.receive(Ping(5, "b", "b:1", "someone-else", (rumour("c", DEAD, 0),)), 0.0) == []
+    assert view(m, "c") == (ALIVE, 0)
     (ack,) = sends(m.receive(Ping(6, "b", "b:1", "a"), 0.0), Ack)
     assert ack.to == "b:1" and ack.msg.seq == 6
     assert MemberUpdate("a", ALIVE, 0, meta("a"), "a") in ack.msg.updates
@@ -267,7 +268,7 @@ def test_prober_tells_a_suspect_it_is_suspected() -> None:
     m.receive(Ping(1, "b", "b:1", "a", (rumour("b", SUSPECT, 0, frm="x"),)), 0.0)
     now, ping = probe(m, 0.0)
     assert ping.msg.target_site == "b"
-    assert rumour("b", SUSPECT, 0, frm="a") in ping.msg.updates
+    assert rumour("b", SUSPECT, 0, frm="x") in ping.msg.updates
 
 
 def test_restarted_member_outbids_its_previous_life() -> None:
@@ -292,6 +293,8 @@ def test_join_is_retried_until_a_seed_answers() -> None:
     m.receive(PushPull("b", "b:1", (rumour("b", ALIVE, 0),), reply=True), 1.5)
     later = m.tick(2 * CFG.join_retry_interval_s)
     assert not [s for s in sends(later, PushPull) if s.msg.join]
+    again = sends(m.join(["d:1"], 3.0), PushPull)  # an operator merges another group in
+    assert [s.to for s in again] == ["d:1"] and m.joined
 
 
 def test_no_seeds_means_a_group_of_one() -> None:
