@@ -20,7 +20,9 @@ Invariants (`MembershipChecker`), checked after every event:
 - **convergence** (covers "a paused member refutes" and "a healed partition revives everyone"): from
   the end of the fault window, within `convergence_bound_s(n, h)`, every live member sees every
   live member ALIVE, every permanently crashed one DEAD or unknown and every departed one LEFT or
-  unknown, and keeps doing so until the end of the run.
+  unknown, and keeps doing so until the end of the run. (A departed member whose LEFT never reached
+  a process that is still running may also be DEAD: every copy of its goodbye was lost, which is
+  indistinguishable from a crash.)
 
     ops simulate --members 20 --seeds 0:500 --faults all
     ops simulate --members 20 --seed 137 --faults all --trace
@@ -139,6 +141,8 @@ class MembershipChecker:
     _max_inc: dict[str, int] = field(default_factory=dict)  # site -> highest incarnation it held
     _left_inc: dict[str, int] = field(default_factory=dict)  # site -> incarnation it left at
     _departed: set[str] = field(default_factory=set)  # sites that left and are down
+    # departed site -> (address, process) that received its LEFT rumour
+    _goodbye_heard: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     _watches: dict[tuple[str, str], _Watch] = field(default_factory=dict)
     _conv_health: dict[str, int] = field(default_factory=dict)
     _converged: set[str] = field(default_factory=set)  # observers past their convergence deadline
@@ -183,6 +187,8 @@ class MembershipChecker:
         observer = self.sites[address]
         node = sim.node(address)
         assert isinstance(node, Membership)
+        if self._departed and sim.delivering is not None:
+            self._note_goodbye(sim, address, node)
         site_max = max(self._max_inc.get(observer, 0), node.incarnation)
         self._max_inc[observer] = site_max
         h = node.health_multiplier
@@ -257,6 +263,7 @@ class MembershipChecker:
 
     def _on_start(self, sim: Simulation, site: str) -> None:
         self._departed.discard(site)
+        self._goodbye_heard.pop(site, None)
         self._left_inc.pop(site, None)
         for key in [k for k in self._watches if k[1] == site]:
             del self._watches[key]
@@ -356,8 +363,12 @@ class MembershipChecker:
             state = self._states.get(site, NodeState.DOWN)
             if state is not NodeState.DOWN:
                 ok, want = v is not None and v.state is ALIVE, "ALIVE"
-            elif site in self._departed:
+            elif site in self._departed and self._left_known(sim, site):
                 ok, want = v is None or v.state is LEFT, "LEFT or unknown"
+            elif site in self._departed:
+                # Its goodbye never got out (every copy lost before the process exited): to the
+                # others that is a crash, and DEAD is all they can know.
+                ok, want = v is None or v.state in (LEFT, DEAD), "LEFT, DEAD or unknown"
             else:
                 ok, want = v is None or v.state is DEAD, "DEAD or unknown"
             if not ok:
@@ -367,6 +378,18 @@ class MembershipChecker:
         return errors
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _left_known(self, sim: Simulation, site: str) -> bool:
+        """Whether `site`'s LEFT reached a process that is still running (then everyone must
+        learn it from there)."""
+        return any(sim.node(address) is node for address, node in self._goodbye_heard.get(site, ()))
+
+    def _note_goodbye(self, sim: Simulation, address: str, node: Membership) -> None:
+        msg = sim.delivering
+        rows = getattr(msg, "updates", None) or getattr(msg, "members", ())
+        for u in rows:
+            if u.state is LEFT and u.site in self._departed and u.site != self.sites[address]:
+                self._goodbye_heard.setdefault(u.site, []).append((address, node))
 
     def _live(self, sim: Simulation) -> list[str]:
         return [s for s, st in self._states.items() if st is not NodeState.DOWN]

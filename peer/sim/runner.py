@@ -92,6 +92,9 @@ class Simulation:
         self._held: dict[str, list[Any]] = defaultdict(list)
         self._busy: tuple[float, str, int] = (-1.0, "", 0)
         self._stopped = False
+        # The message whose delivery is the current event (None for ticks and actions): checkers
+        # may look at what a node was told, e.g. to know a rumour reached it.
+        self.delivering: Any = None
 
     # -- set-up and fault actions ------------------------------------------------------------------
 
@@ -181,6 +184,7 @@ class Simulation:
                 break
             heapq.heappop(self._heap)
             self.now = t
+            self.delivering = None
             if kind == _ACTION:
                 self._log("", f"action {a}")
                 b()
@@ -202,6 +206,7 @@ class Simulation:
                     self._held[a].append(b)
                     continue
                 self._log(a, f"recv {_short(b)}")
+                self.delivering = b
                 effects = self._nodes[a].receive(b, self.local_now(a))
                 self._log(a, "->", effects)
             self.events += 1
