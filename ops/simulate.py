@@ -110,6 +110,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         parse_faults(args.faults)
+        if args.protocol == "membership":
+            _membership_scenario(args)  # validates --members, --preset
     except ValueError as e:
         print(f"ops simulate: {e}", file=sys.stderr)
         return 2

@@ -426,7 +426,7 @@ def run_seed(seed: int, scenario: MembershipScenario,
                                 settle_s=scenario.settle_periods * period)
     node_clocks = clocks(rng, addr_list, limits, skew="skew" in kinds)
     for address, site in addresses.items():
-        seeds = rng.sample([a for a in addr_list if a != address], 3)
+        seeds = rng.sample([a for a in addr_list if a != address], min(3, n - 1))
         sim.add_node(address, _factory(scenario.core, seed, site, address, cfg, seeds),
                      at=rng.uniform(0, 2 * period), clock=node_clocks[address])
     faults = plan(derive_rng(seed, "faults"), kinds, addr_list, fault_start, fault_end, limits)

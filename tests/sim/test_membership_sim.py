@@ -161,6 +161,8 @@ def test_ops_simulate_json_and_bad_faults(capsys: pytest.CaptureFixture[str]) ->
     assert captured.err.strip().splitlines()[-1].startswith("seeds=1 ")
     args = parse(["--faults", "meteor"])
     assert args.func(args) == 2
+    args = parse(["--members", "2"])
+    assert args.func(args) == 2
 
 
 @pytest.mark.slow
