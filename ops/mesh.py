@@ -6,7 +6,9 @@
 
 `ops status --json` prints a stable document (documented in docs/ops.md):
     {"self": SITE, "uptime_s": float, "version": str,
-     "members": [{"site", "address", "state", "incarnation", "last_heard_s", "meta"}, ...]}
+     "members": [{"site", "address", "state", "incarnation", "last_heard_s", "meta"}, ...],
+     "leader": SITE or null, "epoch": int, "committed_round": int, "voters": [SITE, ...],
+     "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"}}
 with state one of alive, suspect, dead, left and meta
     {"role", "accelerator", "tokens_per_s", "labels": {...}}.
 """
@@ -83,6 +85,16 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
             }
             for mem in reply.members
         ],
+        "leader": reply.consensus.leader or None,
+        "epoch": reply.consensus.epoch,
+        "committed_round": reply.consensus.committed_round,
+        "voters": list(reply.consensus.voters),
+        "consensus": {
+            "role": reply.consensus.role,
+            "lease_remaining_s": round(reply.consensus.lease_remaining_s, 3),
+            "commit_index": reply.consensus.commit_index,
+            "applied_index": reply.consensus.applied_index,
+        },
     }
 
 
@@ -102,7 +114,11 @@ def _table(doc: dict[str, Any]) -> str:
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    return f"view of {doc['self']} (sitemesh {doc['version']}, up {doc['uptime_s']:.0f}s)\n" + "\n".join(lines)
+    cons = doc["consensus"]
+    head = (f"view of {doc['self']} (sitemesh {doc['version']}, up {doc['uptime_s']:.0f}s)\n"
+            f"epoch {doc['epoch']}  leader {doc['leader'] or '-'}  role {cons['role']}  "
+            f"committed round {doc['committed_round']}  voters {','.join(doc['voters']) or '-'}")
+    return head + "\n" + "\n".join(lines)
 
 
 def _status(args: argparse.Namespace) -> int:

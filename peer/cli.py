@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from peer import config as cfg
+from peer.election import ElectionConfig
 from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 
 EXIT_USAGE = 2
-_PRESETS = {"lan": MembershipConfig.lan, "wan": MembershipConfig.wan, "local_test": MembershipConfig.local_test}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", type=Path, help="directory for this site's durable state")
     serve.add_argument("--config", type=Path, help="run file (TOML) with a [sites.SITE] section")
     serve.add_argument(
-        "--preset", choices=sorted(_PRESETS), help="failure-detector timings (overrides [membership] preset)"
+        "--preset", choices=cfg.PRESETS, help="membership and election timings (overrides [membership] preset)"
     )
+    serve.add_argument("--round-interval", type=float,
+                       help="leader commits an empty round this often, in seconds (no trainer; 0 = off)")
     serve.add_argument("--join-timeout", type=float, help="seconds to retry unreachable seeds before giving up")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.set_defaults(func=_serve)
@@ -52,7 +54,9 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "join": args.join,
         "data_dir": args.data_dir,
         "join_timeout_s": args.join_timeout,
-        "membership": _PRESETS[args.preset]() if args.preset else None,
+        "membership": getattr(MembershipConfig, args.preset)() if args.preset else None,
+        "election": getattr(ElectionConfig, args.preset)() if args.preset else None,
+        "round_interval_s": args.round_interval,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)

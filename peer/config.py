@@ -37,10 +37,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 sites only
     import tomli as tomllib
 
+from peer.election import ElectionConfig
 from peer.membership import MembershipConfig
 
 _ADDRESS_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
-_PRESETS = {"lan": MembershipConfig.lan, "wan": MembershipConfig.wan, "local_test": MembershipConfig.local_test}
+PRESETS = ("lan", "wan", "local_test")
+"""Named timing presets; each names a MembershipConfig and an ElectionConfig classmethod."""
 # Tables of the run file that other components own; the peer accepts them without reading them.
 _FOREIGN_TOP = {"placement", "trainer", "data", "model"}
 _FOREIGN_SITE = {"slurm"}
@@ -83,6 +85,11 @@ class PeerConfig:
     """Name of the run, shown by `ops status`."""
     membership: MembershipConfig = field(default_factory=MembershipConfig.lan)
     """Failure-detector timings."""
+    election: ElectionConfig = field(default_factory=ElectionConfig.lan)
+    """Election timeouts, heartbeat and lease timings."""
+    round_interval_s: float = 0.0
+    """Leader commits a round with no contributors this often (0 = off): a mesh without trainers
+    still exercises election, replication and recovery (tests, `ops demo --no-train`)."""
     join_timeout_s: float = 30.0
     """How long to keep retrying unreachable seeds (exponential backoff) before giving up."""
 
@@ -96,6 +103,8 @@ class PeerConfig:
             parse_address(self.advertise, "advertise address")
         for seed in self.join:
             parse_address(seed, "seed address")
+        if self.round_interval_s < 0:
+            raise ConfigError(f"round_interval_s must be >= 0, got {self.round_interval_s}")
         if self.join_timeout_s <= 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
 
@@ -111,9 +120,9 @@ def _check_keys(table: dict[str, Any], allowed: set[str], where: str, path: Path
 def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
     table = dict(table)
     preset = table.pop("preset", "lan")
-    if preset not in _PRESETS:
-        raise ConfigError(f"{path}: [membership] preset {preset!r} unknown; use one of {', '.join(_PRESETS)}")
-    base = _PRESETS[preset]()
+    if preset not in PRESETS:
+        raise ConfigError(f"{path}: [membership] preset {preset!r} unknown; use one of {', '.join(PRESETS)}")
+    base = getattr(MembershipConfig, preset)()
     fields = {f.name for f in dataclasses.fields(base)}
     _check_keys(table, fields, "[membership]", path)
     try:
@@ -144,10 +153,12 @@ def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
     for foreign in _FOREIGN_SITE:
         section.pop(foreign, None)
     _check_keys(section, _SITE_KEYS, f"[sites.{site}]", path)
+    preset = doc.get("membership", {}).get("preset", "lan")
     values: dict[str, Any] = {
         "site": site,
         "run_name": run.get("name", "sitemesh"),
         "membership": _membership_from(doc.get("membership", {}), path),
+        "election": getattr(ElectionConfig, preset)(),
     }
     for key in _SITE_KEYS:
         if key in section:

@@ -1,31 +1,43 @@
-"""The peer process: wires the protocol cores to gRPC, timers and signals.
+"""The peer process: wires the protocol cores to gRPC, disk, timers and signals.
 
-    peer serve --site a --listen 127.0.0.1:7001
-    peer serve --site b --listen 127.0.0.1:7002 --join 127.0.0.1:7001
+    peer serve --site a --listen 127.0.0.1:7001 --data-dir /tmp/a
+    peer serve --site b --listen 127.0.0.1:7002 --data-dir /tmp/b --join 127.0.0.1:7001
 
-One asyncio event loop owns every core, so cores need no locks: RPC handlers and the timer task
-feed them events in turn and execute the effects they return. Training runs in other processes
-(see docs/decisions/node-asyncio.md) so nothing here is starved by a CUDA sync or a GC pause.
+One asyncio event loop owns every core, so cores need no locks: RPC handlers and one timer task
+feed them events in turn and execute the effects they return, in order. Training runs in other
+processes (docs/decisions/node-asyncio.md) so nothing here is starved by a CUDA sync or a GC pause.
+
+Cores wired here: membership (SWIM/Lifeguard) and consensus (election + round-commit log). Their
+only coupling is this file: membership's state changes are fed to consensus as alive/left/dead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import random
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_delay, wait_exponential
 
 from peer import __version__
+from peer import consensus as c
 from peer import membership as m
+from peer.commitlog import RoundCommit
 from peer.config import PeerConfig
+from peer.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
+from peer.logstore import FileStore
 from peer.transport.admin_rpc import AdminServicer
 from peer.transport.channels import ChannelPool, bind, new_server
+from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
 from peer.transport.oneway import OneWaySender
 
@@ -33,6 +45,7 @@ log = logging.getLogger("sitemesh.node")
 
 SERVICE_NAMES = (
     MEMBERSHIP.full_name,
+    CONSENSUS.full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
 
@@ -42,7 +55,7 @@ class JoinFailed(RuntimeError):
 
 
 class Node:
-    """A running peer: gRPC server, membership core, timers."""
+    """A running peer: gRPC server, membership and consensus cores, timers, durable state."""
 
     def __init__(
         self,
@@ -55,21 +68,29 @@ class Node:
         self._rng = rng or random.Random()
         self._server = new_server()
         self._pool = ChannelPool()
-        self._sender = OneWaySender(MEMBERSHIP, self._pool, timeout_s=max(config.membership.probe_timeout_s * 4, 1.0))
+        delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
+        self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
+        self._raft = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
         self._health = health.aio.HealthServicer()
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[object]] = set()
         self._started_at = clock()
+        self._next_round_at = 0.0
         self.address = ""
+        self.data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix=f"sitemesh-{config.site}-"))
         self.core: m.Membership | None = None
+        self.consensus: c.ConsensusCore | None = None
+        self._store: FileStore | None = None
+        self.applied_round = 0
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
-        """Binds the server and starts the core; returns the address other members dial."""
+        """Binds the server, loads durable state and starts the cores; returns the dial address."""
         host, _ = self.config.listen.rsplit(":", 1)
         port = bind(self._server, self.config.listen)
         self.address = self.config.advertise or f"{host}:{port}"
+        now = self._clock()
         meta = m.MemberMeta(
             site=self.config.site,
             address=self.address,
@@ -77,8 +98,11 @@ class Node:
             accelerator=self.config.accelerator,
             tokens_per_s=self.config.tokens_per_s,
         )
-        self.core = m.Membership(meta, self.config.membership, self._rng, self._clock())
-        self._server.add_generic_rpc_handlers((MEMBERSHIP.handler(self.deliver),))
+        self.core = m.Membership(meta, self.config.membership, self._rng, now)
+        self.consensus = self._start_consensus(now)
+        self._server.add_generic_rpc_handlers(
+            (MEMBERSHIP.handler(self.deliver), CONSENSUS.handler(self.deliver_consensus))
+        )
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -90,6 +114,22 @@ class Node:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._spawn(self._timer_loop())
         return self.address
+
+    def _start_consensus(self, now: float) -> c.ConsensusCore:
+        """Loads (or founds) the commit log. A peer with no seeds and no state founds a new run
+        with itself as the only voter; a joining peer starts empty and receives the log."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._store = FileStore(self.data_dir / "consensus")
+        founders = None if self.config.join else {SiteId(self.config.site): self.address}
+        durable = self._store.load_or_init(c.DurableState.fresh(founders))
+        if self._store.recovered:
+            log.warning("commit log repaired at start-up: %s", self._store.recovered)
+        applied = self._load_applied()
+        log.info("state in %s: log up to index %d, applied %d (round %d)",
+                 self.data_dir, len(durable.entries) + durable.snapshot.last_index, applied[0], applied[1])
+        self.applied_round = applied[1]
+        return c.ConsensusCore.start(SiteId(self.config.site), self.address, self.config.election, durable, now,
+                                     self._rng, applied_index=applied[0])
 
     async def join(self, seeds: Iterable[str]) -> int:
         """Joins through any of `seeds`, retrying with exponential backoff until join_timeout_s.
@@ -120,9 +160,19 @@ class Node:
         return await self._wait_until(lambda: core.joined, self.config.membership.probe_timeout_s * 4)
 
     async def leave(self) -> int:
-        """Graceful leave: tells the members, waits for delivery, then stops. Returns members told."""
-        core = self._core()
-        effects = core.leave(self._clock())
+        """Graceful leave (I8): hand the voter seat back through the log, tell the members, stop.
+
+        Returns the number of members told. A leader first commits its own removal (so the rest
+        elect a successor at once); a follower is removed by the leader when gossip says LEFT.
+        """
+        raft = self._raft_core()
+        decision = raft.leave(self._clock())
+        log.info("leaving: %s", decision.reason)
+        self._execute_consensus(decision.effects)
+        if decision.accepted and raft.role is Role.LEADER:
+            await self._wait_until(lambda: not raft.is_voter() and raft.commit_index >= raft.log.last_index,
+                                   self.config.election.election_timeout_max_s * 2)
+        effects = self._core().leave(self._clock())
         told = sum(1 for e in effects if isinstance(e, m.Send))
         await self._execute(effects, wait=True)
         self.stop()
@@ -145,14 +195,25 @@ class Node:
 
     # ----- events --------------------------------------------------------------------------
     def deliver(self, msg: m.Message) -> None:
-        """A message arrived from the network (called on the event loop by the servicer)."""
+        """A membership message arrived (called on the event loop by the servicer)."""
         if self._stopped.is_set():
             return
         self._spawn(self._execute(self._core().receive(msg, self._clock())))
         self._wake.set()
 
+    def deliver_consensus(self, msg: c.Message) -> None:
+        """A consensus message arrived; its effects run in order (persist before send)."""
+        if self._stopped.is_set():
+            return
+        # Synchronously: the effects of one message must all run before the next message's.
+        self._execute_consensus(self._raft_core().receive(msg, self._clock()))
+        self._wake.set()
+
     def members(self) -> list[m.MemberView]:
         return self._core().members()
+
+    def consensus_status(self) -> c.Status:
+        return self._raft_core().status()
 
     def now(self) -> float:
         return self._clock()
@@ -170,33 +231,120 @@ class Node:
             raise RuntimeError("node not started")
         return self.core
 
+    def _raft_core(self) -> c.ConsensusCore:
+        if self.consensus is None:
+            raise RuntimeError("node not started")
+        return self.consensus
+
     async def _timer_loop(self) -> None:
-        core = self._core()
+        core, raft = self._core(), self._raft_core()
         while not self._stopped.is_set():
             self._wake.clear()
-            await self._execute(core.tick(self._clock()))
-            delay = min(max(core.next_deadline() - self._clock(), 0.0), 1.0)
+            now = self._clock()
+            await self._execute(core.tick(now))
+            self._execute_consensus(raft.tick(now))
+            await self._maybe_propose_round(now)
+            deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
+            delay = min(max(deadline - self._clock(), 0.0), 1.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
             except asyncio.TimeoutError:
                 pass
 
-    async def _execute(self, effects: list[m.Effect], wait: bool = False) -> None:
+    def _next_round_deadline(self) -> float:
+        return self._next_round_at if self.config.round_interval_s > 0 else float("inf")
+
+    async def _maybe_propose_round(self, now: float) -> None:
+        """Without a trainer, the leader commits an empty round every round_interval_s."""
+        raft = self._raft_core()
+        if self.config.round_interval_s <= 0 or now < self._next_round_at or raft.role is not Role.LEADER:
+            return
+        self._next_round_at = now + self.config.round_interval_s
+        status = raft.status()
+        _, _, weights = raft.log.last_round_entry(status.commit_index)
+        decision = raft.propose_round(RoundCommit(status.committed_round + 1, (), weights), now)
+        if decision.accepted:
+            self._execute_consensus(decision.effects)
+        else:
+            log.debug("round %d not proposed: %s", status.committed_round + 1, decision.reason)
+
+    async def _execute(self, effects: Sequence[m.Effect], wait: bool = False) -> None:
         sends = []
+        raft = self._raft_core()
         for effect in effects:
             if isinstance(effect, m.Send):
-                sends.append(self._sender.send(effect.to, effect.msg))
+                sends.append(self._gossip.send(effect.to, effect.msg))
             elif isinstance(effect, m.StateChanged):
                 old = effect.old.name.lower() if effect.old else "unknown"
-                log.info(
-                    "member %s: %s -> %s (incarnation %d): %s",
-                    effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason,
-                )
+                log.info("member %s: %s -> %s (incarnation %d): %s",
+                         effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason)
+                self._tell_consensus(raft, effect)
         if wait:
             await asyncio.gather(*sends)
         else:
             for coro in sends:
                 self._spawn(coro)
+
+    def _tell_consensus(self, raft: c.ConsensusCore, change: m.StateChanged) -> None:
+        site = SiteId(change.site)
+        if change.new is m.MemberState.ALIVE:
+            view = self._core().member(change.site)
+            if view is not None:
+                raft.member_alive(site, view.address)
+        elif change.new is m.MemberState.LEFT:
+            raft.member_left(site)
+        elif change.new is m.MemberState.DEAD:
+            raft.member_dead(site)
+
+    def _execute_consensus(self, effects: Sequence[c.Effect]) -> None:
+        """Runs consensus effects strictly in order: a Persist* is fsynced before any later Send."""
+        store = self._store
+        assert store is not None
+        for effect in effects:
+            if store.persist(effect):
+                continue
+            if isinstance(effect, c.Send):
+                self._spawn(self._raft.send(effect.address, effect.msg))
+            elif isinstance(effect, c.Committed):
+                self._apply(effect)
+            elif isinstance(effect, c.SnapshotInstalled):
+                self._save_applied(effect.snapshot.last_index, effect.snapshot.last_round)
+            elif isinstance(effect, c.LeaderChanged):
+                log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
+            elif isinstance(effect, c.Rejected):
+                # Fencing a stale epoch is an event operators want to see; log repair is routine.
+                level = logging.INFO if effect.reason.startswith("stale epoch") else logging.DEBUG
+                log.log(level, "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
+
+    def _apply(self, committed: c.Committed) -> None:
+        entry = committed.entry
+        if isinstance(entry.body, RoundCommit):
+            self.applied_round = entry.body.round
+            log.info("round %d committed (epoch %d, %d contributors)",
+                     entry.body.round, entry.epoch, len(entry.body.contributors))
+        else:
+            log.info("log entry %d applied: %s", entry.index, entry.body)
+        self._save_applied(entry.index, self.applied_round)
+
+    def _applied_path(self) -> Path:
+        return self.data_dir / "applied.json"
+
+    def _load_applied(self) -> tuple[int, int]:
+        try:
+            doc = json.loads(self._applied_path().read_text())
+            return int(doc["index"]), int(doc["round"])
+        except FileNotFoundError:
+            return 0, 0
+
+    def _save_applied(self, index: int, round_: int) -> None:
+        """Atomically records what this peer's state reflects (write, fsync, rename)."""
+        path = self._applied_path()
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"index": index, "round": round_}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
     async def _wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         deadline = self._clock() + timeout_s
@@ -208,4 +356,3 @@ class Node:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-

@@ -21,8 +21,21 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def Status(self, request, context):  # noqa: N802 - generated name
         now = self._node.now()
+        raft = self._node.consensus_status()
         reply = admin_pb2.StatusReply(
-            self=self._node.config.site, uptime_s=self._node.uptime_s(), version=self._node.version
+            self=self._node.config.site,
+            uptime_s=self._node.uptime_s(),
+            version=self._node.version,
+            consensus=admin_pb2.ConsensusStatus(
+                role=raft.role.value.replace("-", "_"),
+                epoch=raft.epoch,
+                leader=raft.leader or "",
+                lease_remaining_s=max(raft.lease_expiry - now, 0.0) if raft.lease_expiry is not None else 0.0,
+                committed_round=raft.committed_round,
+                commit_index=raft.commit_index,
+                applied_index=raft.applied_index,
+                voters=[site for site, _ in raft.voters],
+            ),
         )
         for view in self._node.members():
             reply.members.append(

@@ -45,12 +45,12 @@ class Cluster:
     peers: dict[str, Peer] = field(default_factory=dict)
 
     def start(self, site: str, join: list[str] | None = None, extra: list[str] | None = None) -> Peer:
-        log_path = self.workdir / f"{site}.log"
+        log_path = self.workdir / f"{site}.log"  # a restart appends to the same log
         args = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", "127.0.0.1:0",
-                "--preset", self.preset, *(extra or [])]
+                "--preset", self.preset, "--data-dir", str(self.workdir / site), *(extra or [])]
         for seed in join or []:
             args += ["--join", seed]
-        log_file = log_path.open("w")
+        log_file = log_path.open("a")
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True, env=_env(), cwd=REPO)
         assert proc.stdout is not None
         line = proc.stdout.readline()

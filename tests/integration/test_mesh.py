@@ -123,8 +123,9 @@ def test_status_table_for_people(cluster: Cluster) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("view of a")
-    assert lines[1].split()[:3] == ["SITE", "ADDRESS", "STATE"]
-    assert {line.split()[0] for line in lines[2:]} == {"a", "b", "c"}
+    assert lines[1].startswith("epoch ")
+    assert lines[2].split()[:3] == ["SITE", "ADDRESS", "STATE"]
+    assert {line.split()[0] for line in lines[3:]} == {"a", "b", "c"}
 
 
 def test_ops_against_nothing_is_a_clear_error() -> None:

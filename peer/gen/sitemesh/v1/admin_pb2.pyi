@@ -29,16 +29,38 @@ class MemberStatus(_message.Message):
     def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_membership_pb2.MemberState, str]] = ..., incarnation: _Optional[int] = ..., last_heard_s: _Optional[float] = ..., meta: _Optional[_Union[_common_pb2.MemberMeta, _Mapping]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("self", "members", "uptime_s", "version")
+    __slots__ = ("self", "members", "uptime_s", "version", "consensus")
     SELF_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONSENSUS_FIELD_NUMBER: _ClassVar[int]
     self: str
     members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
     uptime_s: float
     version: str
-    def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ...) -> None: ...
+    consensus: ConsensusStatus
+    def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ...) -> None: ...
+
+class ConsensusStatus(_message.Message):
+    __slots__ = ("role", "epoch", "leader", "lease_remaining_s", "committed_round", "commit_index", "applied_index", "voters")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_S_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    epoch: int
+    leader: str
+    lease_remaining_s: float
+    committed_round: int
+    commit_index: int
+    applied_index: int
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[str] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., lease_remaining_s: _Optional[float] = ..., committed_round: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ()
