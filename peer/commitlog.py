@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NewType, Union
 
-from peer.election import Epoch, Header, SiteId
+from peer.election import Epoch, HardState, Header, SiteId
 
 Round = NewType("Round", int)
 """An outer round; consecutive in the log, 0 = before the first round."""
@@ -280,6 +280,45 @@ class Log:
             self.entries = []
         self.snapshot = snap
         return keep
+
+
+# --- durability: what the core asks the node to fsync, and what it reads back at start ---
+
+
+@dataclass(frozen=True)
+class PersistHardState:
+    state: HardState
+
+
+@dataclass(frozen=True)
+class PersistLog:
+    """Drop every stored entry with index >= first_index, then append `entries`."""
+
+    first_index: LogIndex
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
+class PersistSnapshot:
+    """Store the snapshot; keep the stored entries after it only if the entry at its last index has
+    its epoch (commitlog.Log.install's rule), else drop them all."""
+
+    snapshot: Snapshot
+
+
+@dataclass
+class DurableState:
+    """Everything the core reads from disk at start (logstore.Store.load returns it)."""
+
+    hard: HardState
+    snapshot: Snapshot
+    entries: list[Entry]
+
+    @classmethod
+    def fresh(cls, founders: Mapping[SiteId, str] | None = None) -> DurableState:
+        """A new peer. Founding peers of a run all pass the same `founders` (site -> address) and so
+        write identical bootstrap entries; a peer joining later passes None and receives the log."""
+        return cls(HardState(Epoch(0), None), EMPTY_SNAPSHOT, bootstrap_entries(founders or {}))
 
 
 def quorum_index(match: Mapping[SiteId, int], voters: Iterable[SiteId]) -> LogIndex:

@@ -20,24 +20,27 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
 from peer.commitlog import (
     AppendEntries,
     AppendReply,
+    DurableState,
     Entry,
     EpochStart,
     InstallSnapshot,
     Log,
     LogIndex,
+    PersistHardState,
+    PersistLog,
+    PersistSnapshot,
     RoundCommit,
     Snapshot,
     VoterChange,
     Voters,
     apply_voter_change,
-    bootstrap_entries,
     quorum_index,
 )
 from peer.election import (
@@ -61,27 +64,6 @@ class Send:
     to: SiteId
     address: str
     msg: Message
-
-
-@dataclass(frozen=True)
-class PersistHardState:
-    state: HardState
-
-
-@dataclass(frozen=True)
-class PersistLog:
-    """Drop every stored entry with index >= first_index, then append `entries`."""
-
-    first_index: LogIndex
-    entries: tuple[Entry, ...]
-
-
-@dataclass(frozen=True)
-class PersistSnapshot:
-    """Store the snapshot; keep the stored entries after it only if the entry at its last index has
-    its epoch (commitlog.Log.install's rule), else drop them all."""
-
-    snapshot: Snapshot
 
 
 @dataclass(frozen=True)
@@ -126,23 +108,6 @@ class Decision:
     reason: str
     effects: list[Effect]
     index: LogIndex | None = None
-
-
-@dataclass
-class DurableState:
-    """Everything the core reads from disk at start (logstore.Store.load returns it)."""
-
-    hard: HardState
-    snapshot: Snapshot
-    entries: list[Entry]
-
-    @classmethod
-    def fresh(cls, founders: Mapping[SiteId, str] | None = None) -> DurableState:
-        """A new peer. Founding peers of a run all pass the same `founders` (site -> address) and so
-        write identical bootstrap entries; a peer joining later passes None and receives the log."""
-        from peer.commitlog import EMPTY_SNAPSHOT
-
-        return cls(HardState(Epoch(0), None), EMPTY_SNAPSHOT, bootstrap_entries(founders or {}))
 
 
 @dataclass(frozen=True)
@@ -376,7 +341,7 @@ class ConsensusCore:
             effects.append(PersistHardState(self.hard))
         self._reset_election_timer()
         req = RequestVote(self._header(), proposed, self.log.last_index, self.log.last_epoch, pre_vote)
-        for site, address in self.log.voters():
+        for site, address in self._live_addresses(self.log.voters()).items():
             if site != self.site:
                 effects.append(self._send(site, address, req))
         self._count_votes(effects)
@@ -457,9 +422,15 @@ class ConsensusCore:
     def _targets(self) -> dict[SiteId, str]:
         """Everyone who needs the log: voters and live members (observers, voters-to-be)."""
         out = {s: m.address for s, m in self.members.items() if m.state == "alive"}
-        out.update(dict(self.log.voters()))
+        out.update(self._live_addresses(self.log.voters()))
         out.pop(self.site, None)
         return out
+
+    def _live_addresses(self, voters: Voters) -> dict[SiteId, str]:
+        """Voter -> address to dial: where membership last saw it alive, else where the log says.
+        A site restarted by Slurm on another node keeps its seat but not its address."""
+        return {s: (self.members[s].address if s in self.members and self.members[s].state == "alive" else a)
+                for s, a in voters}
 
     def _append_and_replicate(self, body: RoundCommit | VoterChange | EpochStart,
                               effects: list[Effect] | None = None) -> Decision:
@@ -482,13 +453,18 @@ class ConsensusCore:
         self.seq += 1
         self.sent_at[self.seq] = self.now
         nxt = self.next_index.setdefault(site, self.log.last_index + 1)
+        # Pipelining (etcd's replicate state): next_index moves past what is in flight, so replies to
+        # earlier messages do not resend it; a lost message shows up as a refusal with a hint.
         if nxt <= self.log.snapshot.last_index:
+            self.next_index[site] = self.log.snapshot.last_index + 1
             return self._send(site, address, InstallSnapshot(self._header(), self.log.snapshot, self.seq))
         prev = nxt - 1
         prev_epoch = self.log.epoch_at(prev)
         assert prev_epoch is not None, f"no epoch for index {prev} above the snapshot"
-        msg = AppendEntries(self._header(), LogIndex(prev), prev_epoch,
-                            self.log.slice(nxt, self.config.max_batch), self.commit_index, self.seq)
+        entries = self.log.slice(nxt, self.config.max_batch)
+        if entries:
+            self.next_index[site] = entries[-1].index + 1
+        msg = AppendEntries(self._header(), LogIndex(prev), prev_epoch, entries, self.commit_index, self.seq)
         return self._send(site, address, msg)
 
     def _follow(self, h: Header, effects: list[Effect]) -> None:

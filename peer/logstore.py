@@ -28,9 +28,13 @@ from pathlib import Path
 
 from peer.commitlog import (
     EMPTY_SNAPSHOT,
+    DurableState,
     Entry,
     Log,
     LogIndex,
+    PersistHardState,
+    PersistLog,
+    PersistSnapshot,
     Round,
     Snapshot,
     decode_entry,
@@ -38,7 +42,6 @@ from peer.commitlog import (
     encode_entry,
     encode_snapshot,
 )
-from peer.consensus import DurableState, Effect, PersistHardState, PersistLog, PersistSnapshot
 from peer.election import Epoch, HardState, SiteId
 
 MAGIC = b"SMLR"
@@ -59,7 +62,7 @@ class Store:
     def load(self) -> DurableState:
         return DurableState(self.hard, self.log.snapshot, list(self.log.entries))
 
-    def persist(self, effect: Effect) -> bool:
+    def persist(self, effect: object) -> bool:
         """Make a Persist* effect durable; returns False for effects that are not about storage."""
         if isinstance(effect, PersistHardState):
             self.save_hard_state(effect.state)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peer.commitlog import Contributor, Entry, LogIndex, Round, RoundCommit, SampleRange, encode_entry
+from peer.commitlog import Contributor, Entry, Round, RoundCommit, SampleRange, encode_entry
 from peer.consensus import (
     Committed,
     ConsensusCore,
