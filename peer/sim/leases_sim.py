@@ -2,13 +2,18 @@
 
 Runs on the generic simulator (peer/sim/runner.py: event heap, `SimNetwork`, `NodeClock`). Every site
 is a `LeasePeer` node: the real lease cores (peer/leases.py owner, peer/lease_client.py holder) plus a
-training stand-in that consumes samples at a site-specific speed. One more node, `Control` at address
-"leader", stands in for the leader and its commit log: it closes rounds, runs the real admission
-check (peer/admission.py), appends RoundCommits and ring views (membership changes are log entries,
-as voter changes are), and replicates the log to every site with AppendEntries-like `LogUpdate`
-messages that are resent until acknowledged, so sites apply it in order over the lossy network.
-(The real consensus core is simulated by peer/sim/consensus_sim.py; leases need from it only the
-committed log, which `Control` provides. It never crashes.)
+training stand-in that consumes samples at a site-specific speed. The commit log comes from one of two
+backends:
+
+* `--consensus` (`SimConfig.consensus`): every site also runs the real consensus core
+  (peer/consensus.py, Raft with PreVote and leases) on a `MemoryStore` disk that survives its
+  crashes; whichever site leads closes rounds, runs the real admission check (peer/admission.py)
+  and proposes RoundCommits; the ring is the committed voter set; membership faults are reported to
+  the cores (member_alive / member_dead / member_left) as the membership layer would. Leaders crash,
+  pause and fail over like any site.
+* the default stand-in: one more node, `Control` at address "leader", decides rounds in one place
+  and never crashes; it replicates its log (RoundCommits and ring views) with resent `LogUpdate`s.
+  Cheaper (the 50-peer benchmark uses it).
 
 Faults per seed, at seeded random times: crash and restart of a holder; the owners of a block
 crashed in turn (each after the previous one is back); a majority of a block's owners crashed at once
@@ -28,19 +33,32 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 from peer.admission import Admission, Contribution, admit_round
 from peer.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
-from peer.commitlog import Contributor, Entry, LogIndex, Round, RoundCommit, SampleRange
-from peer.election import Epoch, SiteId
+from peer.commitlog import (
+    Contributor,
+    Entry,
+    LogIndex,
+    Round,
+    RoundCommit,
+    SampleRange,
+    VoterChange,
+    Voters,
+    apply_voter_change,
+)
+from peer.consensus import Committed, ConsensusCore, DurableState, LeaderChanged
+from peer.consensus import Message as ConsensusMessage
+from peer.election import ElectionConfig, Epoch, Role, SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
 from peer.leases import LeaseConfig, LeaseOwner
-from peer.logstore import FileStore
+from peer.logstore import FileStore, MemoryStore
 from peer.ring import RingView
 from peer.sim.clock import NodeClock
 from peer.sim.network import SimNetwork
@@ -50,7 +68,11 @@ LEADER = "leader"
 STEP = 0.5
 """Seconds (local) between two training steps of a site."""
 RESEND = 0.5
-"""Control resends unacknowledged log entries this often."""
+"""Log updates and round closings are resent this often until acknowledged."""
+RAFT = ElectionConfig(election_timeout_min_s=1.0, election_timeout_max_s=2.0, heartbeat_interval_s=0.2,
+                      max_clock_drift=0.01, max_batch=16)
+"""Consensus timing: failover well within a round (8 s) and a lease ttl (6 s), few heartbeats."""
+_CONSENSUS_MESSAGES = typing.get_args(ConsensusMessage)
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,8 @@ class SimConfig:
     fault_span: float = 15.0
     """Faults start within this many seconds of each other (the run takes a few times more)."""
     max_time: float = 2000.0
+    consensus: bool = False
+    """The real consensus core decides rounds (see the module docstring); False: the stand-in."""
     speed_scale: int = 1
     """Multiplies every site's samples per step (the benchmark's big datasets)."""
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
@@ -112,42 +136,81 @@ class Offer:
 
 
 @dataclass(frozen=True)
+class CloseRound:
+    """Leader -> sites (consensus backend): round `round` is closed, claim and offer what you trained."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class SimSend:
     to: str
     msg: object
 
 
-class Control:
-    """The leader and its commit log (stand-in): rounds, admission, membership views, replication."""
+class Truth:
+    """The committed log as the simulation sees it (the order every peer applies it in): the reference
+    ledger of the invariants, the audit's input and the committed sample set of every epoch."""
 
-    def __init__(self, universe: dict[int, int], cfg: SimConfig) -> None:
-        self.cfg = cfg
-        self.log: list[LogItem] = []
+    def __init__(self, universe: dict[int, int]) -> None:
         self.ledger = EpochLedger(universe)
-        self.acked: dict[SiteId, int] = {}
-        """Sites the log is replicated to (members, joiners, leavers until gone) -> applied index."""
-        self.round = 0
-        self.offers: dict[int, dict[SiteId, Contribution]] = {}
+        self.index = 0
+        """Last log position seen."""
+        self.view: RingView | None = None
+        self.commits: list[tuple[int, list[tuple[SiteId, tuple[SampleRange, ...]]]]] = []
         self.decisions: list[Admission] = []
         self.duplicates: list[str] = []
         self.committed_sets: list[frozenset[tuple[int, int]]] = []
         self._epoch_samples: set[tuple[int, int]] = set()
+
+    def see_view(self, index: int, view: RingView) -> None:
+        if index > self.index:
+            self.index, self.view = index, view
+
+    def see_commit(self, index: int, rnd: int, included: Iterable[tuple[SiteId, tuple[SampleRange, ...]]]) -> None:
+        if index <= self.index:
+            return
+        self.index = index
+        included = list(included)
+        applied = self.ledger.apply(rnd, included)
+        if applied.duplicated_samples:
+            self.duplicates.append(f"round {rnd} commits {applied.duplicated_samples} samples twice in data "
+                                   f"epoch {applied.data_epoch} (I4)")
+        for _, ranges in included:
+            for rg in ranges:
+                self._epoch_samples.update((rg.block_id, i) for i in range(rg.start, rg.end))
+        if applied.epoch_ended:
+            self.committed_sets.append(frozenset(self._epoch_samples))
+            self._epoch_samples = set()
+        self.commits.append((rnd, included))
+
+
+def decide(rnd: int, offers: dict[SiteId, Contribution], ledger: EpochLedger
+           ) -> tuple[list[Admission], tuple[tuple[SiteId, tuple[SampleRange, ...]], ...]]:
+    """The leader's decision of a round: admission of every offer, and the included ranges."""
+    decisions = admit_round(rnd, offers.values(), ledger)
+    return decisions, tuple((d.site, offers[d.site].ranges) for d in decisions if d.included)
+
+
+class Control:
+    """The leader and its commit log (stand-in): rounds, admission, membership views, replication."""
+
+    def __init__(self, truth: Truth, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.truth = truth
+        self.log: list[LogItem] = []
+        self.acked: dict[SiteId, int] = {}
+        """Sites the log is replicated to (members, joiners, leavers until gone) -> applied index."""
+        self.round = 0
+        self.offers: dict[int, dict[SiteId, Contribution]] = {}
         self._next_round = cfg.round_len
         self._decide: list[tuple[float, int]] = []
         self._next_resend = 0.0
 
-    @property
-    def view(self) -> RingView | None:
-        return next((e.view for e in reversed(self.log) if isinstance(e, ViewEntry)), None)
-
-    def views(self) -> list[RingView]:
-        return [e.view for e in self.log if isinstance(e, ViewEntry)]
-
     def commit_view(self, members: set[SiteId]) -> None:
-        self.log.append(ViewEntry(RingView.of(len(self.views()) + 1, members)))
-
-    def commits(self) -> list[tuple[int, list[tuple[SiteId, tuple[SampleRange, ...]]]]]:
-        return [(e.round, list(e.contributors)) for e in self.log if isinstance(e, CommitEntry)]
+        version = 1 + sum(1 for e in self.log if isinstance(e, ViewEntry))
+        self.log.append(ViewEntry(RingView.of(version, members)))
+        self.truth.see_view(len(self.log), self.log[-1].view)  # type: ignore[union-attr]
 
     # Node interface (the leader's clock is true time: it is never skewed)
 
@@ -161,7 +224,10 @@ class Control:
         for at, r in list(self._decide):
             if now >= at:
                 self._decide.remove((at, r))
-                self._close(r)
+                decisions, included = decide(r, self.offers.pop(r, {}), self.truth.ledger)
+                self.truth.decisions.extend(decisions)
+                self.log.append(CommitEntry(r, included))
+                self.truth.see_commit(len(self.log), r, included)
                 self._next_resend = now
         if now < self._next_resend:
             return []
@@ -179,26 +245,10 @@ class Control:
     def next_deadline(self) -> float:
         return min([self._next_round, self._next_resend] + [at for at, _ in self._decide])
 
-    def _close(self, r: int) -> None:
-        offered = self.offers.pop(r, {})
-        decisions = admit_round(r, offered.values(), self.ledger)
-        self.decisions.extend(decisions)
-        included = tuple((d.site, offered[d.site].ranges) for d in decisions if d.included)
-        applied = self.ledger.apply(r, included)
-        if applied.duplicated_samples:
-            self.duplicates.append(f"round {r} commits {applied.duplicated_samples} samples twice in data "
-                                   f"epoch {applied.data_epoch} (I4)")
-        for _, ranges in included:
-            for rg in ranges:
-                self._epoch_samples.update((rg.block_id, i) for i in range(rg.start, rg.end))
-        if applied.epoch_ended:
-            self.committed_sets.append(frozenset(self._epoch_samples))
-            self._epoch_samples = set()
-        self.log.append(CommitEntry(r, included))
-
 
 class LeasePeer:
-    """One site: lease owner + holder cores, its copy of the log, and a training stand-in."""
+    """One site: lease owner + holder cores, its copy of the log, and a training stand-in. Its log
+    comes from `Control`'s LogUpdates; `RaftPeer` takes it from a consensus core instead."""
 
     def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
                  amnesiac: bool) -> None:
@@ -211,8 +261,10 @@ class LeasePeer:
         self.applied = 0
         self.closed = 0
         self.views: list[RingView] = []
+        self.leader: str | None = LEADER
+        self.leader_epoch = 1
         self.next_step = now + STEP
-        self.offered: set[int] = set()
+        self.offered: set[tuple[int, str]] = set()
         self.left = False
 
     def tick(self, now: float) -> list[Any]:
@@ -225,6 +277,8 @@ class LeasePeer:
     def receive(self, msg: object, now: float) -> list[Any]:
         if isinstance(msg, LogUpdate):
             return self._log_update(msg, now)
+        if isinstance(msg, CloseRound):
+            return self._close(msg.round, now) + self._offers()
         return self.owner.receive(msg, now) + self.client.receive(msg, now) + self._offers()  # type: ignore[arg-type]
 
     def next_deadline(self) -> float:
@@ -236,35 +290,141 @@ class LeasePeer:
         self.left = True
         return list(self.client.release_all(now))
 
+    def _apply(self, items: Sequence[LogItem], now: float) -> list[Any]:
+        """Apply committed entries in order; of the views among them only the newest is given to the
+        cores (a restarted peer replays them all, and its cores must see only the current one)."""
+        out: list[Any] = []
+        seen = len(self.views)
+        for item in items:
+            if isinstance(item, ViewEntry):
+                self.views.append(item.view)
+            else:
+                self.ledger.apply(item.round, item.contributors)
+                out += self.owner.on_commit(now) + self.client.on_commit(now)
+        if len(self.views) > seen:
+            prev = self.views[-2] if len(self.views) > 1 else None
+            out += self.owner.set_view(self.views[-1], self.leader_epoch, now, previous=prev)
+            out += self.client.set_view(self.views[-1], self.leader_epoch, now)
+            out += self.owner.on_commit(now) + self.client.on_commit(now)
+        return out
+
     def _log_update(self, m: LogUpdate, now: float) -> list[Any]:
         out: list[Any] = []
         if m.first <= self.applied + 1:
-            seen = len(self.views)
-            for item in m.entries[self.applied + 1 - m.first:]:
-                self.applied += 1
-                if isinstance(item, ViewEntry):
-                    self.views.append(item.view)
-                else:
-                    self.ledger.apply(item.round, item.contributors)
-                    out += self.owner.on_commit(now) + self.client.on_commit(now)
-            if len(self.views) > seen:  # only the newest view of a batch (a restart replays them all)
-                prev = self.views[-2] if len(self.views) > 1 else None
-                out += self.owner.set_view(self.views[-1], 1, now, previous=prev)
-                out += self.client.set_view(self.views[-1], 1, now)
-                out += self.owner.on_commit(now) + self.client.on_commit(now)
-        if m.closed_round > self.closed and self.client.view is not None and not self.left:
-            self.closed = m.closed_round
-            out += self.client.end_round(m.closed_round, now)
+            fresh = m.entries[self.applied + 1 - m.first:]
+            self.applied += len(fresh)
+            out += self._apply(fresh, now)
+        out += self._close(m.closed_round, now)
         out.append(SimSend(LEADER, LogAck(self.site, self.applied)))
         return out + self._offers()
 
+    def _close(self, rnd: int, now: float) -> list[Any]:
+        if rnd > self.closed and self.client.view is not None and not self.left:
+            self.closed = rnd
+            return list(self.client.end_round(rnd, now))
+        return []
+
     def _offers(self) -> list[SimSend]:
+        """Offer every vouched, undecided round to the current leader (again, after a failover)."""
         out = []
         for r in sorted(self.client.rounds):
             c = self.client.contribution(r)
-            if c is not None and c.ranges and r not in self.offered:
-                self.offered.add(r)
-                out.append(SimSend(LEADER, Offer(c)))
+            if c is not None and c.ranges and self.leader is not None and (r, self.leader) not in self.offered:
+                self.offered.add((r, self.leader))
+                out.append(SimSend(self.leader, Offer(c)))
+        return out
+
+
+class RaftPeer(LeasePeer):
+    """A site whose log is its own consensus core's: it applies Committed entries (RoundCommits, and
+    voter changes as ring views), and while it leads it closes rounds, admits and proposes them."""
+
+    def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
+                 amnesiac: bool, disk: MemoryStore, truth: Truth, seed: str) -> None:
+        super().__init__(site, universe, cfg, speed, now, amnesiac)
+        self.disk, self.truth = disk, truth
+        self.core = ConsensusCore.start(site, site, RAFT, disk.load(), now, derive_rng(0, seed))
+        self.voters: Voters = ()
+        self.leader = None
+        self.open_round: int | None = None
+        self.offers: dict[SiteId, Contribution] = {}
+        self.next_close = now + cfg.round_len
+        self.decide_at = self.resend_at = 0.0
+
+    def tick(self, now: float) -> list[Any]:
+        return self._consensus(self.core.tick(now), now) + super().tick(now) + self._lead(now)
+
+    def receive(self, msg: object, now: float) -> list[Any]:
+        if isinstance(msg, _CONSENSUS_MESSAGES):
+            return self._consensus(self.core.receive(msg, now), now) + self._offers()  # type: ignore[arg-type]
+        if isinstance(msg, Offer):
+            if self.open_round == msg.contribution.round:
+                self.offers.setdefault(msg.contribution.site, msg.contribution)
+            return []
+        return super().receive(msg, now)
+
+    def next_deadline(self) -> float:
+        times = [super().next_deadline(), self.core.next_deadline()]
+        if self.core.role is Role.LEADER:
+            times.append(self.next_close if self.open_round is None else min(self.decide_at, self.resend_at))
+        return min(times)
+
+    def leave(self, now: float) -> list[Any]:
+        return super().leave(now) + self._consensus(self.core.leave(now).effects, now)
+
+    def _consensus(self, effects: Sequence[Any], now: float) -> list[Any]:
+        """Carry out a consensus core's effects in order: persist, send, apply, note the leader."""
+        out: list[Any] = []
+        items: list[LogItem] = []
+        for e in effects:
+            if self.disk.persist(e):
+                continue
+            if isinstance(e, Committed):
+                items += self._item(e.entry)
+            elif isinstance(e, LeaderChanged):
+                self.leader, self.leader_epoch = e.leader, max(self.leader_epoch, e.epoch)
+            elif hasattr(e, "msg"):
+                out.append(e)
+        return out + (self._apply(items, now) if items else [])
+
+    def _item(self, entry: Entry) -> list[LogItem]:
+        if isinstance(entry.body, VoterChange):
+            self.voters = apply_voter_change(self.voters, entry.body)
+            view = RingView.of(entry.index, [s for s, _ in self.voters])
+            self.truth.see_view(entry.index, view)
+            return [ViewEntry(view)]
+        if isinstance(entry.body, RoundCommit):
+            included = tuple((c.site, c.ranges) for c in entry.body.contributors)
+            self.truth.see_commit(entry.index, entry.body.round, included)
+            return [CommitEntry(entry.body.round, included)]
+        return []
+
+    def _lead(self, now: float) -> list[Any]:
+        if self.core.role is not Role.LEADER:
+            self.open_round = None
+            return []
+        out: list[Any] = []
+        if self.open_round is None:
+            if now >= self.next_close:
+                if self.core.not_ready(now) is not None:  # e.g. the last round not committed yet
+                    self.next_close = now + RESEND
+                    return out
+                self.open_round = self.core.log.last_round_entry()[0] + 1
+                self.offers = {}
+                self.decide_at, self.resend_at = now + self.cfg.decide_after, now
+                self.next_close = now + self.cfg.round_len
+        elif now >= self.decide_at:
+            rnd, self.open_round = self.open_round, None
+            decisions, included = decide(rnd, self.offers, self.ledger)
+            commit = RoundCommit(Round(rnd), tuple(
+                Contributor(site, sum(r.end - r.start for r in rs), rs, b"") for site, rs in included), b"")
+            d = self.core.propose_round(commit, now)
+            if d.accepted:
+                self.truth.decisions.extend(decisions)
+            return self._consensus(d.effects, now)
+        if self.open_round is not None and now >= self.resend_at:
+            self.resend_at = now + RESEND
+            out += [SimSend(site, CloseRound(self.open_round)) for site, _ in self.voters]
         return out
 
 
@@ -283,10 +443,10 @@ class LeaseChecker:
 
     def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
         out: list[str] = []
-        ctl = self.run.control
-        if len(ctl.duplicates) > self._dups_seen:
-            out += [f"t={sim.now:.1f}: {d}" for d in ctl.duplicates[self._dups_seen:]]
-            self._dups_seen = len(ctl.duplicates)
+        truth = self.run.truth
+        if len(truth.duplicates) > self._dups_seen:
+            out += [f"t={sim.now:.1f}: {d}" for d in truth.duplicates[self._dups_seen:]]
+            self._dups_seen = len(truth.duplicates)
         for e in effects:
             if hasattr(e, "msg"):
                 kind = type(e.msg).__name__
@@ -305,13 +465,13 @@ class LeaseChecker:
         return out
 
     def _vouchers(self, t: float, to: str, msg: TrainedReply) -> list[str]:
-        ctl = self.run.control
-        if msg.round <= ctl.ledger.last_round or msg.header.data_epoch != ctl.ledger.data_epoch:
+        ledger = self.run.truth.ledger
+        if msg.round <= ledger.last_round or msg.header.data_epoch != ledger.data_epoch:
             return []
         out = []
         for v in msg.vouched:
             key = (msg.header.data_epoch, v.block_id)
-            live = [x for x in self.vouched.get(key, []) if x[1] > ctl.ledger.last_round]
+            live = [x for x in self.vouched.get(key, []) if x[1] > ledger.last_round]
             for site, rnd, spans in live:
                 clash = intersect(spans, v.spans)
                 if (site, rnd) != (to, msg.round) and clash and key not in self.rebuilt:
@@ -321,12 +481,12 @@ class LeaseChecker:
         return out
 
     def at_end(self, sim: Simulation) -> list[str]:
-        ctl = self.run.control
+        truth = self.run.truth
         out = []
-        if ctl.ledger.data_epoch < self.run.cfg.epochs:
-            out.append(f"t={sim.now:.1f}: only {ctl.ledger.data_epoch} of {self.run.cfg.epochs} epochs "
+        if truth.ledger.data_epoch < self.run.cfg.epochs:
+            out.append(f"t={sim.now:.1f}: only {truth.ledger.data_epoch} of {self.run.cfg.epochs} epochs "
                        f"finished (liveness)")
-        out += [f"audit: {a}" for a in audit(self.run.universe, ctl.commits(), self.events) if not a.ok]
+        out += [f"audit: {a}" for a in audit(self.run.universe, truth.commits, self.events) if not a.ok]
         return out
 
 
@@ -358,7 +518,9 @@ class LeaseSim:
             net.drop_rate, net.duplicate_rate = cfg.drop, cfg.dup
             net.reorder_rate, net.reorder_window_s = cfg.reorder, 0.2
         self.sim = Simulation(seed, net)
-        self.control = Control(self.universe, cfg)
+        self.truth = Truth(self.universe)
+        self.control = Control(self.truth, cfg)
+        self.disks: dict[SiteId, MemoryStore] = {}
         self.checker = LeaseChecker(self)
         self.faults: list[tuple[float, str]] = []
         self.speeds: dict[SiteId, int] = {}
@@ -366,38 +528,79 @@ class LeaseSim:
     def run(self) -> Result:
         names = [SiteId(f"s{i}") for i in range(self.cfg.sites)]
         founders = names if not self.cfg.faults else names[:-1]
-        self.sim.add_node(LEADER, lambda now: (self.control, []))
+        if not self.cfg.consensus:
+            self.sim.add_node(LEADER, lambda now: (self.control, []))
         for n in names:
             self.speeds[n] = self.rng.choice([1, 2, 3, 5, 8])
             rate = 0.6 if (n == "s1" and self.cfg.faults) else (self.rng.uniform(0.98, 1.02) if self.cfg.faults else 1.0)
             clock = NodeClock(offset=self.rng.uniform(-50, 50), rate=rate)
             at = 0.0 if n in founders else 1e9  # late joiners are started by their join fault
-            self.sim.add_node(n, lambda now, n=n: (self._peer(n, now), []), at=at, clock=clock)
-        for n in founders:
-            self.control.acked[n] = 0
-        self.control.commit_view(set(founders))
+            self.sim.add_node(n, lambda now, n=n: (self._peer(n, now, founders), []), at=at, clock=clock)
+        if not self.cfg.consensus:
+            for n in founders:
+                self.control.acked[n] = 0
+            self.control.commit_view(set(founders))
         if self.cfg.faults:
             self._schedule_faults(names)
-        self.sim.schedule(self.cfg.max_time, lambda: None, "time is up")
         self.sim.schedule(0.0, self._watch_epochs, "watch epochs")
         res = self.sim.run(self.cfg.max_time, self.checker)
-        return Result(self.seed, res.violations,
-                      audit(self.universe, self.control.commits(), self.checker.events),
-                      self.checker.events, res.end_time, res.stats.get("sent", 0), self.control.committed_sets,
-                      self.universe, self.control.commits(), self.faults, self.checker.by_kind,
-                      self.control.decisions)
+        t = self.truth
+        return Result(self.seed, res.violations, audit(self.universe, t.commits, self.checker.events),
+                      self.checker.events, res.end_time, res.stats.get("sent", 0), t.committed_sets,
+                      self.universe, t.commits, self.faults, self.checker.by_kind, t.decisions)
 
     def _watch_epochs(self) -> None:
-        if self.control.ledger.data_epoch >= self.cfg.epochs:
+        if self.truth.ledger.data_epoch >= self.cfg.epochs:
             self.sim.stop()
         else:
             self.sim.schedule(self.sim.now + 1.0, self._watch_epochs, "watch epochs")
 
-    def _peer(self, name: SiteId, now: float) -> LeasePeer:
+    def _peer(self, name: SiteId, now: float, founders: Sequence[SiteId]) -> LeasePeer:
         # a process started after the run began has no lease state: it must sync, never bootstrap
-        peer = LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac=self.sim.now > 0)
-        self.control.acked[name] = 0  # a (re)started process applies the log from its start
-        return peer
+        amnesiac = self.sim.now > 0
+        if not self.cfg.consensus:
+            self.control.acked[name] = 0  # a (re)started process applies the log from its start
+            return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac)
+        if name not in self.disks:
+            self.disks[name] = disk = MemoryStore()
+            fresh = DurableState.fresh({f: f for f in founders} if name in founders else None)
+            disk.save_hard_state(fresh.hard)
+            disk.write_log(1, tuple(fresh.entries))
+        seed = f"{self.seed}/{name}/{self.sim.events}"
+        return RaftPeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, self.disks[name],
+                        self.truth, seed)
+
+    # --- membership as the membership layer reports it ---
+
+    def _members(self) -> set[SiteId]:
+        view = self.truth.view
+        return set(view.members) if view else set()
+
+    def _tell_cores(self, fn: Callable[[ConsensusCore], None]) -> None:
+        for n in self.speeds:
+            node = self.sim.node(n)
+            if isinstance(node, RaftPeer):
+                fn(node.core)
+
+    def _joined(self, name: SiteId) -> None:
+        if self.cfg.consensus:
+            self._tell_cores(lambda c: c.member_alive(name, name))
+        else:
+            self.control.commit_view(self._members() | {name})
+
+    def _dead(self, name: SiteId) -> None:
+        if self._up(name):
+            return
+        if self.cfg.consensus:
+            self._tell_cores(lambda c: c.member_dead(name))
+        else:
+            self.control.commit_view(self._members() - {name})
+
+    def _left(self, name: SiteId) -> None:
+        if self.cfg.consensus:
+            self._tell_cores(lambda c: c.member_left(name))
+        else:
+            self.control.commit_view(self._members() - {name})
 
     # --- faults ---
 
@@ -418,10 +621,6 @@ class LeaseSim:
     def _note(self, what: str) -> None:
         self.faults.append((self.sim.now, what))
 
-    def _members(self) -> set[SiteId]:
-        view = self.control.view
-        return set(view.members) if view else set()
-
     def _up(self, name: str) -> bool:
         return self.sim.state(name) is not NodeState.DOWN
 
@@ -435,20 +634,17 @@ class LeaseSim:
             return
         self._note(f"join {name}")
         self.sim.restart(name)
-        self.sim.schedule(self.sim.now + 1.0, lambda: self.control.commit_view(self._members() | {name}),
-                          f"view: {name} joins")
+        self.sim.schedule(self.sim.now + 1.0, lambda: self._joined(name), f"view: {name} joins")
 
     def _crash(self, name: SiteId | None) -> bool:
         if name is None or not self._up(name) or len(self._members()) <= 2:
             return False
-        self._note(f"crash {name}")
+        node = self.sim.node(name)
+        leads = isinstance(node, RaftPeer) and node.core.role is Role.LEADER
+        self._note(f"crash {name}" + (" (the leader)" if leads else ""))
         self.sim.crash(name)
-        self.sim.schedule(self.sim.now + 2.0, lambda: self._remove(name), f"view: {name} dead")
+        self.sim.schedule(self.sim.now + 2.0, lambda: self._dead(name), f"view: {name} dead")
         return True
-
-    def _remove(self, name: SiteId) -> None:
-        if not self._up(name):
-            self.control.commit_view(self._members() - {name})
 
     def _later(self, action: Callable[[], None], label: str) -> None:
         """A fault that cannot hit now (too few sites up): try again a little later."""
@@ -475,12 +671,12 @@ class LeaseSim:
         self.sim.schedule(self.sim.now + 0.5, lambda: self._gone(name), f"{name} exits")
 
     def _gone(self, name: SiteId) -> None:
-        self.control.commit_view(self._members() - {name})
-        self.sim.schedule(self.sim.now + 1.0, lambda: self.sim.crash(name), f"{name} process ends")
+        self._left(name)
+        self.sim.schedule(self.sim.now + 3.0, lambda: self.sim.crash(name), f"{name} process ends")
         self.sim.schedule(self.sim.now + self.rng.uniform(10, 30), lambda: self._join(name), f"{name} returns")
 
     def _owners_in_turn(self, block: int, i: int) -> None:
-        view = self.control.view
+        view = self.truth.view
         owners = view.owners(block) if view else ()
         if i >= len(owners):
             return
@@ -489,7 +685,7 @@ class LeaseSim:
         self.sim.schedule(self.sim.now + 12.0, lambda: self._owners_in_turn(block, i + 1), "next owner")
 
     def _majority_loss(self, block: int) -> None:
-        view = self.control.view
+        view = self.truth.view
         owners = view.owners(block) if view else ()
         up = [self.sim.state(o) is NodeState.UP for o in owners[:2]]
         if len(owners) < 3 or len(self._members()) < 4 or not all(up):
@@ -531,12 +727,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0:10", help="seed range A:B (B exclusive) or one seed")
     p.add_argument("--sites", type=int, default=5, help="number of sites (the last one joins late)")
     p.add_argument("--no-faults", action="store_true", help="no crashes, pauses or joins")
+    p.add_argument("--consensus", action="store_true",
+                   help="rounds decided through the real consensus core instead of the stand-in leader")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="write the first seed's log, blocks and lease ledger here (for `ops audit`)")
     args = p.parse_args(argv)
     a, _, b = args.seeds.partition(":")
     seeds = range(int(a), int(b)) if b else [int(a)]
-    cfg = SimConfig(sites=args.sites, faults=not args.no_faults)
+    cfg = SimConfig(sites=args.sites, faults=not args.no_faults, consensus=args.consensus)
     bad = 0
     t0 = time.time()
     for seed in seeds:
