@@ -101,6 +101,8 @@ class LeaseClient:
         self.trained: dict[tuple[BlockId, Gen], Spans] = {}
         """Trained since the last claim, per lease."""
         self.rounds: dict[int, _RoundClaims] = {}
+        self.leaving = False
+        """Set by release_all: this site leaves and takes no new lease."""
         self.lost_reasons: list[str] = []
         """Why leases were lost (for logs and tests), newest last."""
 
@@ -169,7 +171,8 @@ class LeaseClient:
         return Contribution(self.site, round_, ranges, vs)
 
     def release_all(self, now: float) -> list[Send]:
-        """Graceful leave (I8): give every lease back, one Release per owner."""
+        """Graceful leave (I8): give every lease back, one Release per owner, and ask for no more."""
+        self.leaving = True
         if self.view is None:  # never had a view: holds nothing
             return []
         per: dict[SiteId, list[LeaseRef]] = {}
@@ -255,7 +258,7 @@ class LeaseClient:
 
     def _maybe_grant(self, now: float) -> list[Send]:
         assert self.view is not None
-        if self.asking is not None and self.asking[1] + self.cfg.retry_after > now:
+        if self.leaving or (self.asking is not None and self.asking[1] + self.cfg.retry_after > now):
             return []
         ready = sum(1 for h in self.held.values() if h.spans)
         if ready >= self.prefetch:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from peer.audit import EpochLedger
 from peer.election import SiteId
 from peer.lease_client import LeaseClient
-from peer.lease_types import LeaseEvent, Message, Send
+from peer.lease_types import GrantRequest, LeaseEvent, Message, Send
 from peer.leases import LeaseConfig, LeaseOwner
 from peer.ring import RingView
 
@@ -165,3 +165,7 @@ def test_graceful_leave_releases_every_lease() -> None:
     released = {e.block for e in m.events if e.kind is EventKind.RELEASE and e.site == "a"}
     assert held and released == held
     assert all(m.owners[m.primary_of(b)].records[b].holder is None for b in held)
+    sent = len(m.delivered)
+    m.tick(CFG.retry_after * 3)
+    assert not any(isinstance(msg, GrantRequest) and msg.header.site == "a" for _, msg in m.delivered[sent:])
+    assert not a.held, "a leaving site takes no new lease"
