@@ -118,8 +118,7 @@ class _Deferred:
 class LeaseOwner:
     """The lease records of every block this peer owns; pure: messages and ticks in, effects out."""
 
-    def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, clock_origin: float = 0.0,
-                 amnesiac: bool = False) -> None:
+    def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, amnesiac: bool = False) -> None:
         self.site = site
         self.ledger = ledger
         """Committed samples and the data epoch, from the log (shared with the node's other cores)."""
@@ -137,7 +136,8 @@ class LeaseOwner:
         self.acks: dict[BlockId, dict[SiteId, int]] = {}
         self.deferred: list[_Deferred] = []
         self.unacked_since: dict[BlockId, float] = {}
-        self.sync_sent: float = clock_origin
+        self.sync_sent = 0.0
+        """When SyncRequests last went out (set_view sends the first ones)."""
         self.live_since: int | None = None if amnesiac else 0
         """First ring version at which this core took part in the protocol (a message passed its
         fence, so other peers were on that view too); 0: a founder, trusted from the first view.
