@@ -24,7 +24,9 @@ Plugging in a new protocol core (election/commit log, lease table ...):
    `at_end(sim)` runs once. Safety invariants inspect the effects of the node that just acted
    (cheap); timed properties ("within a bound") schedule their own check with `sim.schedule`.
    `sim.node(address)` gives the live core object (None when crashed), `sim.state(address)` its
-   process state, `sim.stop()` ends a run that has shown enough.
+   process state, `sim.delivering` the message whose delivery is the current event (None for ticks
+   and actions), `sim.act(address, fn)` lets a scenario call the core (a leave, a proposal) and
+   sends what it returns, `sim.stop()` ends a run that has shown enough.
 3. Write `run_seed(seed, scenario, trace) -> RunResult`: build a `SimNetwork` and a `Simulation`
    with `runner.derive_rng(seed, purpose)` streams, `sim.add_node(address, factory, at, clock)`
    where `factory(local_now) -> (core, initial_effects)` builds a fresh process (called again on
