@@ -62,7 +62,8 @@ from peer.logstore import FileStore, MemoryStore
 from peer.ring import RingView
 from peer.sim.clock import NodeClock
 from peer.sim.network import SimNetwork
-from peer.sim.runner import NodeState, Simulation, derive_rng
+from peer.sim.faults import parse_faults
+from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
 
 LEADER = "leader"
 STEP = 0.5
@@ -509,7 +510,7 @@ class Result:
 class LeaseSim:
     """One seeded run: the nodes, the leader stand-in, the fault schedule."""
 
-    def __init__(self, seed: int, cfg: SimConfig) -> None:
+    def __init__(self, seed: int, cfg: SimConfig, trace: Callable[[str], None] | None = None) -> None:
         self.seed, self.cfg = seed, cfg
         self.rng = derive_rng(seed, "leases")
         self.universe = {1000 + i: cfg.block_samples - (i % 3 == 2) for i in range(cfg.blocks)}
@@ -517,7 +518,7 @@ class LeaseSim:
         if cfg.faults:
             net.drop_rate, net.duplicate_rate = cfg.drop, cfg.dup
             net.reorder_rate, net.reorder_window_s = cfg.reorder, 0.2
-        self.sim = Simulation(seed, net)
+        self.sim = Simulation(seed, net, trace)
         self.truth = Truth(self.universe)
         self.control = Control(self.truth, cfg)
         self.disks: dict[SiteId, MemoryStore] = {}
@@ -720,6 +721,20 @@ def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, lis
 
 def simulate(seed: int, cfg: SimConfig | None = None) -> Result:
     return LeaseSim(seed, cfg or SimConfig()).run()
+
+
+def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None) -> RunResult:
+    """One seed for `ops simulate --protocol leases`: ops/simulate.py registers
+    `"leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags)`. `--members` sites, every
+    lease fault unless `--faults none`; the stand-in leader (`--consensus` is this module's flag)."""
+    cfg = SimConfig(sites=args.members, faults=bool(parse_faults(args.faults)))
+    run = LeaseSim(seed, cfg, trace)
+    res = run.run()
+    return RunResult(seed, run.sim.events, res.end_time, res.violations, dict(run.sim.network.stats))
+
+
+def replay_flags(args: argparse.Namespace) -> list[str]:
+    return ["--members", str(args.members), "--faults", args.faults]
 
 
 def main(argv: list[str] | None = None) -> int:

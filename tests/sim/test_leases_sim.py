@@ -95,6 +95,14 @@ def test_a_broken_owner_and_a_broken_admission_commit_duplicates_and_are_caught(
     assert sum(1 for vs in found if any("(I4)" in v for v in vs)) >= 2, found
 
 
+def test_ops_simulate_adapter_runs_a_seed() -> None:
+    import argparse
+
+    res = sim.run_seed(argparse.Namespace(members=4, faults="all"), 5)
+    assert res.violations == [] and res.events > 1000 and res.stats["lost_drop"] > 0
+    assert sim.replay_flags(argparse.Namespace(members=4, faults="all")) == ["--members", "4", "--faults", "all"]
+
+
 @pytest.mark.slow
 def test_sweep_1000_seeds() -> None:
     bad = {seed: r.violations for seed in range(1000) if (r := simulate(seed)).violations}
