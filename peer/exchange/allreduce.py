@@ -69,10 +69,12 @@ async def publish_pseudo_gradient(
     tokens: int,
     wire: codec.WireDtype = codec.WireDtype.BF16,
     chunk_size: int = codec.DEFAULT_CHUNK_BYTES,
+    out: torch.Tensor | None = None,
 ) -> codec.Encoded:
-    """Encodes (in a worker thread: the event loop keeps serving heartbeats) and publishes."""
+    """Encodes (in a worker thread: the event loop keeps serving heartbeats) and publishes.
+    `out`: see codec.encode; it must not be reused while this round may still be fetched."""
     encoded = await asyncio.to_thread(
-        codec.encode, tensors, round=round, site=site, tokens=tokens, wire=wire, chunk_size=chunk_size
+        codec.encode, tensors, round=round, site=site, tokens=tokens, wire=wire, chunk_size=chunk_size, out=out
     )
     await store.publish(encoded)
     return encoded

@@ -323,12 +323,23 @@ def encode(
     tokens: int,
     wire: WireDtype = WireDtype.BF16,
     chunk_size: int = DEFAULT_CHUNK_BYTES,
+    out: torch.Tensor | None = None,
 ) -> Encoded:
-    """Encodes a pseudo-gradient (named float tensors on any device) into an Encoded object."""
+    """Encodes a pseudo-gradient (named float tensors on any device) into an Encoded object.
+
+    `out`, if given, is a contiguous CPU uint8 buffer of at least the layout's bytes to encode into:
+    one reused across rounds (no page faults on fresh memory), or an mmapped file in /dev/shm that
+    the trainer process fills. Otherwise fresh memory is allocated.
+    """
     layout = Layout.of({n: t.shape for n, t in tensors.items()}, wire)
     layout.check_tensors(tensors, f"pseudo-gradient of {site}")
     flat = flat_views(tensors, layout)
-    data = torch.empty(layout.total_bytes, dtype=torch.uint8)
+    if out is None:
+        data = torch.empty(layout.total_bytes, dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.device.type != "cpu" or not out.is_contiguous() or out.numel() < layout.total_bytes:
+        raise LayoutMismatch(f"encode buffer must be contiguous CPU uint8 of >= {layout.total_bytes} bytes")
+    else:
+        data = out[: layout.total_bytes]
     key = ObjectKey(round, site, ObjectKind.PSEUDO_GRADIENT)
     probe = build_manifest(key, layout, 0, layout.total_bytes, chunk_size, [], [], tokens)
     hashes, exps = [], []
