@@ -13,8 +13,10 @@ Try it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CORPUS = REPO_ROOT / "data" / "corpus" / "python-3.11-docs.jsonl.gz"
@@ -212,3 +214,35 @@ class TrainerConfig:
         if self.data.seq_len > self.model.max_position_embeddings:
             raise ValueError(f"seq_len={self.data.seq_len} exceeds the model's "
                              f"max_position_embeddings={self.model.max_position_embeddings}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (tuples become lists); `from_dict` reverses it exactly."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainerConfig:
+        """Inverse of `to_dict`; omitted fields take their defaults, unknown ones are an error."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"TrainerConfig must be a JSON object, got {type(raw).__name__}")
+        nested = {"model": ModelConfig, "data": DataConfig, "inner": InnerConfig}
+        return _from_dict(cls, {k: _from_dict(nested[k], v) if k in nested else v for k, v in raw.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerConfig:
+        return cls.from_dict(json.loads(text))
+
+
+def _from_dict(cls: type, raw: dict[str, Any]) -> Any:
+    """Build dataclass `cls` from a dict, turning JSON lists back into the tuples the fields declare
+    (frozen configs compare and hash by value, so `shards` must be a tuple again)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{cls.__name__} must be a JSON object, got {type(raw).__name__}")
+    declared = {f.name: str(f.type) for f in fields(cls)}
+    unknown = sorted(set(raw) - declared.keys())
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {unknown}; known: {sorted(declared)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) and declared[k].startswith("tuple") else v
+                  for k, v in raw.items()})
