@@ -140,6 +140,7 @@ def fencing_epoch(msg: Message) -> Epoch:
 class _Member:
     address: str
     state: str  # "alive" | "dead" | "left", as membership reports it
+    since: float = 0.0  # core time of the last state change
 
 
 @dataclass
@@ -420,8 +421,15 @@ class ConsensusCore:
         return Send(to, address, msg)
 
     def _targets(self) -> dict[SiteId, str]:
-        """Everyone who needs the log: voters and live members (observers, voters-to-be)."""
-        out = {s: m.address for s, m in self.members.items() if m.state == "alive"}
+        """Everyone who needs the log: voters and live members (observers, voters-to-be), and members
+        that left, while they answer or for 10 election timeouts, so that a leaver learns that its
+        removal committed (what `ops leave` waits for, I8) even after a partition."""
+        def leaving(m: _Member, site: SiteId) -> bool:
+            silent = self.now - self.ack_time.get(site, self.became_leader_at)
+            recent = self.now - m.since < 10 * self.config.election_timeout_max_s
+            return m.state == "left" and (silent < self.config.election_timeout_max_s or recent)
+
+        out = {s: m.address for s, m in self.members.items() if m.state == "alive" or leaving(m, s)}
         out.update(self._live_addresses(self.log.voters()))
         out.pop(self.site, None)
         return out
@@ -547,7 +555,8 @@ class ConsensusCore:
     def _mark(self, site: SiteId, state: str) -> None:
         known = self.members.get(site)
         address = known.address if known else dict(self.log.voters()).get(site, "")
-        self.members[site] = _Member(address, state)
+        since = known.since if known and known.state == state else self.now
+        self.members[site] = _Member(address, state, since)
 
     def _reconcile_voters(self, effects: list[Effect]) -> None:
         """Leader: propose at most one voter change toward what membership reports (thesis 4.1)."""

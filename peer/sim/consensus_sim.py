@@ -306,6 +306,8 @@ PROPOSE_EVERY = 0.1
 """Seconds between two attempts of the rounds layer to decide a round (the workload)."""
 LATENCY_S = (0.001, 0.01)
 """One-way delay of the simulated network (faults add jitter and reordering on top)."""
+LEAVE_TIMEOUT_S = 2.0
+"""How long a leaving peer waits to learn its removal before exiting anyway (`ops leave` timeout)."""
 EXTRA_KINDS = ("replay", "churn")
 """Faults of this scenario beyond peer.sim.faults.KINDS: re-delivery of old messages (stale epochs),
 and membership churn (a site joins, a voter leaves gracefully, crashed voters are declared dead)."""
@@ -432,7 +434,7 @@ class _Run:
         self.fault_start = scenario.warmup_s
         self.heal_at = scenario.warmup_s + scenario.fault_s
         self.checker = ConsensusChecker(scenario, self.cluster, self.violations, self.heal_at)
-        self.leaving: set[SiteId] = set()
+        self.leaving: dict[SiteId, float] = {}  # site -> when its leave started
         self.gone: set[SiteId] = set()
         limits = scenario.limits()
         kinds = [k for k in scenario.kinds if k in KINDS]
@@ -553,23 +555,28 @@ class _Run:
     def _leave(self, site: SiteId) -> None:
         if self._peer(site) is None:
             return
-        self.leaving.add(site)
+        self.leaving[site] = self.sim.now
         self.sim.act(site, lambda node, now: node.do(self.cluster.core(site).leave(now).effects))
         self._tell_all(lambda c: c.member_left(site), but=site)
 
     def _depart_leavers(self) -> None:
-        """A leaving peer exits once its removal is committed (I8), as `ops leave` waits for it; it
-        may learn that from any peer, so judge by the most advanced committed voter set."""
+        """A leaving peer exits once its own log shows its removal committed (I8), as `ops leave`
+        waits for it; like `ops leave`, it gives up waiting after a while if the removal committed
+        elsewhere but the news did not reach it."""
         live = [self.cluster.core(s) for s in self.cluster.live()]
         if not live or not self.leaving:
             return
         ahead = max(live, key=lambda c: c.commit_index)
         committed_voters = dict(ahead.log.voters_at(ahead.commit_index))
-        for site in sorted(self.leaving):
-            if site not in committed_voters:
+        for site, since in sorted(self.leaving.items()):
+            me = self.cluster.cores.get(site)
+            if me is None:
+                continue
+            learnt = site not in dict(me.log.voters_at(me.commit_index))
+            if learnt or (site not in committed_voters and self.sim.now - since > LEAVE_TIMEOUT_S):
                 self.sim.crash(site)
                 self.cluster.crash(site)
-                self.leaving.discard(site)
+                del self.leaving[site]
                 self.gone.add(site)
 
 
