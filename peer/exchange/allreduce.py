@@ -129,21 +129,17 @@ class WindowedReducer:
         return codec.wire_view(data, self._manifests[site].layout.wire)
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
-        acc = term = None
-        for site in self._order:
-            wire = self._wire(site, index, held)
-            if acc is None:  # scratch buffers, reused: the reduction runs one chunk at a time
-                acc, term = self._acc[: wire.numel()], self._term[: wire.numel()]
-                target = acc
-            else:
-                target = term
-            target.copy_(wire)
+        # Scratch buffers, reused: the reduction runs one chunk at a time.
+        n = self._wire(self._order[0], index, held).numel()
+        acc, term = self._acc[:n], self._term[:n]
+        for k, site in enumerate(self._order):
+            target = term if k else acc
+            target.copy_(self._wire(site, index, held))
             # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling
             # then weighting. Then add_: two roundings (never an FMA), the same on every CPU.
             target.mul_(self._weights[site] * 2.0 ** -self._manifests[site].scale_exps[index])
-            if target is term:
+            if k:
                 acc.add_(term)
-        assert acc is not None
         if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
             bad = [s for s in self._order if not codec.is_finite(self._wire(s, index, held))]
             what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
@@ -195,9 +191,14 @@ async def _reduce_range(
     policy: FetchPolicy,
     window: int,
 ) -> None:
-    local = {s: store.get(m.key) for s, m in manifests.items() if sites[s] is None}
-    held = {s: e for s, e in local.items() if e is not None}
-    reducer = WindowedReducer(manifests, held, first, end, emit, window)
+    local = {}
+    for site, m in manifests.items():
+        if sites[site] is None:
+            encoded = store.get(m.key)
+            if encoded is None:  # _manifests saw it: only a concurrent drop_rounds_before gets here
+                raise codec.ManifestError(f"{m.key} was dropped from the local store during the exchange")
+            local[site] = encoded
+    reducer = WindowedReducer(manifests, local, first, end, emit, window)
 
     def fetch(site: str, client: ExchangeClient) -> Awaitable[FetchStats]:
         async def sink(index: int, data: memoryview) -> None:

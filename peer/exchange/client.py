@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -107,7 +108,12 @@ class ExchangeClient:
         await self._channel.close()
 
     async def reconnect(self) -> None:
-        """Replaces the channel (and its TCP connection); calls in flight on the old one fail."""
+        """Moves to a new TCP connection after a stall.
+
+        gRPC shares connections between channels to the same address, so only closing the old
+        channel drops the wedged connection. Closing cancels other streams still on it; they see
+        asyncio.CancelledError, which `_one_stream` turns into a retry (see `_closed_under_us`).
+        """
         old = self._channel
         self._connect()
         await old.close()
@@ -223,6 +229,11 @@ async def _one_stream(
                 # process): a retry on the same connection would stall too, so open a new one.
                 await source.reconnect()
                 raise _Retry(f"stalled: no chunk for {policy.stall_s} s at chunk {due}") from None
+            except asyncio.CancelledError:
+                if not _closed_under_us():
+                    raise
+                stats.transport_errors += 1
+                raise _Retry("channel closed (reconnect after another stream's stall)") from None
             except grpc.aio.AioRpcError as err:
                 if err.code() in _FATAL:
                     raise FetchError(f"{manifest.key} from {source.address}: {err.code().name}: {err.details()}")
@@ -248,11 +259,20 @@ async def _one_stream(
         call.cancel()
 
 
+def _closed_under_us() -> bool:
+    """True when a CancelledError came from our channel being closed, not from cancelling this task.
+
+    Python 3.10 cannot tell the two apart (no Task.cancelling): it treats both as a cancellation.
+    """
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is not None and cancelling() == 0
+
+
 async def fetch_manifest(
     key: codec.ObjectKey, sources: Sequence[ExchangeClient], wait_s: float, policy: FetchPolicy = FetchPolicy()
 ) -> codec.Manifest:
     """The manifest of `key` from the first source that has it, long-polling each up to `wait_s`."""
-    errors = []
+    errors: deque[str] = deque(maxlen=len(sources))  # the last answer of each source
     deadline = time.monotonic() + min(wait_s, policy.deadline_s)
     while True:
         for source in sources:
@@ -266,7 +286,7 @@ async def fetch_manifest(
                 return manifest
             errors.append(f"{source.address}: not published")
         if time.monotonic() >= deadline:
-            raise FetchError(f"no manifest for {key} within {wait_s} s: {'; '.join(errors[-len(sources):])}")
+            raise FetchError(f"no manifest for {key} within {wait_s} s: {'; '.join(errors)}")
 
 
 async def fetch_into(

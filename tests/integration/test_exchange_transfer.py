@@ -339,3 +339,30 @@ def test_manifest_long_poll_and_announce() -> None:
             await client.close()
 
     run(scenario)
+
+
+def test_streams_sharing_a_stalled_connection_both_recover() -> None:
+    """Two fetches through one client share its TCP connection: when it wedges, the first to notice
+    reconnects, which cancels the other's stream; that one must retry, not die of CancelledError."""
+
+    async def scenario() -> list[FetchStats]:
+        store, one = _published(seed=1, site="a")
+        two = codec.encode(random_model(2, SIZES), round=7, site="b", tokens=1, chunk_size=CHUNK)
+        await store.publish(two)
+        async with serving(store) as address:
+            host, port = address.rsplit(":", 1)
+            async with FaultProxy((host, int(port)), [Fault(stall_after=60_000, stall_s=5.0)]) as proxy:
+                client = ExchangeClient(proxy.address)
+                dests = [_dest(one), _dest(two)]
+                policy = dataclasses.replace(POLICY, stall_s=0.5)
+                stats = await asyncio.gather(
+                    *(fetch_into(enc.manifest, [client], d, policy) for enc, d in zip((one, two), dests))
+                )
+                await client.close()
+        _assert_exact(dests[0], one)
+        _assert_exact(dests[1], two)
+        assert proxy.connections >= 2
+        return list(stats)
+
+    stats = run(scenario)
+    assert sum(s.stalls + s.transport_errors for s in stats) >= 2  # both streams saw the fault
