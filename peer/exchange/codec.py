@@ -88,12 +88,22 @@ class ObjectKey:
         return f"round {self.round} site {self.site!r} {self.kind.name.lower()}"
 
 
+# Parameter dtypes a layout may name (TensorLayout.dtype): the floating types a model trains in.
+FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     name: str
     shape: tuple[int, ...]
     # First byte of the tensor in the flat layout.
     offset: int
+    # The parameter's dtype at the sender ("float32", ...); a destination must have the same.
+    dtype: str = "float32"
 
     @property
     def numel(self) -> int:
@@ -109,11 +119,11 @@ class Layout:
     total_bytes: int
 
     @classmethod
-    def of(cls, shapes: Mapping[str, Sequence[int]], wire: WireDtype) -> Layout:
+    def of(cls, tensors: Mapping[str, torch.Tensor], wire: WireDtype) -> Layout:
         entries, offset = [], 0
-        for name in sorted(shapes):
-            shape = tuple(int(d) for d in shapes[name])
-            entries.append(TensorEntry(name, shape, offset))
+        for name in sorted(tensors):
+            shape = tuple(int(d) for d in tensors[name].shape)
+            entries.append(TensorEntry(name, shape, offset, dtype_name(tensors[name].dtype)))
             offset += math.prod(shape) * wire.itemsize
         return cls(wire, tuple(entries), offset)
 
@@ -139,8 +149,8 @@ class Layout:
             t = tensors[entry.name]
             if tuple(t.shape) != entry.shape:
                 raise LayoutMismatch(f"{what}: {entry.name} has shape {tuple(t.shape)}, layout says {entry.shape}")
-            if not t.is_floating_point():
-                raise LayoutMismatch(f"{what}: {entry.name} has dtype {t.dtype}, expected a floating dtype")
+            if dtype_name(t.dtype) != entry.dtype:
+                raise LayoutMismatch(f"{what}: {entry.name} has dtype {dtype_name(t.dtype)}, layout says {entry.dtype}")
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,8 @@ class Manifest:
         for e in lay.tensors:
             if e.name in names or not e.name:
                 raise ManifestError(f"empty or duplicate tensor name {e.name!r}")
+            if e.dtype not in FLOAT_DTYPES:
+                raise ManifestError(f"tensor {e.name} has dtype {e.dtype!r}, not one of {sorted(FLOAT_DTYPES)}")
             names.add(e.name)
             if e.offset != offset:
                 raise ManifestError(f"tensor {e.name} at offset {e.offset}, expected {offset} (no padding)")
@@ -331,7 +343,7 @@ def encode(
     one reused across rounds (no page faults on fresh memory), or an mmapped file in /dev/shm that
     the trainer process fills. Otherwise fresh memory is allocated.
     """
-    layout = Layout.of({n: t.shape for n, t in tensors.items()}, wire)
+    layout = Layout.of(tensors, wire)
     layout.check_tensors(tensors, f"pseudo-gradient of {site}")
     flat = flat_views(tensors, layout)
     if out is None:
@@ -432,7 +444,9 @@ def manifest_to_proto(m: Manifest) -> pb.Manifest:
     return pb.Manifest(
         key=key_to_proto(m.key),
         wire_dtype=m.layout.wire.value,
-        tensors=[pb.TensorLayout(name=e.name, shape=e.shape, offset=e.offset) for e in m.layout.tensors],
+        tensors=[
+            pb.TensorLayout(name=e.name, shape=e.shape, offset=e.offset, dtype=e.dtype) for e in m.layout.tensors
+        ],
         layout_bytes=m.layout.total_bytes,
         range_start=m.range_start,
         range_end=m.range_end,
@@ -451,7 +465,8 @@ def manifest_from_proto(msg: pb.Manifest) -> Manifest:
         wire = WireDtype(msg.wire_dtype)
     except ValueError:
         raise ManifestError(f"unknown wire dtype {msg.wire_dtype}") from None
-    layout = Layout(wire, tuple(TensorEntry(t.name, tuple(t.shape), t.offset) for t in msg.tensors), msg.layout_bytes)
+    entries = tuple(TensorEntry(t.name, tuple(t.shape), t.offset, t.dtype) for t in msg.tensors)
+    layout = Layout(wire, entries, msg.layout_bytes)
     hashes = tuple(msg.chunk_hashes)
     exps = tuple(msg.chunk_scale_exp) or (0,) * len(hashes)
     m = Manifest(

@@ -118,7 +118,8 @@ def test_chunk_verification_catches_length_and_content() -> None:
         ({"w": torch.empty(4, 3)}, "shape"),
         ({"w": torch.empty(3, 4), "x": torch.empty(1)}, "extra"),
         ({}, "missing"),
-        ({"w": torch.empty(3, 4, dtype=torch.int32)}, "dtype"),
+        ({"w": torch.empty(3, 4, dtype=torch.int32)}, "dtype int32, layout says float32"),
+        ({"w": torch.empty(3, 4, dtype=torch.float64)}, "dtype float64, layout says float32"),
         ({"w": torch.empty(4, 3).t()}, "contiguous"),
     ],
 )
@@ -128,9 +129,10 @@ def test_destination_must_match_the_layout(dest: dict[str, torch.Tensor], reason
         codec.decode(enc, dest)
 
 
-def test_decode_writes_into_the_destination_in_place_and_on_its_dtype() -> None:
-    src = {"w": torch.randn(5, 7)}
+def test_decode_writes_into_the_destination_in_place() -> None:
+    src = {"w": torch.randn(5, 7, dtype=torch.float64)}
     enc = codec.encode(src, round=1, site="s", tokens=1, chunk_size=12)
+    assert enc.manifest.layout.tensors[0].dtype == "float64"
     dest = {"w": torch.zeros(5, 7, dtype=torch.float64)}
     before = dest["w"].data_ptr()
     codec.decode(enc, dest)
@@ -167,6 +169,7 @@ def test_manifest_layout_rules_are_enforced_on_the_proto() -> None:
         (lambda p: setattr(p, "layout_bytes", 12), "layout_bytes"),
         (lambda p: setattr(p, "wire_dtype", 0), "wire dtype"),
         (lambda p: setattr(p.key, "kind", 9), "kind"),
+        (lambda p: setattr(p.tensors[0], "dtype", "int8"), "dtype"),
     ]:
         msg = codec.manifest_to_proto(enc.manifest)
         mutate(msg)

@@ -39,14 +39,16 @@ class ObjectKey(_message.Message):
     def __init__(self, round: _Optional[int] = ..., site: _Optional[str] = ..., kind: _Optional[_Union[ObjectKind, str]] = ...) -> None: ...
 
 class TensorLayout(_message.Message):
-    __slots__ = ("name", "shape", "offset")
+    __slots__ = ("name", "shape", "offset", "dtype")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
-    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ...) -> None: ...
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class Manifest(_message.Message):
     __slots__ = ("key", "wire_dtype", "tensors", "layout_bytes", "range_start", "range_end", "chunk_size", "chunk_hashes", "chunk_scale_exp", "root_hash", "tokens", "contributors")
