@@ -8,7 +8,9 @@
     {"self": SITE, "uptime_s": float, "version": str,
      "members": [{"site", "address", "state", "incarnation", "last_heard_s", "meta"}, ...],
      "leader": SITE or null, "epoch": int, "committed_round": int, "voters": [SITE, ...],
-     "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"}}
+     "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"},
+     "training": null or {"applied_round", "weights_hash", "samples_committed", "samples_total",
+                          "last_loss", "epoch_complete", "diverged"}}
 with state one of alive, suspect, dead, left and meta
     {"role", "accelerator", "tokens_per_s", "labels": {...}}.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -89,6 +92,15 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
         "epoch": reply.consensus.epoch,
         "committed_round": reply.consensus.committed_round,
         "voters": list(reply.consensus.voters),
+        "training": None if not reply.HasField("training") else {
+            "applied_round": reply.training.applied_round,
+            "weights_hash": reply.training.weights_hash,
+            "samples_committed": reply.training.samples_committed,
+            "samples_total": reply.training.samples_total,
+            "last_loss": None if math.isnan(reply.training.last_loss) else round(reply.training.last_loss, 4),
+            "epoch_complete": reply.training.epoch_complete,
+            "diverged": reply.training.diverged or None,
+        },
         "consensus": {
             "role": reply.consensus.role,
             "lease_remaining_s": round(reply.consensus.lease_remaining_s, 3),
@@ -118,6 +130,12 @@ def _table(doc: dict[str, Any]) -> str:
     head = (f"view of {doc['self']} (sitemesh {doc['version']}, up {doc['uptime_s']:.0f}s)\n"
             f"epoch {doc['epoch']}  leader {doc['leader'] or '-'}  role {cons['role']}  "
             f"committed round {doc['committed_round']}  voters {','.join(doc['voters']) or '-'}")
+    if doc["training"]:
+        t = doc["training"]
+        head += (f"\ntraining: round {t['applied_round']}  θ {t['weights_hash'][:16]}  "
+                 f"samples {t['samples_committed']}/{t['samples_total']}  loss {t['last_loss']}"
+                 + ("  EPOCH COMPLETE" if t["epoch_complete"] else "")
+                 + (f"  DIVERGED: {t['diverged']}" if t["diverged"] else ""))
     return head + "\n" + "\n".join(lines)
 
 

@@ -22,6 +22,9 @@ from peer import config as cfg
 from peer.election import ElectionConfig
 from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
+from peer.rounds import RoundsConfig
+from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
+from peer.training import OuterConfig
 
 EXIT_USAGE = 2
 
@@ -42,13 +45,49 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--round-interval", type=float,
                        help="leader commits an empty round this often, in seconds (no trainer; 0 = off)")
     serve.add_argument("--join-timeout", type=float, help="seconds to retry unreachable seeds before giving up")
+    train = serve.add_argument_group("training (this site trains when --train is given)")
+    train.add_argument("--train", metavar="MODEL", choices=sorted(MODEL_PRESETS),
+                       help=f"train a Qwen3 preset from random init: {', '.join(sorted(MODEL_PRESETS))}")
+    train.add_argument("--data", metavar="FILE", action="append",
+                       help="data shard (jsonl/parquet/txt, repeatable); default: the shipped corpus")
+    train.add_argument("--max-documents", type=int, help="read only the first N documents of each shard")
+    train.add_argument("--inner-steps", type=int, default=20, help="H, inner AdamW steps per round (default 20)")
+    train.add_argument("--batch-size", type=int, default=8, help="samples per inner step at this site (default 8)")
+    train.add_argument("--total-steps", type=int, default=1000,
+                       help="inner steps of the LR schedule over the whole run (default 1000)")
+    train.add_argument("--round-deadline", type=float, default=300.0,
+                       help="seconds the leader waits for a round's contributions (default 300)")
+    train.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov learning rate (default 0.7)")
+    train.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum (default 0.9)")
+    train.add_argument("--checkpoint-every", type=int, default=0,
+                       help="write a Hugging Face checkpoint every N rounds (default 0: never)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.set_defaults(func=_serve)
     return parser
 
 
+def _training_from(args: argparse.Namespace) -> dict[str, object]:
+    if args.train is None:
+        return {}
+    data = DataConfig(shards=tuple(args.data), max_documents=args.max_documents) if args.data else \
+        DataConfig.shipped(max_documents=args.max_documents)
+    inner = InnerConfig(batch_size=args.batch_size, micro_batch_size=args.batch_size, total_steps=args.total_steps,
+                        warmup_steps=min(50, args.total_steps // 10))
+    return {
+        "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner),
+        "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
+                               deadline_s=args.round_deadline),
+        "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),
+    }
+
+
 def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
+    try:
+        training = _training_from(args)
+    except ValueError as err:
+        raise cfg.ConfigError(f"bad training flags: {err}") from err
     overrides = {
+        **training,
         "listen": args.listen,
         "advertise": args.advertise,
         "join": args.join,
@@ -86,7 +125,7 @@ async def _run(config: cfg.PeerConfig) -> int:
         return EXIT_USAGE
     await node.wait_stopped()
     print(f"peer {config.site} stopped", flush=True)
-    return 0
+    return 1 if node.failed else 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -39,6 +39,9 @@ else:  # pragma: no cover - exercised on 3.10 sites only
 
 from peer.election import ElectionConfig
 from peer.membership import MembershipConfig
+from peer.rounds import RoundsConfig
+from peer.training import OuterConfig
+from peer.trainer.config import TrainerConfig
 
 _ADDRESS_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 PRESETS = ("lan", "wan", "local_test")
@@ -89,7 +92,13 @@ class PeerConfig:
     """Election timeouts, heartbeat and lease timings."""
     round_interval_s: float = 0.0
     """Leader commits a round with no contributors this often (0 = off): a mesh without trainers
-    still exercises election, replication and recovery (tests, `ops demo --no-train`)."""
+    still exercises election, replication and recovery (tests). Ignored when `trainer` is set."""
+    trainer: TrainerConfig | None = None
+    """This site trains (model, data, inner loop); None: the peer only coordinates."""
+    rounds: RoundsConfig | None = None
+    """Outer-round scheduling (H, grant size, deadline); required with `trainer`."""
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    """Outer Nesterov step and checkpoint cadence."""
     join_timeout_s: float = 30.0
     """How long to keep retrying unreachable seeds (exponential backoff) before giving up."""
 
@@ -103,6 +112,8 @@ class PeerConfig:
             parse_address(self.advertise, "advertise address")
         for seed in self.join:
             parse_address(seed, "seed address")
+        if (self.trainer is None) != (self.rounds is None):
+            raise ConfigError("trainer and rounds must be set together")
         if self.round_interval_s < 0:
             raise ConfigError(f"round_interval_s must be >= 0, got {self.round_interval_s}")
         if self.join_timeout_s <= 0:

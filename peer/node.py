@@ -40,12 +40,20 @@ from peer.transport.channels import ChannelPool, bind, new_server
 from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
 from peer.transport.oneway import OneWaySender
+from peer.transport.rounds_rpc import ROUNDS
+from peer.coordinator import Coordinator
+from peer.exchange import add_exchange_service
+from peer.gen.sitemesh.v1 import exchange_pb2
+from peer.rounds import Message as RoundMessage
+from peer.training import SiteTraining
 
 log = logging.getLogger("sitemesh.node")
 
 SERVICE_NAMES = (
     MEMBERSHIP.full_name,
     CONSENSUS.full_name,
+    ROUNDS.full_name,
+    exchange_pb2.DESCRIPTOR.services_by_name["Exchange"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
 
@@ -71,6 +79,7 @@ class Node:
         delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
         self._raft = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
+        self._rounds = OneWaySender(ROUNDS, self._pool, delivery_timeout)
         self._health = health.aio.HealthServicer()
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -78,11 +87,17 @@ class Node:
         self._started_at = clock()
         self._next_round_at = 0.0
         self.address = ""
+        self.failed = False
+        """True when the peer stopped because of an internal error (exit status 1)."""
         self.data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix=f"sitemesh-{config.site}-"))
         self.core: m.Membership | None = None
         self.consensus: c.ConsensusCore | None = None
         self._store: FileStore | None = None
         self.applied_round = 0
+        self.coordinator: Coordinator | None = None
+        if config.trainer is not None and config.rounds is not None:
+            training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer)
+            self.coordinator = Coordinator(self, training, config.rounds)
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
@@ -100,9 +115,13 @@ class Node:
         )
         self.core = m.Membership(meta, self.config.membership, self._rng, now)
         self.consensus = self._start_consensus(now)
-        self._server.add_generic_rpc_handlers(
-            (MEMBERSHIP.handler(self.deliver), CONSENSUS.handler(self.deliver_consensus))
-        )
+        self._server.add_generic_rpc_handlers((
+            MEMBERSHIP.handler(self.deliver),
+            CONSENSUS.handler(self.deliver_consensus),
+            ROUNDS.handler(self.deliver_round),
+        ))
+        if self.coordinator is not None:
+            add_exchange_service(self._server, self.coordinator.training.store)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -113,6 +132,10 @@ class Node:
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._spawn(self._timer_loop())
+        if self.coordinator is not None:
+            # Builds the trainer process (tokenizing the corpus on first use); the mesh already
+            # answers meanwhile, so this site is a live member that trains once ready.
+            await self.coordinator.start()
         return self.address
 
     def _start_consensus(self, now: float) -> c.ConsensusCore:
@@ -124,7 +147,7 @@ class Node:
         durable = self._store.load_or_init(c.DurableState.fresh(founders))
         if self._store.recovered:
             log.warning("commit log repaired at start-up: %s", self._store.recovered)
-        applied = self._load_applied()
+        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._load_applied()
         log.info("state in %s: log up to index %d, applied %d (round %d)",
                  self.data_dir, len(durable.entries) + durable.snapshot.last_index, applied[0], applied[1])
         self.applied_round = applied[1]
@@ -192,6 +215,8 @@ class Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._pool.close()
+        if self.coordinator is not None:
+            await self.coordinator.training.close()
 
     # ----- events --------------------------------------------------------------------------
     def deliver(self, msg: m.Message) -> None:
@@ -208,6 +233,28 @@ class Node:
         # Synchronously: the effects of one message must all run before the next message's.
         self._execute_consensus(self._raft_core().receive(msg, self._clock()))
         self._wake.set()
+
+    def deliver_round(self, msg: RoundMessage) -> None:
+        """A round message (open, contribution) arrived."""
+        if self._stopped.is_set() or self.coordinator is None:
+            return
+        self.coordinator.receive(msg)
+        self._wake.set()
+
+    def send_round_message(self, address: str, msg: RoundMessage) -> None:
+        self.spawn(self._rounds.send(address, msg))
+
+    def propose(self, commit: RoundCommit) -> bool:
+        """Leader: append the round's decision to the log; False (with the reason logged) if refused."""
+        decision = self._raft_core().propose_round(commit, self._clock())
+        if not decision.accepted:
+            log.warning("round %d not proposed: %s", commit.round, decision.reason)
+            return False
+        self._execute_consensus(decision.effects)
+        return True
+
+    def consensus_core(self) -> c.ConsensusCore:
+        return self._raft_core()
 
     def members(self) -> list[m.MemberView]:
         return self._core().members()
@@ -237,13 +284,26 @@ class Node:
         return self.consensus
 
     async def _timer_loop(self) -> None:
+        try:
+            await self._timers()
+        except Exception:
+            # A bug here would leave a peer that answers RPCs but never probes or votes: a zombie.
+            # Exiting (non-zero) is what lets Slurm and the other sites see the truth.
+            log.exception("timer loop failed; stopping this peer")
+            self.failed = True
+            self.stop()
+
+    async def _timers(self) -> None:
         core, raft = self._core(), self._raft_core()
         while not self._stopped.is_set():
             self._wake.clear()
             now = self._clock()
             await self._execute(core.tick(now))
             self._execute_consensus(raft.tick(now))
-            await self._maybe_propose_round(now)
+            if self.coordinator is not None:
+                self.coordinator.tick(now)
+            else:
+                self._maybe_propose_round(now)
             deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
             delay = min(max(deadline - self._clock(), 0.0), 1.0)
             try:
@@ -252,9 +312,11 @@ class Node:
                 pass
 
     def _next_round_deadline(self) -> float:
+        if self.coordinator is not None:
+            return self._clock() + 0.1  # round scheduling polls: its events are few and cheap
         return self._next_round_at if self.config.round_interval_s > 0 else float("inf")
 
-    async def _maybe_propose_round(self, now: float) -> None:
+    def _maybe_propose_round(self, now: float) -> None:
         """Without a trainer, the leader commits an empty round every round_interval_s."""
         raft = self._raft_core()
         if self.config.round_interval_s <= 0 or now < self._next_round_at or raft.role is not Role.LEADER:
@@ -262,11 +324,7 @@ class Node:
         self._next_round_at = now + self.config.round_interval_s
         status = raft.status()
         _, _, weights = raft.log.last_round_entry(status.commit_index)
-        decision = raft.propose_round(RoundCommit(status.committed_round + 1, (), weights), now)
-        if decision.accepted:
-            self._execute_consensus(decision.effects)
-        else:
-            log.debug("round %d not proposed: %s", status.committed_round + 1, decision.reason)
+        self.propose(RoundCommit(status.committed_round + 1, (), weights))
 
     async def _execute(self, effects: Sequence[m.Effect], wait: bool = False) -> None:
         sends = []
@@ -311,6 +369,8 @@ class Node:
                 self._save_applied(effect.snapshot.last_index, effect.snapshot.last_round)
             elif isinstance(effect, c.LeaderChanged):
                 log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
+                if self.coordinator is not None:
+                    self.coordinator.on_leader_changed(effect.leader)
             elif isinstance(effect, c.Rejected):
                 # Fencing a stale epoch is an event operators want to see; log repair is routine.
                 level = logging.INFO if effect.reason.startswith("stale epoch") else logging.DEBUG
@@ -322,9 +382,13 @@ class Node:
             self.applied_round = entry.body.round
             log.info("round %d committed (epoch %d, %d contributors)",
                      entry.body.round, entry.epoch, len(entry.body.contributors))
+            if self.coordinator is not None:
+                self.coordinator.on_committed(entry.index, entry.body)
+                return  # the training state records what it applied, once θ_r is durable
         else:
             log.info("log entry %d applied: %s", entry.index, entry.body)
-        self._save_applied(entry.index, self.applied_round)
+        if self.coordinator is None:
+            self._save_applied(entry.index, self.applied_round)
 
     def _applied_path(self) -> Path:
         return self.data_dir / "applied.json"
@@ -351,6 +415,10 @@ class Node:
         while not predicate() and self._clock() < deadline:
             await asyncio.sleep(0.02)
         return predicate()
+
+    def spawn(self, coro: object) -> None:
+        """Runs `coro` on the loop; the node keeps it alive and cancels it at stop."""
+        self._spawn(coro)
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]

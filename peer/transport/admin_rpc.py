@@ -37,6 +37,17 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 voters=[site for site, _ in raft.voters],
             ),
         )
+        coord = self._node.coordinator
+        if coord is not None:
+            reply.training.CopyFrom(admin_pb2.TrainingStatus(
+                applied_round=coord.training.applied_round,
+                weights_hash=coord.training.weights_hash.hex(),
+                samples_committed=coord.samples_committed,
+                samples_total=coord.samples_total,
+                last_loss=coord.training.last_loss,
+                epoch_complete=coord.epoch_complete,
+                diverged=coord.diverged,
+            ))
         for view in self._node.members():
             reply.members.append(
                 admin_pb2.MemberStatus(

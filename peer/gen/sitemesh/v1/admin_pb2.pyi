@@ -29,18 +29,38 @@ class MemberStatus(_message.Message):
     def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_membership_pb2.MemberState, str]] = ..., incarnation: _Optional[int] = ..., last_heard_s: _Optional[float] = ..., meta: _Optional[_Union[_common_pb2.MemberMeta, _Mapping]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("self", "members", "uptime_s", "version", "consensus")
+    __slots__ = ("self", "members", "uptime_s", "version", "consensus", "training")
     SELF_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSENSUS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
     self: str
     members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
     uptime_s: float
     version: str
     consensus: ConsensusStatus
-    def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ...) -> None: ...
+    training: TrainingStatus
+    def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ..., training: _Optional[_Union[TrainingStatus, _Mapping]] = ...) -> None: ...
+
+class TrainingStatus(_message.Message):
+    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged")
+    APPLIED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    applied_round: int
+    weights_hash: str
+    samples_committed: int
+    samples_total: int
+    last_loss: float
+    epoch_complete: bool
+    diverged: str
+    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ...) -> None: ...
 
 class ConsensusStatus(_message.Message):
     __slots__ = ("role", "epoch", "leader", "lease_remaining_s", "committed_round", "commit_index", "applied_index", "voters")

@@ -1,0 +1,234 @@
+"""The node's training edge: θ and outer momentum, the trainer process, the pseudo-gradient exchange.
+
+Every peer holds θ_r and the outer momentum m_r as a pure function of the commit log and the
+streamed pseudo-gradients (architecture.md, "State that matters"). For a committed round it pulls
+each contributor's pseudo-gradient (blake3-verified chunks), averages them weighted by tokens in
+a fixed order, applies the Nesterov outer step and checks blake3(θ_r) against the hash the leader
+put in the entry (I7). The trainer runs in its own process (peer/trainer/process.py); tensors
+cross as safetensors files.
+
+State on disk (`<data dir>/state/`): `weights-<round>.safetensors` holds θ and m of a round;
+`applied.json` names the newest one with its log index, and is replaced atomically after the
+weights file is durable, so a crash never leaves a pointer to a half-written state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from peer.commitlog import RoundCommit, SampleRange
+from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, publish_pseudo_gradient
+from peer.outer import outer_step, state_dict_hash
+from peer.trainer.checkpoint import Checkpoint, save_checkpoint
+from peer.trainer.config import TrainerConfig
+from peer.trainer.process import TrainerProcess, read_state, write_state
+
+log = logging.getLogger("sitemesh.training")
+
+MOMENTUM_PREFIX = "outer_momentum."
+KEEP_EXCHANGE_ROUNDS = 4
+"""Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    lr: float = 0.7
+    """Outer (Nesterov) learning rate η; DiLoCo's default."""
+    momentum: float = 0.9
+    """Outer momentum μ."""
+    checkpoint_every: int = 0
+    """Write a Hugging Face checkpoint every N committed rounds (0: only on request)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """θ_r and m_r computed for one candidate commit, with the hash that goes into the entry."""
+
+    round: int
+    roots: tuple[bytes, ...]
+    weights: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    weights_hash: bytes
+
+
+@dataclass(frozen=True)
+class Trained:
+    round: int
+    tokens: int
+    ranges: tuple[SampleRange, ...]
+    root: bytes
+    mean_loss: float
+    seconds: float
+
+
+class HashMismatch(RuntimeError):
+    """This peer computed a θ_r other than the one committed (an I7 violation)."""
+
+
+class SiteTraining:
+    def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig) -> None:
+        self.site = site
+        self.dir = data_dir / "state"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.trainer_config = trainer_config
+        self.outer = outer
+        self.store = ExchangeStore()
+        self.process = TrainerProcess()
+        self.blocks: list[tuple[int, int]] = []
+        self.weights: dict[str, torch.Tensor] = {}
+        self.momentum: dict[str, torch.Tensor] = {}
+        self.weights_hash = b""
+        self.applied_round = 0
+        self.applied_index = 0
+        self._clients: dict[str, ExchangeClient] = {}
+        self._cache: Outcome | None = None
+        self.last_loss = float("nan")
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        hello = await self.process.start(self.trainer_config, self.dir)
+        self.blocks = [(b, n) for b, n in hello.blocks]
+        pointer = self._read_pointer()
+        if pointer is None:
+            self.weights = read_state(hello.weights)
+            self.momentum = {n: torch.zeros_like(t) for n, t in self.weights.items()}
+        else:
+            self.applied_index, self.applied_round = pointer["index"], pointer["round"]
+            both = load_file(self.dir / pointer["file"])
+            self.weights = {n: t for n, t in both.items() if not n.startswith(MOMENTUM_PREFIX)}
+            self.momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in both.items() if n.startswith(MOMENTUM_PREFIX)}
+        self.weights_hash = bytes.fromhex(state_dict_hash(self.weights))
+        log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
+                 len(self.blocks))
+
+    async def close(self) -> None:
+        await self.process.stop()
+        for client in self._clients.values():
+            await client.close()
+
+    # ----- a site's part of a round ----------------------------------------------------------
+    async def train(self, round_: int, ranges: Sequence[SampleRange], inner_steps: int) -> Trained:
+        """Trains `ranges` from θ_{round-1} in the trainer process and publishes the pseudo-gradient."""
+        base = await asyncio.to_thread(write_state, self._shm("base"), self.weights)
+        out = await self.process.train(round_, base, [(r.block_id, r.start, r.end) for r in ranges], inner_steps,
+                                       (round_ - 1) * inner_steps)
+        delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
+        out.pseudo_gradient.unlink(missing_ok=True)
+        encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens)
+        self.last_loss = out.mean_loss
+        return Trained(round_, out.tokens, tuple(SampleRange(b, s, e) for b, s, e in out.trained),
+                       encoded.manifest.root_hash, out.mean_loss, out.seconds)
+
+    # ----- every peer's part of a commit -----------------------------------------------------
+    async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> Outcome:
+        """θ_round from θ_{round-1} and the (site, address, root) contributors, fetched and verified."""
+        roots = tuple(root for _, _, root in contributors)
+        if self._cache is not None and (self._cache.round, self._cache.roots) == (round_, roots):
+            return self._cache
+        contributions = []
+        if contributors:
+            sites = {site: (None if site == self.site else self._client(address)) for site, address, _ in contributors}
+            await self._check_roots(round_, contributors)
+            mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
+            report = await all_to_all_mean(round_, sites, self.store, mean)
+            contributions = [(mean, sum(report.tokens.values()))]
+        weights, momentum = outer_step(self.weights, self.momentum, contributions, lr=self.outer.lr,
+                                       mu=self.outer.momentum)
+        self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(state_dict_hash(weights)))
+        return self._cache
+
+    async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
+        """Makes the committed round this peer's state: verify the hash (I7), persist, checkpoint."""
+        contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root) for c in commit.contributors]
+        result = await self.outcome(commit.round, contributors)
+        if result.weights_hash != commit.weights_hash:
+            raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
+                               f"{commit.weights_hash.hex()[:16]} (I7): this peer must re-sync its state")
+        await asyncio.to_thread(self._persist, index, commit.round, result)
+        self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
+        self.applied_index, self.applied_round = index, commit.round
+        self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
+        if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
+            await self.checkpoint()
+
+    async def checkpoint(self) -> Path:
+        """A Hugging Face checkpoint of θ (+ outer momentum) that from_pretrained loads."""
+        target = self.dir.parent / "checkpoints" / f"round-{self.applied_round:06d}"
+        ckpt = Checkpoint(weights=self.weights, momentum=self.momentum,
+                          meta={"round": self.applied_round, "site": self.site, "weights_hash": self.weights_hash.hex()})
+        await asyncio.to_thread(save_checkpoint, target, self.trainer_config.model, ckpt)
+        latest = self.dir.parent / "checkpoints" / "latest"
+        tmp = latest.with_name(".latest.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target.name)
+        os.replace(tmp, latest)
+        return target
+
+    async def evaluate(self) -> float:
+        base = await asyncio.to_thread(write_state, self._shm("eval"), self.weights)
+        return await self.process.evaluate(base)
+
+    # ----- internals -------------------------------------------------------------------------
+    def _shm(self, name: str) -> Path:
+        assert self.process.shm_dir is not None, "trainer not started"
+        return self.process.shm_dir / f"{name}.safetensors"
+
+    def _client(self, address: str) -> ExchangeClient:
+        if address not in self._clients:
+            self._clients[address] = ExchangeClient(address)
+        return self._clients[address]
+
+    async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:
+        from peer.exchange.codec import ObjectKey
+
+        for site, address, root in contributors:
+            if site == self.site:
+                held = self.store.get(ObjectKey(round_, site))
+                manifest = held.manifest if held is not None else None
+            else:
+                manifest = await self._client(address).get_manifest(ObjectKey(round_, site), wait_s=60.0)
+            if manifest is None or manifest.root_hash != root:
+                raise HashMismatch(f"round {round_}: {site}'s pseudo-gradient is not the one named in the round "
+                                   f"({'missing' if manifest is None else manifest.root_hash.hex()[:16]} != {root.hex()[:16]})")
+
+    def pointer(self) -> tuple[int, int]:
+        """(log index, round) of the state on disk; (0, 0) before the first round."""
+        p = self._read_pointer()
+        return (0, 0) if p is None else (int(p["index"]), int(p["round"]))
+
+    def _read_pointer(self) -> dict[str, int | str] | None:
+        try:
+            return json.loads((self.dir / "applied.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def _persist(self, index: int, round_: int, result: Outcome) -> None:
+        name = f"weights-{round_:06d}.safetensors"
+        tensors = dict(result.weights)
+        tensors.update({MOMENTUM_PREFIX + n: t for n, t in result.momentum.items()})
+        tmp = self.dir / f".{name}.tmp"
+        save_file({n: t.contiguous() for n, t in tensors.items()}, tmp)
+        _fsync(tmp)
+        os.replace(tmp, self.dir / name)
+        pointer = self.dir / "applied.json"
+        ptmp = self.dir / ".applied.json.tmp"
+        ptmp.write_text(json.dumps({"index": index, "round": round_, "file": name}))
+        _fsync(ptmp)
+        os.replace(ptmp, pointer)
+        for old in self.dir.glob("weights-*.safetensors"):
+            if old.name != name:
+                old.unlink()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
