@@ -153,8 +153,8 @@ class LeaseClient:
             keep = h is not None and h.gen == gen and bool(h.spans)
             if h is not None and h.gen == gen and not keep:
                 del self.held[b]
-            if b in claims:  # trained under two generations: only the current one can be vouched
-                continue
+            # ascending generations: a block trained under an older lease too keeps only the newest
+            # claim (the older one would be refused as stale anyway)
             claims[b] = Claim(LeaseRef(b, gen), spans, keep)
         self.trained.clear()
         rc = _RoundClaims(claims, now)

@@ -169,3 +169,24 @@ def test_graceful_leave_releases_every_lease() -> None:
     m.tick(CFG.retry_after * 3)
     assert not any(isinstance(msg, GrantRequest) and msg.header.site == "a" for _, msg in m.delivered[sent:])
     assert not a.held, "a leaving site takes no new lease"
+
+
+def test_a_block_trained_under_two_leases_is_claimed_under_the_newest() -> None:
+    from peer.lease_client import Held
+    from peer.lease_types import Gen, Trained
+
+    m = Mesh("abc")
+    m.set_view("abc")
+    _settle(m)
+    a = m.clients[SiteId("a")]
+    (block, _), = a.next_samples(2, m.now)
+    old = a.held[block]
+    newer = Gen(old.gen + 7)
+    a.held[block] = Held(block, newer, old.spans, old.valid_until, started=True)  # lost, then granted again
+    a.next_samples(2, m.now)
+    sent = len(m.delivered)
+    m.effects(SiteId("a"), a.end_round(1, m.now))
+    m.run()
+    claims = [c for _, msg in m.delivered[sent:] if isinstance(msg, Trained) for c in msg.claims
+              if c.lease.block_id == block]
+    assert [c.lease.generation for c in claims] == [newer]
