@@ -19,13 +19,13 @@ Try it (a micro model on the shipped corpus, CPU):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import os
 import shutil
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -104,12 +104,14 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def default_shm_dir(workdir: Path) -> Path:
-    """A fresh directory for the tensor files: in /dev/shm (RAM, no disk traffic for multi-GB θ and
-    Δ every round) when the machine has it, else under the workdir."""
+    """The tensor directory for a workdir: in /dev/shm (RAM, no disk traffic for multi-GB θ and Δ
+    every round) when the machine has it, else under the workdir. Named after the workdir, so a node
+    restarted after a crash reuses (and `start` clears) the files its last worker left in RAM."""
     base = Path("/dev/shm")
     if not (base.is_dir() and os.access(base, os.W_OK)):
-        base = workdir
-    return Path(tempfile.mkdtemp(prefix="sitemesh-trainer-", dir=base))
+        return workdir / "shm"
+    tag = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:16]
+    return base / f"sitemesh-trainer-{os.getuid()}-{tag}"
 
 
 def _describe_exit(code: int) -> str:
@@ -152,13 +154,16 @@ class TrainerProcess:
     async def start(self, config: TrainerConfig, workdir: Path, shm_dir: Path | None = None) -> Hello:
         """Spawn the worker with `config` and wait until its `Trainer` is built (tokenizing the
         corpus on first use may take a while). The config and the log go to `workdir`; tensor files
-        to `shm_dir` (default: a fresh directory from `default_shm_dir`, removed by `stop`)."""
+        to `shm_dir` (default: `default_shm_dir(workdir)`, emptied now and removed by `stop`).
+        One TrainerProcess per workdir at a time: the config, log and shm dir are named after it."""
         if self._proc is not None:
             raise TrainerError("this TrainerProcess was already started; make a new one")
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         self._owns_shm = shm_dir is None
         self.shm_dir = Path(shm_dir) if shm_dir is not None else default_shm_dir(workdir)
+        if self._owns_shm:
+            shutil.rmtree(self.shm_dir, ignore_errors=True)  # a crashed predecessor's θ and Δ
         self.shm_dir.mkdir(parents=True, exist_ok=True)
         config_path = workdir / "trainer-config.json"
         config_path.write_text(config.to_json())

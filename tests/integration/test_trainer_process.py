@@ -1,7 +1,8 @@
 """The trainer worker subprocess driven by `TrainerProcess`: real process, real pipes, micro model.
 
-One worker serves the module's tests in turn (its start, ~imports of torch and transformers, is the
-main cost on a loaded 2-core box); the kill -9 and bad-config tests start their own.
+One worker serves the module's tests in turn; a second is there to be killed, a third to fail its
+start. Starting (mostly importing torch and transformers) is the main cost on a loaded 2-core box,
+so the three start at once; the node-death test needs a node process of its own.
 
 Try it:
     .venv/bin/python -m pytest -q tests/integration/test_trainer_process.py
@@ -12,7 +13,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +28,17 @@ from transformers import AutoModelForCausalLM
 
 from peer.outer import state_dict_hash
 from peer.trainer.checkpoint import load_checkpoint
-from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
+from peer.trainer.config import MODEL_PRESETS, REPO_ROOT, DataConfig, InnerConfig, TrainerConfig
 from peer.trainer.model import build_model, count_parameters, weights
-from peer.trainer.process import Hello, TrainerError, TrainerProcess, read_state, write_state
+from peer.trainer.process import (
+    LOG_FILE,
+    Hello,
+    TrainerError,
+    TrainerProcess,
+    default_shm_dir,
+    read_state,
+    write_state,
+)
 
 MICRO = MODEL_PRESETS["micro"]
 BATCH, SEQ = 8, 32
@@ -46,6 +59,11 @@ class Started:
     proc: TrainerProcess
     hello: Hello
     dir: Path
+    victim: TrainerProcess
+    """A second worker, for the kill -9 test."""
+    victim_hello: Hello
+    unbuildable: BaseException
+    """What `start` raised for a config whose corpus does not exist."""
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -53,7 +71,7 @@ class Started:
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    # No pytest-asyncio here: one loop owns the module's worker (its pipes are bound to a loop).
+    # No pytest-asyncio here: one loop owns the module's workers (their pipes are bound to a loop).
     loop = asyncio.new_event_loop()
     yield loop
     loop.close()
@@ -62,10 +80,24 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture(scope="module")
 def worker(loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     root = tmp_path_factory.mktemp("trainer-worker")
-    proc = TrainerProcess(threads=1)  # one thread: two thrash on a busy 2-core box (test_trainer_train.py)
-    hello = loop.run_until_complete(proc.start(config(root / "tokens"), root / "work"))
-    yield Started(loop, proc, hello, root)
+    cfg = config(root / "tokens")
+    broken = TrainerConfig(cfg.model, DataConfig(shards=(str(root / "missing.jsonl"),), cache_dir=str(root)),
+                           cfg.inner, eval_samples=16)
+    # One thread each: two thrash on a busy 2-core box (test_trainer_train.py). The three start at
+    # once because a start is mostly importing torch and transformers, which overlap well.
+    proc, victim, unbuildable = (TrainerProcess(threads=1) for _ in range(3))
+
+    async def start_all() -> list[Hello | BaseException]:
+        return await asyncio.gather(
+            proc.start(cfg, root / "work"), victim.start(cfg, root / "victim"),
+            unbuildable.start(broken, root / "broken"), return_exceptions=True)
+
+    hello, victim_hello, error = loop.run_until_complete(start_all())
+    assert isinstance(hello, Hello) and isinstance(victim_hello, Hello), (hello, victim_hello)
+    assert isinstance(error, BaseException), error
+    yield Started(loop, proc, hello, root, victim, victim_hello, error)
     shm = proc.shm_dir
+    loop.run_until_complete(victim.stop())
     assert loop.run_until_complete(proc.stop()) == 0
     assert shm is not None and not shm.exists()
 
@@ -154,10 +186,22 @@ def test_bad_commands_get_a_clear_error_and_the_worker_keeps_serving(worker: Sta
     assert math.isfinite(worker.run(p.evaluate(h.weights)))  # still serving
 
 
-def test_kill_9_fails_the_pending_and_every_later_call(tmp_path: Path) -> None:
-    async def scenario() -> tuple[str, str, str]:
-        proc = TrainerProcess(threads=1)
-        hello = await proc.start(config(tmp_path / "tokens"), tmp_path / "work")
+def test_a_cancelled_call_does_not_hand_its_late_reply_to_the_next(worker: Started) -> None:
+    async def scenario() -> float:
+        b, n = worker.hello.blocks[0]
+        train = asyncio.ensure_future(worker.proc.train(2, worker.hello.weights, [(b, 0, n)], steps=2))
+        await asyncio.sleep(0)  # the command is on the pipe; the worker is busy with it
+        train.cancel()
+        # The worker still answers the train first; that reply must be skipped, not returned here.
+        return await worker.proc.evaluate(worker.hello.weights)
+
+    assert math.isfinite(worker.run(scenario()))
+
+
+def test_kill_9_fails_the_pending_and_every_later_call(worker: Started) -> None:
+    proc, hello = worker.victim, worker.victim_hello
+
+    async def scenario() -> list[str]:
         everything = [(b, 0, n) for b, n in hello.blocks]
         pending = asyncio.ensure_future(proc.train(1, hello.weights, everything, steps=10_000))
         queued = asyncio.ensure_future(proc.evaluate(hello.weights))  # waits for the lock
@@ -170,19 +214,70 @@ def test_kill_9_fails_the_pending_and_every_later_call(tmp_path: Path) -> None:
                 await call
             errors.append(str(e.value))
         assert await proc.stop() == -signal.SIGKILL
-        return errors[0], errors[1], errors[2]
+        return errors
 
-    pending, queued, later = asyncio.run(scenario())
+    pending, queued, later = worker.run(scenario())
     assert "died during 'train': killed by SIGKILL (exit -9)" in pending
     assert "trainer ready" in pending  # the log tail comes with it
     assert queued == later == pending
 
 
-def test_a_config_the_worker_cannot_build_fails_start_with_the_reason(tmp_path: Path) -> None:
-    cfg = config(tmp_path / "tokens")
-    cfg = TrainerConfig(cfg.model, DataConfig(shards=(str(tmp_path / "missing.jsonl"),), cache_dir=str(tmp_path)),
-                        cfg.inner, eval_samples=16)
+# A stand-in for the node: starts a worker on a long round, prints the worker's pid, waits forever.
+FAKE_NODE = """
+import asyncio, sys
+from pathlib import Path
+from peer.trainer.config import TrainerConfig
+from peer.trainer.process import TrainerProcess
+
+async def main() -> None:
     proc = TrainerProcess(threads=1)
-    with pytest.raises(TrainerError) as e:
-        asyncio.run(proc.start(cfg, tmp_path / "work"))
-    assert "exit code 2" in str(e.value) and "missing.jsonl" in str(e.value)
+    hello = await proc.start(TrainerConfig.from_json(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
+    asyncio.ensure_future(proc.train(1, hello.weights, [(b, 0, n) for b, n in hello.blocks], 10_000))
+    await asyncio.sleep(0)
+    print(proc.pid, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie (a container's pid 1 may never reap the orphan)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_worker_mid_round_dies_with_its_node(tmp_path: Path) -> None:
+    # The tiny preset over the whole corpus: a round of ~20 s, far longer than the wait below, so
+    # only the death signal (not the end of stdin after the round) can end the worker in time.
+    cfg = config(tmp_path / "tokens")
+    cfg_path = tmp_path / "cfg.json"
+    cfg_path.write_text(TrainerConfig(MODEL_PRESETS["tiny"], cfg.data, cfg.inner, eval_samples=16).to_json())
+    node = subprocess.Popen([sys.executable, "-c", FAKE_NODE, str(cfg_path), str(tmp_path / "work")],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        assert node.stdout is not None
+        pid = int(node.stdout.readline())
+    finally:
+        node.kill()
+        node.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphan = _alive(pid)
+    if orphan:
+        os.kill(pid, signal.SIGKILL)
+    # Nobody stopped this worker: its files stay in RAM until the node restarts (start clears them).
+    shutil.rmtree(default_shm_dir(tmp_path / "work"), ignore_errors=True)
+    assert not orphan, "the worker outlived its node"
+    log = (tmp_path / "work" / LOG_FILE).read_text()
+    assert "round 1:" not in log and "stdin closed" not in log
+
+
+def test_a_config_the_worker_cannot_build_fails_start_with_the_reason(worker: Started) -> None:
+    error = worker.unbuildable
+    assert isinstance(error, TrainerError)
+    assert "died during 'hello': exit code 2" in str(error) and "missing.jsonl" in str(error)
