@@ -82,6 +82,8 @@ class Trainer:
         if self.device.type == "cuda" and self.world > 1:
             self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
         self.index = index or BlockIndex(cfg.data)
+        if self.index.cfg != cfg.data:
+            raise ValueError("the block index was built for a different DataConfig")
         if self.index.corpus.tokenizer.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"tokenizer has {self.index.corpus.tokenizer.vocab_size} tokens, model "
                              f"{cfg.model.name} only {cfg.model.vocab_size} embedding rows")
@@ -121,11 +123,22 @@ class Trainer:
 
     # -- training --------------------------------------------------------------------------------
     def _broadcast(self, obj: Any) -> Any:
+        """Rank 0's small Python object, on every rank."""
         if self.world == 1:
             return obj
         box = [obj if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    @torch.no_grad()
+    def _load_from_rank0(self, state: dict[str, torch.Tensor] | None) -> None:
+        """Rank 0 loads `state`; the weights then go to the other ranks tensor by tensor (no pickling)."""
+        if self.rank == 0:
+            assert state is not None, "rank 0 must pass the weights"
+            self.load_global(state)
+        if self.world > 1:
+            for p in self.module.parameters():
+                dist.broadcast(p.data, src=0)
 
     def train_round(
         self,
@@ -142,15 +155,15 @@ class Trainer:
         LR); by default the site's own step counter continues. With torch.distributed, only rank 0's
         arguments count.
         """
-        global_state, ranges, inner_steps, start_step = self._broadcast(
-            (global_state, ranges, inner_steps, start_step))
-        assert global_state is not None and ranges is not None and inner_steps is not None
+        ranges, inner_steps, start_step = self._broadcast((ranges, inner_steps, start_step))
+        assert ranges is not None and inner_steps is not None, "rank 0 must pass ranges and inner_steps"
         if inner_steps < 0:
             raise ValueError(f"inner_steps={inner_steps} must be >= 0")
         if start_step is not None:
             self.step = start_step
         t0 = time.perf_counter()
-        self.load_global(global_state)
+        self._load_from_rank0(global_state)
+        start = weights(self.module)  # bit-equal to global_state on rank 0; the broadcast copy elsewhere
         inner, L = self.cfg.inner, self.cfg.data.seq_len
         queue, trained, losses = list(ranges), [], []
         for _ in range(inner_steps):
@@ -160,7 +173,7 @@ class Trainer:
             losses.append(self._step(self.index.read_ranges(batch_ranges)))
             trained.extend(batch_ranges)
         local = weights(self.module)
-        delta = {n: torch.sub(global_state[n].to(torch.float32), local[n]) for n in local}
+        delta = {n: torch.sub(start[n], local[n]) for n in local}
         return RoundResult(
             pseudo_gradient=delta, tokens=len(losses) * inner.batch_size * L, trained=merge_ranges(trained),
             steps=len(losses), mean_loss=sum(losses) / len(losses) if losses else float("nan"),
@@ -199,10 +212,11 @@ class Trainer:
         """Held-out perplexity of `state` (default: the current weights) on the fixed held-out set.
 
         Loads `state` into the model; harmless between rounds because every round starts by loading
-        the global weights. Ranks evaluate interleaved slices of the set.
+        the global weights. A collective under torch.distributed: every rank calls it, rank 0's
+        `state` (or None) counts, and ranks evaluate interleaved slices of the set.
         """
-        if state is not None:
-            self.load_global(state)
+        if self._broadcast(state is not None):
+            self._load_from_rank0(state)
         if self._heldout is None:
             self._heldout = self.index.corpus.heldout(self.cfg.eval_samples)
         return perplexity(self.module, self._heldout[self.rank::self.world], self.device,

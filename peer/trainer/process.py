@@ -42,6 +42,8 @@ LOG_FILE = "trainer-worker.log"
 _TAIL_LINES = 20
 _MAX_REPLY_BYTES = 256 << 20
 """A reply line may be long: hello lists every block of the epoch (~30 bytes each)."""
+_EXIT_POLL_S = 0.2
+"""How often a caller waiting on the worker checks whether it has exited (a dict lookup)."""
 
 
 class TrainerError(RuntimeError):
@@ -112,6 +114,15 @@ def default_shm_dir(workdir: Path) -> Path:
         return workdir / "shm"
     tag = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:16]
     return base / f"sitemesh-trainer-{os.getuid()}-{tag}"
+
+
+async def _exit_status(proc: asyncio.subprocess.Process) -> int:
+    """Like `proc.wait()`, without waiting for the pipes to close as asyncio's does: a forked child
+    of the worker may hold them long after the worker itself is gone. `returncode` is set as soon as
+    the worker is reaped."""
+    while proc.returncode is None:
+        await asyncio.sleep(_EXIT_POLL_S)
+    return proc.returncode
 
 
 def _describe_exit(code: int) -> str:
@@ -253,7 +264,7 @@ class TrainerProcess:
                 pass  # dead already, or wedged: the kill below settles it either way
         if proc.returncode is None:
             proc.kill()
-            await proc.wait()
+            await _exit_status(proc)
         if self._dead is None:
             self._dead = TrainerError(f"trainer worker (pid {proc.pid}) was stopped")
         if self._owns_shm and self.shm_dir is not None:
@@ -262,7 +273,7 @@ class TrainerProcess:
 
     async def _ask_to_exit(self, proc: asyncio.subprocess.Process) -> None:
         await self._call({"cmd": "stop"})
-        await proc.wait()
+        await _exit_status(proc)
 
     # -- the pipe ------------------------------------------------------------------------------------
     async def _call(self, command: dict[str, Any]) -> dict[str, Any]:
@@ -297,25 +308,24 @@ class TrainerProcess:
 
     @staticmethod
     async def _next_line(proc: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> bytes:
-        """The next reply line, or b"" once the worker has exited. Waiting on the exit too, not just
-        on EOF: a child of the worker (torch.compile's workers) may hold the pipe open after it died."""
+        """The next reply line, or b"" once the worker has exited. EOF alone is not enough: a forked
+        child of the worker (a data-loader or compile worker) may hold the pipe open after it died."""
         read = asyncio.ensure_future(stdout.readline())
-        exited = asyncio.ensure_future(proc.wait())
         try:
-            await asyncio.wait({read, exited}, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                done, _ = await asyncio.wait({read}, timeout=_EXIT_POLL_S)
+                if done:
+                    return read.result()
+                if proc.returncode is not None:
+                    read.cancel()
+                    return b""
         except asyncio.CancelledError:
             read.cancel()
             raise
-        finally:
-            exited.cancel()
-        if read.done():
-            return read.result()
-        read.cancel()
-        return b""
 
     async def _died(self, during: str) -> TrainerError:
         assert self._proc is not None
-        code = await self._proc.wait()
+        code = await _exit_status(self._proc)
         self._dead = TrainerError(
             f"trainer worker (pid {self._proc.pid}) died during {during!r}: {_describe_exit(code)}. "
             f"Last lines of {self._log_path}:\n{self._log_tail()}")

@@ -34,7 +34,7 @@ def run(t: Trainer, rank: int) -> dict:
     queue = [b.full_range() for b in t.index.epoch_order()]
     # Only rank 0 knows the round (it talks to the mesh); the other ranks pass None.
     r = t.train_round(theta if rank == 0 else None, queue if rank == 0 else None, STEPS if rank == 0 else None)
-    ppl = t.evaluate({n: theta[n] - r.pseudo_gradient[n] for n in theta})
+    ppl = t.evaluate({n: theta[n] - r.pseudo_gradient[n] for n in theta} if rank == 0 else None)
     return {"pg": r.pseudo_gradient, "tokens": r.tokens, "trained": r.trained, "ppl": ppl,
             "losses": r.losses, "hash": state_dict_hash(t.global_weights())}
 
