@@ -159,3 +159,20 @@ def test_qwen3_tokenizer_is_the_official_file() -> None:
     tok = load_tokenizer("qwen3")
     assert tok.vocab_size == 151_669 and tok.eos_id == 151_643
     assert tok.encode_batch(["Hello world"])[0] == [9707, 1879]
+
+
+def test_local_jsonl_parquet_and_text_files_are_read(tmp_path: Path) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = ["first document.\nwith two lines", "second", "third one"]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet")
+    (tmp_path / "d.txt").write_text(docs[0])
+    assert list(iter_documents(str(tmp_path / "d.jsonl"))) == docs
+    assert list(iter_documents(str(tmp_path / "d.parquet"), max_documents=2)) == docs[:2]
+    assert list(iter_documents(str(tmp_path / "d.txt"))) == [docs[0]]  # a text file is one document
+    with pytest.raises(ValueError, match="unsupported"):
+        list(iter_documents(str(tmp_path / "d.csv")))
