@@ -89,7 +89,7 @@ class ObjectKey:
 
 
 # Parameter dtypes a layout may name (TensorLayout.dtype): the floating types a model trains in.
-FLOAT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
 
 
 def dtype_name(dtype: torch.dtype) -> str:

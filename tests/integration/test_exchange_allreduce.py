@@ -79,8 +79,8 @@ async def _mesh(
     return dests, dict(zip(models, reports))
 
 
-def _models(seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
-    return {s: random_model(seed + i, SIZES) for i, s in enumerate(TOKENS)}
+def _models(seed: int = 0, sizes: dict[str, tuple[int, ...]] = SIZES) -> dict[str, dict[str, torch.Tensor]]:
+    return {s: random_model(seed + i, sizes) for i, s in enumerate(TOKENS)}
 
 
 def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: dict[str, codec.Encoded]) -> None:
@@ -121,6 +121,14 @@ def test_mean_is_exact_despite_drops_flips_and_stalls(scheme: Scheme) -> None:
         for s, r in reports.items()
     }
     assert all(faults_seen[receiver] >= 1 for receiver, _ in faults), faults_seen
+
+
+@pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
+def test_tiny_layout_where_some_shards_are_empty(scheme: Scheme) -> None:
+    # 3 elements: one chunk, so two of the three reduce-scatter owners own nothing.
+    encoded = _encode(_models(sizes={"empty": (0, 4), "odd": (3,)}))
+    dests, _ = asyncio.run(_mesh(scheme, {}, encoded))
+    _check(scheme, dests, encoded)
 
 
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])

@@ -1,0 +1,1 @@
+"""Reusable test helpers: a fault-injecting TCP proxy (faultproxy) and exchange servers (exchange)."""
