@@ -24,6 +24,7 @@ from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 from peer.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
+from peer.trainer.process import TrainerError
 from peer.training import OuterConfig
 
 EXIT_USAGE = 2
@@ -108,6 +109,11 @@ async def _run(config: cfg.PeerConfig) -> int:
         address = await node.start()
     except OSError as err:
         print(f"peer: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrainerError as err:
+        print(f"peer: error: this site's trainer did not start: {err}", file=sys.stderr)
+        node.stop()
+        await node.wait_stopped()
         return EXIT_USAGE
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

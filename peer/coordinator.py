@@ -73,7 +73,7 @@ class Coordinator:
         status = raft.status()
         if self.training.applied_round != status.committed_round or not self._applies.empty():
             return  # θ_{r-1} must be ours before we open r
-        live = [v.site for v in self.node.members() if v.state.name == "ALIVE"]
+        live = [v.site for v in self.node.members() if v.state.name in ("ALIVE", "SUSPECT")]
         header = Header(SiteId(self.node.config.site), self.node.address, status.epoch, status.committed_round)
         for effect in self.leader.tick(now, header, status.committed_round, live, self.training.weights_hash):
             self._run(effect)

@@ -190,7 +190,10 @@ class RoundLeader:
             return []
         if self._open is None:
             return self._maybe_open(now, header, committed_round, live_sites, base_hash)
-        if now >= self._open.deadline or set(self._open.got) == set(self._open.grants):
+        o = self._open
+        waiting = set(o.grants) - set(o.got) - {site for site, _ in o.excluded}
+        # Waiting for a site that membership no longer counts as live cannot pay off: decide now.
+        if now >= o.deadline or not waiting & set(live_sites):
             return [self._decide()]
         return []
 
@@ -247,7 +250,8 @@ class RoundLeader:
         o = self._open
         assert o is not None
         heard = set(o.got) | {site for site, _ in o.excluded}
-        missing = [(s, f"excluded: {s} did not report before the deadline") for s in o.grants if s not in heard]
+        missing = [(s, f"excluded: {s} did not report (deadline passed or it left the mesh)")
+                   for s in o.grants if s not in heard]
         self._decided, self._open = o.round, None
         admitted = tuple(o.got[s] for s in sorted(o.got))
         return Decide(o.round, admitted, tuple(o.excluded + missing))

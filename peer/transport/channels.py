@@ -54,8 +54,16 @@ def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.
     return grpc.insecure_channel(address, options=channel_options())
 
 
+# Servers must accept the clients' keepalive pings, or gRPC's default policy (one ping per 5 min)
+# answers them with GOAWAY "too_many_pings" and tears down connections mid-transfer.
+_SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 def new_server(creds: Credentials = PLAINTEXT) -> grpc.aio.Server:
-    return grpc.aio.server(options=channel_options())
+    return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS)
 
 
 def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) -> int:

@@ -80,7 +80,7 @@ def test_ungranted_site_and_missing_site_are_excluded_with_reasons() -> None:
     (decide,) = leader.tick(CFG.deadline_s, H, 0, ["a", "b"], b"")
     assert [c.site for c in decide.admitted] == ["a"]
     assert dict(decide.excluded) == {"zz": "excluded: zz holds no grant in round 1",
-                                     "b": "excluded: b did not report before the deadline"}
+                                     "b": "excluded: b did not report (deadline passed or it left the mesh)"}
 
 
 def test_missing_site_samples_are_granted_again() -> None:
@@ -141,3 +141,13 @@ def test_step_down_abandons_the_open_round() -> None:
     leader.step_down()
     assert leader.receive(_contribution("a", 1, msg.grants[0].ranges), 1.0) == []
     assert _open(leader, ["a"]).grants[0].ranges == msg.grants[0].ranges
+
+
+def test_grantee_gone_from_the_mesh_is_not_waited_for() -> None:
+    leader = RoundLeader(CFG, Ledger(BLOCKS))
+    msg = _open(leader, ["a", "b"])
+    leader.receive(_contribution("a", 1, msg.grants[0].ranges), 1.0)
+    assert leader.tick(1.0, H, 0, ["a", "b"], b"") == [], "b is live: wait for it"
+    (decide,) = leader.tick(1.0, H, 0, ["a"], b"")  # b declared dead long before the deadline
+    assert [c.site for c in decide.admitted] == ["a"]
+    assert dict(decide.excluded)["b"].startswith("excluded: b did not report")
