@@ -169,6 +169,7 @@ class Log:
 
     snapshot: Snapshot = EMPTY_SNAPSHOT
     entries: list[Entry] = field(default_factory=list)
+    _config_cache: tuple[object, LogIndex, Voters] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         expected = self.snapshot.last_index + 1
@@ -200,8 +201,24 @@ class Log:
         pos = max(0, first - self.snapshot.last_index - 1)
         return tuple(self.entries[pos : pos + max_n])
 
+    def _config(self) -> tuple[LogIndex, Voters]:
+        """(index, voter set) of the latest configuration, cached: every message asks for it. The
+        key is sound because two logs that end at the same (index, epoch) are identical (Raft's log
+        matching), so a truncated and re-appended suffix that ends the same holds the same config."""
+        key = (self.snapshot.last_index, self.snapshot.voters, self.last_index, self.last_epoch)
+        if self._config_cache is None or self._config_cache[0] != key:
+            index, voters = self.snapshot.last_index, self.snapshot.voters
+            for e in self.entries:
+                if isinstance(e.body, VoterChange):
+                    index, voters = e.index, apply_voter_change(voters, e.body)
+            self._config_cache = (key, index, voters)
+        return self._config_cache[1], self._config_cache[2]
+
     def voters_at(self, index: int) -> Voters:
         """Voter set after applying the log up to `index` (snapshot voters, then VoterChanges)."""
+        config_index, latest = self._config()
+        if index >= config_index:
+            return latest
         voters = self.snapshot.voters
         for e in self.entries:
             if e.index > index:
@@ -212,13 +229,10 @@ class Log:
 
     def voters(self) -> Voters:
         """The configuration in force: the latest in the log, committed or not (thesis 4.1)."""
-        return self.voters_at(self.last_index)
+        return self._config()[1]
 
     def last_config_index(self) -> LogIndex:
-        for e in reversed(self.entries):
-            if isinstance(e.body, VoterChange):
-                return e.index
-        return self.snapshot.last_index
+        return self._config()[0]
 
     def last_round_entry(self, upto: int | None = None) -> tuple[Round, LogIndex, bytes]:
         """(round, index, weights hash) of the last RoundCommit at or below `upto`."""
