@@ -5,7 +5,7 @@ Raft (Ongaro & Ousterhout 2014) with PreVote, CheckQuorum and leader stickiness 
 and single-server voter changes (thesis 4.1). The rules live in `peer/election.py` and
 `peer/commitlog.py`; this class owns the state and turns inputs into ordered effects:
 
-    core = ConsensusCore.start(site, address, ElectionConfig.wan(), store.load(), now, rng)
+    core = ConsensusCore.start(site, address, ElectionConfig.wan(), store.load_or_init(fresh), now, rng)
     effects = core.tick(now) / core.receive(msg, now) / core.propose_round(commit, now).effects
 
 The node executes the effects **in list order**: a `PersistHardState`, `PersistLog` or
@@ -13,7 +13,8 @@ The node executes the effects **in list order**: a `PersistHardState`, `PersistL
 `Send` after it may promise what it persisted (a vote, an ack). `Committed` entries are applied in
 order, each exactly once. Contract and bounds: docs/consensus.md.
 
-    .venv/bin/python -m pytest tests/unit/test_consensus_core.py tests/sim/test_consensus_sim.py -q
+    .venv/bin/python -m pytest tests/unit/test_election_core.py tests/unit/test_commitlog_replication.py -q
+    .venv/bin/python -m peer.sim.consensus_sim --seeds 0:100 --voters 3 5
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ class _Member:
 
 @dataclass
 class ConsensusCore:
+    """One peer's election and log state. Build it with `start`; feed it inputs; run its effects."""
+
     site: SiteId
     address: str
     config: ElectionConfig
@@ -156,16 +159,15 @@ class ConsensusCore:
     applied_index: LogIndex = LogIndex(0)
     role: Role = Role.FOLLOWER
     leader: SiteId | None = None
-    leader_address: str = ""
     # Votes refused until this time: the last contact with a live leader (or this peer's start)
     # plus election_timeout_min. Guards other leaders' leases (election.vote_decision).
     sticky_until: float = 0.0
     sticky_why: str = ""
     election_deadline: float = math.inf
     votes: set[SiteId] = field(default_factory=set)
-    leaving: bool = False
-    voter_note: str = ""
-    members: dict[SiteId, _Member] = field(default_factory=dict)
+    leaving: bool = False  # `ops leave` ran: the leader removes this voter, and no join is proposed
+    voter_note: str = ""  # why the last voter change was (not) proposed, for status and logs
+    members: dict[SiteId, _Member] = field(default_factory=dict)  # membership's verdicts (inputs only)
     # Leader-only state, reset at every election win.
     became_leader_at: float = 0.0
     next_heartbeat: float = math.inf
@@ -395,7 +397,7 @@ class ConsensusCore:
         self._reset_election_timer()
 
     def _become_leader(self, effects: list[Effect]) -> None:
-        self.role, self.leader, self.leader_address = Role.LEADER, self.site, self.address
+        self.role, self.leader = Role.LEADER, self.site
         self.became_leader_at = self.now
         self.next_index = {}
         self.match_index, self.ack_time, self.sent_at = {}, {}, {}
@@ -480,7 +482,7 @@ class ConsensusCore:
             raise AssertionError(f"two leaders in epoch {self.hard.epoch}: {self.site} and {h.from_site}")
         if self.leader != h.from_site:
             effects.append(LeaderChanged(h.from_site, h.epoch))
-        self.role, self.leader, self.leader_address, self.votes = Role.FOLLOWER, h.from_site, h.from_address, set()
+        self.role, self.leader, self.votes = Role.FOLLOWER, h.from_site, set()
         self.sticky_until = self.now + self.config.election_timeout_min_s
         self.sticky_why = f"leader {h.from_site} heard within the election timeout (its lease holds)"
         self._reset_election_timer()
