@@ -226,6 +226,7 @@ class Membership:
         """Run every timer that is due at `now`."""
         if self._left:
             return []
+        self._me.last_heard = now  # we always hear from ourselves
         effects: list[Effect] = []
         if not self._joined and now >= self._next_join:
             self._next_join = now + self.config.join_retry_interval_s

@@ -352,9 +352,11 @@ def test_set_meta_bumps_incarnation_and_spreads() -> None:
 def test_members_sorted_with_self_and_last_heard() -> None:
     m = member("c", others=("e", "a", "d"))
     m.receive(Ping(1, "a", "a:1", "c"), 7.5)
+    m.tick(8.0)
     rows = m.members()
     assert [r.site for r in rows] == ["a", "c", "d", "e"]
     assert rows[0].last_heard == 7.5 and rows[0].address == "a:1"
+    assert rows[1].last_heard == 8.0 and rows[2].last_heard == 0.0
 
 
 def test_next_deadline_never_stalls() -> None:
