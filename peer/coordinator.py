@@ -141,7 +141,7 @@ class Coordinator:
             # The leader may have changed while we trained: a successor reopens the same round over
             # the same free samples, so the current leader is the one to tell.
             raft = self.node.consensus_core()
-            leader = raft.leader_address if raft.leader is not None else msg.header.from_address
+            leader = next((v.address for v in self.node.members() if v.site == raft.leader), msg.header.from_address)
             header = Header(SiteId(self.node.config.site), self.node.address, raft.hard.epoch, msg.round - 1)
             self.node.send_round_message(leader, r.Contribution(
                 header, msg.round, self.node.config.site, self.node.address, done.tokens, done.ranges, done.root))
