@@ -35,8 +35,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from peer.trainer.config import REPO_ROOT, TrainerConfig
+from peer.trainer.config import TrainerConfig
 
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The directory holding the `peer` package, put on the worker's path for `-m peer.trainer.worker`."""
 LOG_FILE = "trainer-worker.log"
 """The worker's stderr, appended to in the workdir: it survives the worker for post-mortems."""
 _TAIL_LINES = 20
@@ -166,7 +168,9 @@ class TrainerProcess:
         """Spawn the worker with `config` and wait until its `Trainer` is built (tokenizing the
         corpus on first use may take a while). The config and the log go to `workdir`; tensor files
         to `shm_dir` (default: `default_shm_dir(workdir)`, emptied now and removed by `stop`).
-        One TrainerProcess per workdir at a time: the config, log and shm dir are named after it."""
+        One TrainerProcess per workdir at a time: the config, log and shm dir are named after it.
+        Call it from the event loop's thread and keep that thread alive: Linux kills the worker
+        when the thread that spawned it exits (worker.py, `_die_with_parent`)."""
         if self._proc is not None:
             raise TrainerError("this TrainerProcess was already started; make a new one")
         workdir = Path(workdir)
@@ -184,8 +188,8 @@ class TrainerProcess:
         if self._threads is not None:
             args += ["--threads", str(self._threads)]
         env = {**os.environ, **self._env}
-        # The repo on the path even when sitemesh is not installed in the interpreter's environment.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        # This very `peer` package, even when sitemesh is not installed in sys.executable's environment.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
         with open(self._log_path, "ab") as log:
             self._log_start = log.tell()
             self._proc = await asyncio.create_subprocess_exec(

@@ -1,8 +1,8 @@
 """The trainer worker subprocess driven by `TrainerProcess`: real process, real pipes, micro model.
 
-One worker serves the module's tests in turn; a second is there to be killed, a third to fail its
-start. Starting (mostly importing torch and transformers) is the main cost on a loaded 2-core box,
-so the three start at once; the node-death test needs a node process of its own.
+One worker serves the module's tests in turn: starting one (mostly importing torch and
+transformers) is the main cost on a loaded 2-core box. The kill -9, node-death and bad-config
+tests start their own.
 
 Try it:
     .venv/bin/python -m pytest -q tests/integration/test_trainer_process.py
@@ -59,11 +59,6 @@ class Started:
     proc: TrainerProcess
     hello: Hello
     dir: Path
-    victim: TrainerProcess
-    """A second worker, for the kill -9 test."""
-    victim_hello: Hello
-    unbuildable: BaseException
-    """What `start` raised for a config whose corpus does not exist."""
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -71,7 +66,7 @@ class Started:
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    # No pytest-asyncio here: one loop owns the module's workers (their pipes are bound to a loop).
+    # No pytest-asyncio here: one loop owns the module's worker (its pipes are bound to a loop).
     loop = asyncio.new_event_loop()
     yield loop
     loop.close()
@@ -80,24 +75,10 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture(scope="module")
 def worker(loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     root = tmp_path_factory.mktemp("trainer-worker")
-    cfg = config(root / "tokens")
-    broken = TrainerConfig(cfg.model, DataConfig(shards=(str(root / "missing.jsonl"),), cache_dir=str(root)),
-                           cfg.inner, eval_samples=16)
-    # One thread each: two thrash on a busy 2-core box (test_trainer_train.py). The three start at
-    # once because a start is mostly importing torch and transformers, which overlap well.
-    proc, victim, unbuildable = (TrainerProcess(threads=1) for _ in range(3))
-
-    async def start_all() -> list[Hello | BaseException]:
-        return await asyncio.gather(
-            proc.start(cfg, root / "work"), victim.start(cfg, root / "victim"),
-            unbuildable.start(broken, root / "broken"), return_exceptions=True)
-
-    hello, victim_hello, error = loop.run_until_complete(start_all())
-    assert isinstance(hello, Hello) and isinstance(victim_hello, Hello), (hello, victim_hello)
-    assert isinstance(error, BaseException), error
-    yield Started(loop, proc, hello, root, victim, victim_hello, error)
+    proc = TrainerProcess(threads=1)  # one thread: two thrash on a busy 2-core box (test_trainer_train.py)
+    hello = loop.run_until_complete(proc.start(config(root / "tokens"), root / "work"))
+    yield Started(loop, proc, hello, root)
     shm = proc.shm_dir
-    loop.run_until_complete(victim.stop())
     assert loop.run_until_complete(proc.stop()) == 0
     assert shm is not None and not shm.exists()
 
@@ -115,7 +96,8 @@ def test_hello_names_the_seeded_init_every_site_shares(worker: Started) -> None:
 
 def test_two_steps_return_a_pseudo_gradient_of_what_was_trained(worker: Started) -> None:
     (b0, n0), (b1, n1) = worker.hello.blocks[:2]
-    given = [(b0, 3, n0), (b1, 0, n1)]  # 13 + 16 samples: three batches of 8 would fit, two are asked
+    given = [(b0, 3, n0), (b1, 0, n1)]
+    assert (n0 - 3) + n1 > 2 * BATCH  # more than the two steps asked for: the rest stays untrained
     out = worker.run(worker.proc.train(1, worker.hello.weights, given, steps=2, start_step=0))
     assert out.steps == 2 and out.tokens == 2 * BATCH * SEQ
     assert len(out.losses) == 2
@@ -129,7 +111,8 @@ def test_two_steps_return_a_pseudo_gradient_of_what_was_trained(worker: Started)
     assert any(t.abs().max() > 0 for t in delta.values())
     # θ_local = θ_0 − Δ is the better model on held-out data than θ_0.
     local = write_state(worker.dir / "local.safetensors", {n: theta0[n] - delta[n] for n in theta0})
-    before, after = worker.run(worker.proc.evaluate(worker.hello.weights)), worker.run(worker.proc.evaluate(local))
+    before = worker.run(worker.proc.evaluate(worker.hello.weights))
+    after = worker.run(worker.proc.evaluate(local))
     assert math.isfinite(before) and before == pytest.approx(4096, rel=0.5)
     assert after < before
 
@@ -149,7 +132,8 @@ def test_checkpoint_loads_with_transformers(worker: Started) -> None:
     theta = read_state(worker.hello.weights)
     theta = {n: t * 0.5 for n, t in theta.items()}
     w = write_state(worker.dir / "theta.safetensors", theta)
-    m = write_state(worker.dir / "momentum.safetensors", {n: torch.full_like(t, 0.25) for n, t in theta.items()})
+    m = write_state(worker.dir / "momentum.safetensors",
+                    {n: torch.full_like(t, 0.25) for n, t in theta.items()})
     b, n = worker.hello.blocks[0]
     ckpt_dir = worker.dir / "ckpt"
     got = worker.run(worker.proc.checkpoint(w, ckpt_dir, round=3, momentum_path=m, cursor=[(b, 0, n)],
@@ -180,9 +164,11 @@ def test_bad_commands_get_a_clear_error_and_the_worker_keeps_serving(worker: Sta
     theta = read_state(h.weights)
     theta["model.norm.weight"] = torch.ones(3)
     wrong = write_state(worker.dir / "wrong.safetensors", theta)
-    assert "model.norm.weight is torch.float32 (3,), model micro needs torch.float32 (32,)" in error(p.evaluate(wrong))
+    assert ("model.norm.weight is torch.float32 (3,), model micro needs torch.float32 (32,)"
+            in error(p.evaluate(wrong)))
     assert "unknown command 'fly'" in error(p._call({"cmd": "fly"}))
-    assert "missing field 'steps'" in error(p._call({"cmd": "train", "round": 1, "weights": "x", "ranges": []}))
+    no_steps = {"cmd": "train", "round": 1, "weights": "x", "ranges": []}
+    assert "missing field 'steps'" in error(p._call(no_steps))
     assert math.isfinite(worker.run(p.evaluate(h.weights)))  # still serving
 
 
@@ -198,25 +184,43 @@ def test_a_cancelled_call_does_not_hand_its_late_reply_to_the_next(worker: Start
     assert math.isfinite(worker.run(scenario()))
 
 
-def test_kill_9_fails_the_pending_and_every_later_call(worker: Started) -> None:
-    proc, hello = worker.victim, worker.victim_hello
+def _hold_pipe_write_ends(pid: int) -> list[int]:
+    """Open the write ends of `pid`'s pipes (its reply pipe) as a forked child of it would hold them:
+    its death then brings no EOF to the reader, only an exit status."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:") and flags & os.O_ACCMODE == os.O_WRONLY:
+            held.append(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY))
+    return held
 
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kill_9_fails_the_pending_and_every_later_call(tmp_path: Path) -> None:
     async def scenario() -> list[str]:
+        proc = TrainerProcess(threads=1)
+        hello = await proc.start(config(tmp_path / "tokens"), tmp_path / "work")
         everything = [(b, 0, n) for b, n in hello.blocks]
         pending = asyncio.ensure_future(proc.train(1, hello.weights, everything, steps=10_000))
         queued = asyncio.ensure_future(proc.evaluate(hello.weights))  # waits for the lock
         await asyncio.sleep(0)  # let `pending` send its command and wait for the reply
         assert proc.pid is not None
-        os.kill(proc.pid, signal.SIGKILL)
-        errors = []
-        for call in (pending, queued, proc.evaluate(hello.weights)):
-            with pytest.raises(TrainerError) as e:
-                await call
-            errors.append(str(e.value))
-        assert await proc.stop() == -signal.SIGKILL
+        held = _hold_pipe_write_ends(proc.pid)
+        assert held, "found no reply pipe to hold"
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+            errors = []
+            for call in (pending, queued, proc.evaluate(hello.weights)):
+                with pytest.raises(TrainerError) as e:
+                    await asyncio.wait_for(call, 30)
+                errors.append(str(e.value))
+            assert await asyncio.wait_for(proc.stop(), 30) == -signal.SIGKILL
+        finally:
+            for fd in held:
+                os.close(fd)
         return errors
 
-    pending, queued, later = worker.run(scenario())
+    pending, queued, later = asyncio.run(scenario())
     assert "died during 'train': killed by SIGKILL (exit -9)" in pending
     assert "trainer ready" in pending  # the log tail comes with it
     assert queued == later == pending
@@ -277,7 +281,12 @@ def test_a_worker_mid_round_dies_with_its_node(tmp_path: Path) -> None:
     assert "round 1:" not in log and "stdin closed" not in log
 
 
-def test_a_config_the_worker_cannot_build_fails_start_with_the_reason(worker: Started) -> None:
-    error = worker.unbuildable
-    assert isinstance(error, TrainerError)
-    assert "died during 'hello': exit code 2" in str(error) and "missing.jsonl" in str(error)
+def test_a_config_the_worker_cannot_build_fails_start_with_the_reason(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "tokens")
+    missing = DataConfig(shards=(str(tmp_path / "missing.jsonl"),), cache_dir=str(tmp_path))
+    cfg = TrainerConfig(cfg.model, missing, cfg.inner, eval_samples=16)
+    proc = TrainerProcess(threads=1)
+    with pytest.raises(TrainerError) as e:
+        asyncio.run(proc.start(cfg, tmp_path / "work"))
+    assert "died during 'hello': exit code 2" in str(e.value) and "missing.jsonl" in str(e.value)
+    assert proc.shm_dir is not None and not proc.shm_dir.exists()
