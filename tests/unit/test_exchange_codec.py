@@ -183,3 +183,18 @@ def test_encoding_reads_non_contiguous_sources_correctly() -> None:
     dest = {"t": torch.empty(4, 6)}
     codec.decode(enc, dest)
     assert torch.equal(dest["t"], base.t())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA/ROCm device here")
+@pytest.mark.parametrize("wire", list(WireDtype))
+def test_accelerator_tensors_encode_and_decode_in_place(wire: WireDtype) -> None:
+    src = {"w": torch.randn(1000, 3, device="cuda") * 1e5, "b": torch.randn(7, device="cuda")}
+    enc = codec.encode(src, round=1, site="s", tokens=1, wire=wire, chunk_size=64)
+    assert enc.data.device.type == "cpu"
+    dest = {n: torch.empty_like(t) for n, t in src.items()}
+    codec.decode(enc, dest)
+    on_cpu = {n: t.cpu() for n, t in src.items()}
+    want = {n: torch.empty_like(t) for n, t in on_cpu.items()}
+    codec.decode(codec.encode(on_cpu, round=1, site="s", tokens=1, wire=wire, chunk_size=64), want)
+    for n in src:
+        assert dest[n].device.type == "cuda" and torch.equal(dest[n].cpu(), want[n])
