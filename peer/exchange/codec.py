@@ -5,9 +5,9 @@ the chunk and root hash rules are specified in `protos/sitemesh/v1/exchange.prot
 the one implementation of them, and the one place where manifests convert to and from protos.
 
 Encoding writes straight from the source tensors (any device) into one preallocated uint8 buffer
-with `copy_`, which converts dtype and device in one pass; decoding turns one verified chunk at a
-time into fp32 values and scatters them into preallocated destination tensors, so neither side
-builds an intermediate full copy. bf16 has no numpy dtype: buffers are torch uint8 tensors, viewed
+with `copy_`, which converts dtype and device in one pass; decoding copies one verified chunk at a
+time from its wire view straight into the preallocated destination tensors (again one `copy_`), so
+neither side builds an intermediate full copy. bf16 has no numpy dtype: buffers are torch uint8 tensors, viewed
 as the wire dtype for arithmetic and as a memoryview for hashing and sockets (no `tobytes()`).
 
     .venv/bin/python -c "import torch; from peer.exchange import codec; \
@@ -27,7 +27,7 @@ import torch
 
 from peer.gen.sitemesh.v1 import exchange_pb2 as pb
 
-# 1 MiB measured fastest on loopback (2 MiB: -15 %, 4 MiB: -43 %), see docs/decisions/exchange-chunk-size.md.
+# 1 MiB streamed fastest on loopback (2 MiB: -15 %, 4 MiB: -43 %): docs/decisions/exchange-chunk-size.md.
 DEFAULT_CHUNK_BYTES = 1 << 20
 # Half of the transport's 8 MiB message limit: a Chunk message always fits with room to spare.
 MAX_CHUNK_BYTES = 4 << 20
