@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,8 @@ class FaultProxy:
         down = self._spawn(self._pipe(conn, server_r, client_w, PASS if fault.upstream else fault, writers))
         await asyncio.gather(up, down, return_exceptions=True)
 
-    def _spawn(self, coro: object) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
