@@ -56,7 +56,7 @@ from peer.trainer.blocks import SampleRange, merge_ranges
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
 from peer.trainer.inner import Trainer
-from peer.trainer.model import count_parameters
+from peer.trainer.model import count_parameters, weights
 from peer.trainer.process import read_state, write_state
 
 log = logging.getLogger("peer.trainer.worker")
@@ -114,7 +114,7 @@ class Worker:
         self.shapes = {n: tuple(p.shape) for n, p in trainer.module.named_parameters()}
         # θ_0 is taken once, before any training: hello must name the seeded init however often it
         # is asked, while the live model moves on.
-        theta0 = trainer.model_weights()
+        theta0 = weights(trainer.module)
         self.theta0 = write_state(shm_dir / "theta0.safetensors", theta0)
         self.theta0_hash = state_dict_hash(theta0)
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {

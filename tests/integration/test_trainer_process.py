@@ -49,8 +49,18 @@ def config(cache_dir: Path, **data: object) -> TrainerConfig:
     base: dict[str, object] = dict(max_documents=40, seq_len=SEQ, block_samples=16, heldout_per_mille=100,
                                    cache_dir=str(cache_dir))
     base.update(data)
-    inner = InnerConfig(lr=3e-3, warmup_steps=1, total_steps=20, batch_size=BATCH, micro_batch_size=BATCH)
+    # device="cpu" even where a GPU is present: the assertions below rely on fp32 CPU determinism.
+    inner = InnerConfig(lr=3e-3, warmup_steps=1, total_steps=20, batch_size=BATCH, micro_batch_size=BATCH,
+                        device="cpu")
     return TrainerConfig(MICRO, DataConfig.shipped(**base), inner, eval_samples=16)  # type: ignore[arg-type]
+
+
+def test_config_survives_the_json_the_worker_reads(tmp_path: Path) -> None:
+    cfg = config(tmp_path, heldout_shards=("a.jsonl", "b.jsonl"))
+    again = TrainerConfig.from_json(cfg.to_json())
+    assert again == cfg and isinstance(again.data.shards, tuple) and isinstance(again.inner.betas, tuple)
+    with pytest.raises(ValueError, match="unknown fields"):
+        TrainerConfig.from_dict({**cfg.to_dict(), "inner": {"learning_rate": 1.0}})
 
 
 @dataclass
