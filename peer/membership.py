@@ -101,7 +101,7 @@ class Membership:
         self._me = _Member(meta.site, meta, ALIVE, incarnation, now, now)
         self._members: dict[str, _Member] = {}  # everyone but us, never forgotten (dead included)
         self._live = 1  # ALIVE + SUSPECT members, us included: the n of all log(n) formulas
-        self._dead = 0  # DEAD members: whether reconnect has anything to do
+        self._dead = 0  # DEAD members (reconnect targets)
         self._probe_order: list[str] = []  # shuffled round robin (SWIM 4.3), reshuffled per cycle
         self._probe_index = 0
         self._queue: BroadcastQueue[MemberUpdate] = BroadcastQueue()
@@ -218,7 +218,7 @@ class Membership:
         deadlines += (s.deadline for s in self._suspicions.values())
         if len(self._queue):
             deadlines.append(self._next_gossip)
-        if self._dead:
+        if self._dead or self._seeds:
             deadlines.append(self._next_reconnect)
         return min(deadlines)
 
@@ -408,15 +408,23 @@ class Membership:
             self._next_push_pull = now + self.config.push_pull_interval_s
             for m in self._random_members(1, set(), lambda m: m.state == ALIVE):
                 effects.append(Send(m.address, self._table()))
-        if self._dead and now >= self._next_reconnect:
+        if (self._dead or self._seeds) and now >= self._next_reconnect:
             self._next_reconnect = now + self.config.reconnect_interval_s
-            dead = sorted(s for s, m in self._members.items() if m.state == DEAD and m.address)
-            if dead:
-                # Round robin, so every dead member is retried within len(dead) intervals.
-                site = next((s for s in dead if s > self._reconnect_cursor), dead[0])
-                self._reconnect_cursor = site
-                effects.append(Send(self._members[site].address, self._table()))
+            targets = self._reconnect_targets()
+            if targets:
+                # Round robin, so every target is retried within len(targets) intervals.
+                address = next((a for a in targets if a > self._reconnect_cursor), targets[0])
+                self._reconnect_cursor = address
+                effects.append(Send(address, self._table()))
         return effects
+
+    def _reconnect_targets(self) -> list[str]:
+        """Addresses of DEAD members, and of seeds that no live member of ours listens on: a group
+        that formed apart from ours (members that joined through other seeds while ours were down)
+        merges when either side reaches the other."""
+        live = {m.address for m in self._members.values() if m.state in _PROBED}
+        dead = {m.address for m in self._members.values() if m.state == DEAD and m.address}
+        return sorted(dead | (set(self._seeds) - live))
 
     def _updates_for(self, about: Iterable[str], with_self: bool = False) -> tuple[MemberUpdate, ...]:
         """Rumours to piggyback on a message: what we hold against the members the message concerns

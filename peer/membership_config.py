@@ -39,8 +39,9 @@ class MembershipConfig:
     push_pull_interval_s: float = 30.0
     """Full-state exchange with one random live member (anti-entropy repairs lost rumours)."""
     reconnect_interval_s: float = 10.0
-    """Push-pull with one DEAD member (round robin): heals views after a partition, as Serf's
-    reconnect does, since nobody probes the dead."""
+    """Push-pull with one DEAD member or unreached seed (round robin): heals views after a
+    partition, as Serf's reconnect does (nobody probes the dead), and merges groups that formed
+    apart at start-up."""
     gossip_to_dead_s: float = 30.0
     """Keep gossiping to a member this long after declaring it dead, so a paused one learns it."""
     awareness_max_multiplier: int = 8

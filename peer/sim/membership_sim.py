@@ -1,7 +1,8 @@
 """Membership scenario for the simulator: N members join, faults hit, then views must converge.
 
 Timeline of one seed (times scale with the preset's probe interval): members start within the
-first 2 periods and join through up to three random seeds; after a warm-up, the fault window
+first 2 periods and join through whichever of the others (all are seeds, as in the run file)
+answers first; after a warm-up, the fault window
 applies a seeded schedule (`peer.sim.faults`) and up to two graceful leaves (a departed site may come
 back later as a new process); at the end of the window every fault is over, crashed members marked
 permanent stay down, and the run continues until views have converged.
@@ -426,7 +427,8 @@ def run_seed(seed: int, scenario: MembershipScenario,
                                 settle_s=scenario.settle_periods * period)
     node_clocks = clocks(rng, addr_list, limits, skew="skew" in kinds)
     for address, site in addresses.items():
-        seeds = rng.sample([a for a in addr_list if a != address], min(3, n - 1))
+        # Like the run file, every member lists every other as a seed (in its own order).
+        seeds = rng.sample([a for a in addr_list if a != address], n - 1)
         sim.add_node(address, _factory(scenario.core, seed, site, address, cfg, seeds),
                      at=rng.uniform(0, 2 * period), clock=node_clocks[address])
     faults = plan(derive_rng(seed, "faults"), kinds, addr_list, fault_start, fault_end, limits)

@@ -3,6 +3,7 @@ refutation, rumour precedence, dissemination, joining, leaving, local health."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -383,3 +384,29 @@ def test_health_recovers_with_successful_probes() -> None:
         m.receive(Ack(running.seq, running.target), now)
         now, _ = probe(m, now)
     assert m.health_multiplier == 1
+
+
+def test_reconnect_round_robins_dead_members_and_unreached_seeds() -> None:
+    cfg = dataclasses.replace(CFG, push_pull_interval_s=1e6)  # only reconnects push-pull here
+    m = Membership(meta("a"), cfg, random.Random(5), 0.0)
+    m.join(["b:1", "z:1"], 0.0)  # z is down at first: b answers, we are joined through b
+    table = (rumour("b", ALIVE, 0), rumour("c", ALIVE, 0), rumour("d", ALIVE, 0))
+    m.receive(PushPull("b", "b:1", table, reply=True), 0.1)
+    m.receive(Ping(1, "b", "b:1", "a", (rumour("c", DEAD, 0),)), 0.2)
+    targets = []
+    now = 0.2
+    while len(targets) < 4:
+        now = m.next_deadline()
+        effects = m.tick(now)
+        targets += [s.to for s in sends(effects, PushPull)
+                    if not s.msg.join and s.to in ("c:1", "z:1")]
+    # The dead member and the seed nobody of ours listens on, alternately, every interval.
+    assert targets == ["c:1", "z:1", "c:1", "z:1"] or targets == ["z:1", "c:1", "z:1", "c:1"]
+    m.receive(PushPull("z", "z:1", (rumour("z", ALIVE, 0),), reply=True), now)
+    later: list[str] = []
+    end = now + 2 * cfg.reconnect_interval_s  # before z could be suspected to death
+    while m.next_deadline() <= end:
+        now = m.next_deadline()
+        later += [s.to for s in sends(m.tick(now), PushPull)]
+    # z is a live member now: only the dead are retried (nobody acks here, so d may have died too).
+    assert len(later) == 2 and "c:1" in later and "z:1" not in later
