@@ -404,11 +404,14 @@ class ConsensusChecker:
     def at_end(self, sim: Simulation) -> list[str]:
         if self.violations or self.committed_after_heal_s is not None:
             return list(self.violations)
-        # Liveness is owed only while the live sites form a majority of the committed voter set
-        # (architecture.md: a minority crash is survived); churn can legitimately remove that.
+        # Liveness is owed only while the live sites form a majority of the voter set in force in the
+        # most up-to-date live log (Raft: the latest configuration, committed or not, decides; only
+        # that log's holders can win an election). A minority crash is survived (architecture.md),
+        # but two permanent crashes right after a leave was appended can legitimately strand it.
         live = set(self.cluster.live())
-        ahead = max((self.cluster.core(s) for s in live), key=lambda c: c.commit_index, default=None)
-        voters = {v for v, _ in ahead.log.voters_at(ahead.commit_index)} if ahead else set()
+        newest = max((self.cluster.core(s) for s in live), key=lambda c: (c.log.last_epoch, c.log.last_index),
+                     default=None)
+        voters = {v for v, _ in newest.log.voters()} if newest else set()
         if not voters or len(voters & live) < len(voters) // 2 + 1:
             self.liveness_skipped = True
             return []
