@@ -210,7 +210,12 @@ class LeaseClient:
     def next_deadline(self) -> float | None:
         return self.last_renew + self.cfg.renew_every if self.view else None
 
+    def note_leader_epoch(self, epoch: int) -> None:
+        """The consensus layer saw a new leader epoch (LeaderChanged): send it from now on."""
+        self.leader_epoch = max(self.leader_epoch, epoch)
+
     def receive(self, msg: Message, now: float) -> list[Send]:
+        self.note_leader_epoch(msg.header.leader_epoch)  # a refusal for a stale epoch teaches the new one
         if isinstance(msg, GrantReply):
             self._on_grant_reply(msg, now)
         elif isinstance(msg, RenewReply):

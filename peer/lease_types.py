@@ -22,8 +22,9 @@ from peer.election import SiteId
 BlockId = NewType("BlockId", int)
 Gen = NewType("Gen", int)
 """Lease generation of a block: bumped on every change of holder; the fencing token a holder
-presents. Minted as max(gen + 1, ring_version << 32), so a generation minted under a newer ring
-view is above any minted under an older one (a record rebuilt from the log cannot repeat one)."""
+presents. Minted as max(gen + 1, mint_base(ring_version, boot)), so a generation minted under a newer
+ring view, or by the same primary after a restart in the same view (a higher boot), is above any
+minted before: a record rebuilt from the log can never reissue a generation."""
 DataEpoch = NewType("DataEpoch", int)
 """Pass over the dataset, from 0; advanced by the log when every sample of it is committed."""
 
@@ -112,8 +113,14 @@ def of_range(r: SampleRange) -> Spans:
     return (Span(r.start, r.end),)
 
 
-def next_gen(gen: int, ring_version: int) -> Gen:
-    return Gen(max(gen + 1, ring_version << 32))
+def mint_base(ring_version: int, boot: int) -> int:
+    """Lowest generation (and record rev) a primary mints under ring view `ring_version` in its
+    `boot`-th process: view in the high 32 bits, boot in the next 16, a counter in the low 16."""
+    return (ring_version << 32) | ((boot & 0xFFFF) << 16)
+
+
+def next_gen(gen: int, base: int) -> Gen:
+    return Gen(max(gen + 1, base))
 
 
 class LeaseState(enum.Enum):
@@ -179,14 +186,14 @@ class LeaseRecord:
             return LeaseState.FREE
         return LeaseState.TRAINED_PENDING if self.pending else LeaseState.COMMITTED
 
-    def bumped(self, ring_version: int, **changes: object) -> LeaseRecord:
-        return replace(self, rev=next_gen(self.rev, ring_version), **changes)  # type: ignore[arg-type]
+    def bumped(self, base: int, **changes: object) -> LeaseRecord:
+        """A new version of the record (`base`: the primary's mint_base)."""
+        return replace(self, rev=next_gen(self.rev, base), **changes)  # type: ignore[arg-type]
 
 
-def fresh_record(block: BlockId, size: int, done: Spans, ring_version: int, data_epoch: DataEpoch) -> LeaseRecord:
+def fresh_record(block: BlockId, size: int, done: Spans, base: int, data_epoch: DataEpoch) -> LeaseRecord:
     """A record as the log alone describes it (also the rebuild after losing every owner)."""
-    base = Gen(ring_version << 32)
-    return LeaseRecord(block, size, base, base, done=done, data_epoch=data_epoch)
+    return LeaseRecord(block, size, base, Gen(base), done=done, data_epoch=data_epoch)
 
 
 class EventKind(enum.Enum):

@@ -62,6 +62,7 @@ from peer.lease_types import (
     Voucher,
     fmt,
     fresh_record,
+    mint_base,
     intersect,
     next_gen,
     normalize,
@@ -118,8 +119,12 @@ class _Deferred:
 class LeaseOwner:
     """The lease records of every block this peer owns; pure: messages and ticks in, effects out."""
 
-    def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, amnesiac: bool = False) -> None:
+    def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, amnesiac: bool = False,
+                 boot: int = 0) -> None:
         self.site = site
+        self.boot = boot
+        """How many times this site's process started before (the node keeps the count on disk): a
+        primary restarted within one ring view mints generations above those it minted before."""
         self.ledger = ledger
         """Committed samples and the data epoch, from the log (shared with the node's other cores)."""
         self.cfg = cfg
@@ -152,6 +157,11 @@ class LeaseOwner:
         self._events: list[LeaseEvent] = []
 
     # --- inputs ---
+
+    @property
+    def _base(self) -> int:
+        assert self.view is not None
+        return mint_base(self.view.version, self.boot)
 
     def header(self) -> LeaseHeader:
         v = self.view.version if self.view else 0
@@ -187,7 +197,7 @@ class LeaseOwner:
                 self.records[b] = held[b]
             if owners[0] != self.site:
                 continue
-            fresh = fresh_record(b, self.ledger.size(b), self.ledger.done(b), view.version, self.epoch)
+            fresh = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self._base, self.epoch)
             if old is None and self.live_since == 0:
                 self._adopt(b, fresh, now)  # the run's first view: the log is the whole truth
             elif old is not None and old.primary(b) == self.site and b in held:
@@ -235,8 +245,7 @@ class LeaseOwner:
         self.epoch = self.ledger.data_epoch
         self.serving |= set(self.syncing)
         for b in set(self.records) | self.serving:
-            self.records[b] = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self.view.version,
-                                           self.epoch)
+            self.records[b] = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self._base, self.epoch)
         self.retired.clear()
         self.syncing.clear()
         self.expiry.clear()
@@ -246,11 +255,16 @@ class LeaseOwner:
         self._dirty.clear()
         self._rebuild_order()
 
+    def note_leader_epoch(self, epoch: int) -> None:
+        """The consensus layer saw a new leader epoch (LeaderChanged): fence older messages."""
+        self.leader_epoch = max(self.leader_epoch, epoch)
+
     def receive(self, msg: Message, now: float) -> list[Effect]:
         handler: Callable[[Message, float], list[Effect]] | None = self._handlers.get(type(msg))
         if handler is None:
             return []
         refusal = self._fence(msg.header)
+        self.note_leader_epoch(msg.header.leader_epoch)  # epochs only grow: a newer one is news
         if refusal:
             req = msg.req if isinstance(msg, GrantRequest) else 0
             return [Send(msg.header.site, Rejected(self.header(), req, refusal))]
@@ -266,8 +280,8 @@ class LeaseOwner:
             rec = self.records[b]
             del self.expiry[b]
             if rec.holder is not None:
-                self._write(rec.bumped(self.view.version, holder=None, started=False,
-                                       generation=next_gen(rec.generation, self.view.version)), now)
+                self._write(rec.bumped(self._base, holder=None, started=False,
+                                       generation=next_gen(rec.generation, self._base)), now)
                 self._event(EventKind.RECLAIM, rec, rec.holder, now)
         for b, t in self.unacked_since.items():
             if t + self.cfg.retry_after <= now:
@@ -305,8 +319,8 @@ class LeaseOwner:
                 kind = EventKind.STEAL
             for b in picked:
                 rec = self.records[b]
-                self._write(rec.bumped(self.view.version, holder=site, started=False,
-                                       generation=next_gen(rec.generation, self.view.version)), now)
+                self._write(rec.bumped(self._base, holder=site, started=False,
+                                       generation=next_gen(rec.generation, self._base)), now)
                 self._event(kind, self.records[b], site, now)
                 self.expiry[b] = now + self.cfg.ttl
             mine += picked
@@ -356,7 +370,7 @@ class LeaseOwner:
             return [Send(m.header.site, StartReply(self.header(), m.lease, False, why))]
         rec = self.records[m.lease.block_id]
         if not rec.started:
-            self._write(rec.bumped(self.view.version, started=True), now)
+            self._write(rec.bumped(self._base, started=True), now)
         self.expiry[m.lease.block_id] = now + self.cfg.ttl
         reply = StartReply(self.header(), m.lease, True, f"started block {m.lease.block_id}")
         return self._answer(m.header.site, reply, [self.records[m.lease.block_id]])
@@ -393,9 +407,9 @@ class LeaseOwner:
             return f"samples {fmt(overlap)} of block {c.lease.block_id} are already committed or claimed"
         changes: dict[str, object] = {"pending": rec.pending + (PendingClaim(rnd, site, spans),)}
         if not c.keep:
-            changes.update(holder=None, started=False, generation=next_gen(rec.generation, self.view.version))
+            changes.update(holder=None, started=False, generation=next_gen(rec.generation, self._base))
             self.expiry.pop(c.lease.block_id, None)
-        self._write(rec.bumped(self.view.version, **changes), now)
+        self._write(rec.bumped(self._base, **changes), now)
         return ""
 
     def _on_release(self, m: Release, now: float) -> list[Effect]:
@@ -403,8 +417,8 @@ class LeaseOwner:
         for ref in m.leases:
             if not self._check(m.header.site, ref):
                 rec = self.records[ref.block_id]
-                self._write(rec.bumped(self.view.version, holder=None, started=False,
-                                       generation=next_gen(rec.generation, self.view.version)), now)
+                self._write(rec.bumped(self._base, holder=None, started=False,
+                                       generation=next_gen(rec.generation, self._base)), now)
                 self.expiry.pop(ref.block_id, None)
                 self._event(EventKind.RELEASE, rec, m.header.site, now)
         return []
@@ -458,7 +472,7 @@ class LeaseOwner:
             return self._rebuild(b, now)
         assert self.view is not None
         size, done = self.ledger.size(b), self.ledger.done(b)
-        base = fresh_record(b, size, done, self.view.version, self.ledger.data_epoch)
+        base = fresh_record(b, size, done, self._base, self.ledger.data_epoch)
         best = max((r for r in s.got if r.data_epoch == self.ledger.data_epoch), key=lambda r: r.rev,
                    default=base)
         merged = replace(best, done=done, pending=tuple(p for p in best.pending if p.round > self.ledger.last_round))
@@ -491,7 +505,7 @@ class LeaseOwner:
 
     def _rebuild(self, b: BlockId, now: float) -> list[Effect]:
         assert self.view is not None
-        rec = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self.view.version, self.ledger.data_epoch)
+        rec = fresh_record(b, self.ledger.size(b), self.ledger.done(b), self._base, self.ledger.data_epoch)
         self._adopt(b, rec, now)
         self._order_insert(b)
         return [LeaseEvent(EventKind.REBUILD, self.ledger.data_epoch, b, rec.generation, None, now)]

@@ -252,12 +252,12 @@ class LeasePeer:
     comes from `Control`'s LogUpdates; `RaftPeer` takes it from a consensus core instead."""
 
     def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
-                 amnesiac: bool) -> None:
+                 amnesiac: bool, boot: int) -> None:
         self.site = site
         self.cfg = cfg
         self.speed = speed
         self.ledger = EpochLedger(universe)
-        self.owner = LeaseOwner(site, self.ledger, cfg.lease, amnesiac=amnesiac)
+        self.owner = LeaseOwner(site, self.ledger, cfg.lease, amnesiac=amnesiac, boot=boot)
         self.client = LeaseClient(site, self.ledger, cfg.lease)
         self.applied = 0
         self.closed = 0
@@ -341,8 +341,8 @@ class RaftPeer(LeasePeer):
     voter changes as ring views), and while it leads it closes rounds, admits and proposes them."""
 
     def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
-                 amnesiac: bool, disk: MemoryStore, truth: Truth, seed: str) -> None:
-        super().__init__(site, universe, cfg, speed, now, amnesiac)
+                 amnesiac: bool, boot: int, disk: MemoryStore, truth: Truth, seed: str) -> None:
+        super().__init__(site, universe, cfg, speed, now, amnesiac, boot)
         self.disk, self.truth = disk, truth
         self.core = ConsensusCore.start(site, site, RAFT, disk.load(), now, derive_rng(0, seed))
         self.voters: Voters = ()
@@ -384,6 +384,8 @@ class RaftPeer(LeasePeer):
                 items += self._item(e.entry)
             elif isinstance(e, LeaderChanged):
                 self.leader, self.leader_epoch = e.leader, max(self.leader_epoch, e.epoch)
+                self.owner.note_leader_epoch(e.epoch)
+                self.client.note_leader_epoch(e.epoch)
             elif hasattr(e, "msg"):
                 out.append(e)
         return out + (self._apply(items, now) if items else [])
@@ -522,6 +524,7 @@ class LeaseSim:
         self.truth = Truth(self.universe)
         self.control = Control(self.truth, cfg)
         self.disks: dict[SiteId, MemoryStore] = {}
+        self.boots: dict[SiteId, int] = {}
         self.checker = LeaseChecker(self)
         self.faults: list[tuple[float, str]] = []
         self.speeds: dict[SiteId, int] = {}
@@ -557,18 +560,19 @@ class LeaseSim:
             self.sim.schedule(self.sim.now + 1.0, self._watch_epochs, "watch epochs")
 
     def _peer(self, name: SiteId, now: float, founders: Sequence[SiteId]) -> LeasePeer:
+        self.boots[name] = boot = self.boots.get(name, -1) + 1  # the node keeps this count on its disk
         # a process started after the run began has no lease state: it must sync, never bootstrap
         amnesiac = self.sim.now > 0
         if not self.cfg.consensus:
             self.control.acked[name] = 0  # a (re)started process applies the log from its start
-            return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac)
+            return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot)
         if name not in self.disks:
             self.disks[name] = disk = MemoryStore()
             fresh = DurableState.fresh({f: f for f in founders} if name in founders else None)
             disk.save_hard_state(fresh.hard)
             disk.write_log(1, tuple(fresh.entries))
         seed = f"{self.seed}/{name}/{self.sim.events}"
-        return RaftPeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, self.disks[name],
+        return RaftPeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot, self.disks[name],
                         self.truth, seed)
 
     # --- membership as the membership layer reports it ---

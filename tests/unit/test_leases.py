@@ -310,3 +310,38 @@ def test_an_epoch_ending_while_a_block_syncs_leaves_it_served_and_fresh() -> Non
     m.send("a", GrantRequest(hdr(m, "a", data_epoch=1), 1, 3, False), "d")
     m.run()
     assert block in [g.block_id for g in replies(m, "a", GrantReply)[-1].grants]
+
+
+def test_a_primary_rebuilding_in_the_same_view_after_a_restart_never_repeats_a_generation() -> None:
+    """A restarted primary may learn the very view it crashed in again (no voter change) and, short of
+    previous owners, rebuild: its boot count keeps the new generations above the old ones."""
+    m = Mesh("abc", universe={100: 8})
+    view = m.set_view("abc")
+    m.run()
+    p, x = holder_site(m)
+    g1 = grant(m, x, p).grants[0].generation
+    m.crash(p)
+    m.add(SiteId(p), amnesiac=True, boot=1)
+    gone = RingView.of(0, [p, "y", "z"])  # its previous owners are no longer members: rebuild
+    m.effects(SiteId(p), m.owners[SiteId(p)].set_view(view, 1, m.now, previous=gone))
+    m.run()
+    assert any(e.kind is EventKind.REBUILD and e.block == B for e in m.events)
+    y = next(s for s in "abc" if s not in (p, x))
+    g2 = grant(m, y, p, req=2).grants[0].generation
+    assert g2 > g1 and g2 >> 32 == g1 >> 32 == view.version
+
+
+def test_a_newer_leader_epoch_in_any_message_is_adopted_and_fences_older_ones() -> None:
+    m = Mesh("abc")
+    m.set_view("abc")
+    m.run()
+    owner, x = holder_site(m)
+    y = next(s for s in "abc" if s not in (owner, x))
+    grant(m, x, owner)  # leader epoch 1
+    m.send(y, GrantRequest(hdr(m, y, leader_epoch=4), 1, 1, False), owner)
+    m.run()
+    assert m.owners[SiteId(owner)].leader_epoch == 4 and replies(m, y, GrantReply)
+    m.send(x, GrantRequest(hdr(m, x), 2, 1, False), owner)
+    m.run()
+    assert replies(m, x, Rejected)[-1].reason == "stale: leader epoch 1 < 4"
+    assert m.clients[SiteId(x)].leader_epoch == 4, "the refusal teaches the holder the new epoch"

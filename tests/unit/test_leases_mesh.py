@@ -32,10 +32,10 @@ class Mesh:
         for s in sites:
             self.add(SiteId(s), amnesiac=False)
 
-    def add(self, s: SiteId, amnesiac: bool) -> None:
+    def add(self, s: SiteId, amnesiac: bool, boot: int = 0) -> None:
         ledger = EpochLedger(self.universe)
         self.ledgers[s] = ledger
-        self.owners[s] = LeaseOwner(s, ledger, CFG, amnesiac=amnesiac)
+        self.owners[s] = LeaseOwner(s, ledger, CFG, amnesiac=amnesiac, boot=boot)
         self.clients[s] = LeaseClient(s, ledger, CFG, prefetch=2)
 
     def crash(self, s: str) -> None:
