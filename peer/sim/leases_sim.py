@@ -768,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
         if res.violations:
             bad += 1
             print(f"seed {seed}: {len(res.violations)} violations; first: {res.violations[0]}")
+        done = seed - seeds[0] + 1
+        if done % 50 == 0 and done < len(seeds):
+            print(f"... {done} seeds, {bad} with violations, {time.time() - t0:.1f}s", flush=True)
     print(f"{len(seeds)} seeds, {bad} with violations, {time.time() - t0:.1f}s")
     return 1 if bad else 0
 
