@@ -18,6 +18,7 @@ Try it (one site, shipped corpus, a few steps):
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -80,7 +81,10 @@ class Trainer:
         self.accum = inner.batch_size // (self.world * inner.micro_batch_size)
         self.device = pick_device(inner.device)
         if self.device.type == "cuda" and self.world > 1:
-            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+            # torchrun/srun launch one rank per accelerator of a node; LOCAL_RANK names it.
+            local = int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count()))
+            self.device = torch.device("cuda", local)
+            torch.cuda.set_device(self.device)
         self.index = index or BlockIndex(cfg.data)
         if self.index.cfg != cfg.data:
             raise ValueError("the block index was built for a different DataConfig")
@@ -89,10 +93,11 @@ class Trainer:
                              f"{cfg.model.name} only {cfg.model.vocab_size} embedding rows")
         self.module = build_model(cfg.model, self.device, seed=inner.seed)
         self.module.train()
-        net: torch.nn.Module = self.module
+        self.ddp: DistributedDataParallel | None = None
         if self.world > 1:
-            net = DistributedDataParallel(net, device_ids=[self.device] if self.device.type == "cuda" else None)
-        self.ddp = net if self.world > 1 else None
+            self.ddp = DistributedDataParallel(
+                self.module, device_ids=[self.device] if self.device.type == "cuda" else None)
+        net: torch.nn.Module = self.ddp or self.module
         self.net = torch.compile(net) if inner.compile else net
         decay = [p for p in self.module.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.module.parameters() if p.ndim < 2]  # norms: decay would only shrink them
@@ -105,8 +110,8 @@ class Trainer:
         self._heldout: torch.Tensor | None = None
 
     # -- weights ---------------------------------------------------------------------------------
-    def global_weights(self) -> dict[str, torch.Tensor]:
-        """The model's current weights as a weight dict (fp32, CPU)."""
+    def model_weights(self) -> dict[str, torch.Tensor]:
+        """The model's current weights as a weight dict (fp32, CPU): θ_0 before the first round."""
         return weights(self.module)
 
     def load_global(self, state: dict[str, torch.Tensor]) -> None:
@@ -231,7 +236,7 @@ def demo(steps: int = 20) -> None:
     cfg = TrainerConfig(MODEL_PRESETS["tiny"], DataConfig.shipped(), InnerConfig(total_steps=steps, warmup_steps=5),
                         eval_samples=64)
     t = Trainer(cfg)
-    theta = t.global_weights()
+    theta = t.model_weights()
     print(f"held-out ppl at init: {t.evaluate(theta):.1f}")
     queue = [b.full_range() for b in t.index.epoch_order()]
     r = t.train_round(theta, queue, steps)

@@ -33,7 +33,7 @@ def trainer(index: BlockIndex) -> Trainer:
 
 def test_round_trip_and_hf_loads_it(index: BlockIndex, tmp_path: Path) -> None:
     t = trainer(index)
-    theta = t.global_weights()
+    theta = t.model_weights()
     r = t.train_round(theta, [b.full_range() for b in index.epoch_order()[:2]], 3)
     theta, momentum = outer_step(theta, {}, [(r.pseudo_gradient, r.tokens)])
     ck = Checkpoint(weights=theta, momentum=momentum, inner_state=t.inner_state(), cursor=r.trained,
@@ -51,7 +51,7 @@ def test_round_trip_and_hf_loads_it(index: BlockIndex, tmp_path: Path) -> None:
 
 
 def test_save_is_atomic(index: BlockIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    theta = trainer(index).global_weights()
+    theta = trainer(index).model_weights()
     save_checkpoint(tmp_path / "ck", MICRO, Checkpoint(theta, meta={"round": 1}))
     cursor = [SampleRange(5, 0, 3), SampleRange(5, 3, 7)]
 
@@ -79,7 +79,7 @@ def run_rounds(t: Trainer, theta: dict, momentum: dict, queue: list[SampleRange]
 def test_resume_gives_the_same_next_step_as_no_stop(index: BlockIndex, tmp_path: Path) -> None:
     queue = [b.full_range() for b in index.epoch_order()]
     straight = trainer(index)
-    theta, momentum, rest = run_rounds(straight, straight.global_weights(), {}, queue, 3)
+    theta, momentum, rest = run_rounds(straight, straight.model_weights(), {}, queue, 3)
     trained = subtract_ranges(queue, rest)  # the cursor: what rounds 1-3 consumed (4.5 blocks)
     assert trained[-1].num_samples == 8
     save_checkpoint(tmp_path / "ck", MICRO, Checkpoint(theta, momentum, straight.inner_state(), trained))

@@ -34,7 +34,7 @@ def queue(index: BlockIndex) -> list[SampleRange]:
 
 def test_loss_falls_on_the_shipped_corpus(index: BlockIndex) -> None:
     t = make(index, "tiny")
-    theta = t.global_weights()
+    theta = t.model_weights()
     before = t.evaluate(theta)
     r = t.train_round(theta, queue(index), 60)
     after = t.evaluate({n: theta[n] - r.pseudo_gradient[n] for n in theta})
@@ -46,7 +46,7 @@ def test_loss_falls_on_the_shipped_corpus(index: BlockIndex) -> None:
 
 def test_round_reports_exactly_what_it_trained(index: BlockIndex) -> None:
     t = make(index)
-    theta = t.global_weights()
+    theta = t.model_weights()
     blocks = index.epoch_order()
     ranges = [SampleRange(blocks[0].block_id, 3, 13), SampleRange(blocks[1].block_id, 0, 9)]  # 19 samples
     r = t.train_round(theta, ranges, inner_steps=5)
@@ -55,7 +55,7 @@ def test_round_reports_exactly_what_it_trained(index: BlockIndex) -> None:
     assert r.trained == sorted([SampleRange(blocks[0].block_id, 3, 13), SampleRange(blocks[1].block_id, 0, 6)])
     assert set(r.pseudo_gradient) == set(theta)
     assert all(t.dtype == torch.float32 for t in r.pseudo_gradient.values())
-    local = t.global_weights()
+    local = t.model_weights()
     assert all(torch.equal(r.pseudo_gradient[n], theta[n] - local[n]) for n in theta)
     empty = t.train_round(theta, ranges, inner_steps=0)
     assert empty.tokens == 0 and empty.trained == [] and all(not d.any() for d in empty.pseudo_gradient.values())
@@ -64,7 +64,7 @@ def test_round_reports_exactly_what_it_trained(index: BlockIndex) -> None:
 def test_inner_state_persists_across_rounds(index: BlockIndex) -> None:
     q = queue(index)
     kept = make(index)
-    theta = kept.global_weights()
+    theta = kept.model_weights()
     kept.train_round(theta, q[:1], 2)
     second = kept.train_round(theta, q[1:2], 2)
     fresh = make(index)
@@ -77,7 +77,7 @@ def test_inner_state_persists_across_rounds(index: BlockIndex) -> None:
 def test_gradient_accumulation_matches_one_big_batch(index: BlockIndex) -> None:
     q = queue(index)
     whole, accum = make(index, micro_batch_size=8), make(index, micro_batch_size=2)
-    theta = whole.global_weights()
+    theta = whole.model_weights()
     a, b = whole.train_round(theta, q, 3), accum.train_round(theta, q, 3)
     assert a.trained == b.trained
     for n in theta:
