@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from peer import rounds as r
 from peer.commitlog import Contributor, RoundCommit
 from peer.election import Header, Role, SiteId
-from peer.training import HashMismatch, SiteTraining
+from peer.training import HashMismatch, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -171,13 +171,16 @@ class Coordinator:
             self._deciding = False
 
     async def _apply_loop(self) -> None:
-        """Applies committed rounds strictly in log order. A transient failure (a contributor's
-        pseudo-gradient not reachable yet) is retried; a hash mismatch stops applying: this peer's
-        θ is wrong and only a state transfer can fix it (it then contributes nothing)."""
+        """Applies committed rounds strictly in log order. A pseudo-gradient nobody serves any more
+        (this peer fell behind) is replaced by a state transfer of the newest committed round; other
+        failures are retried; a hash mismatch stops applying: this peer's θ is wrong (I7)."""
         while True:
             index, commit = await self._applies.get()
+            self._applies.task_done()
+            if commit.round <= self.training.applied_round:
+                continue  # covered by a state transfer
             for attempt in range(1, 1_000_000):
-                addresses = {v.site: v.address for v in self.node.members()}
+                addresses = {v.site: v.address for v in self.node.members() if v.state.name == "ALIVE"}
                 try:
                     await self.training.apply(index, commit, addresses)
                     break
@@ -185,9 +188,14 @@ class Coordinator:
                     self.diverged = str(err)
                     log.error("%s", err)
                     return
+                except Unavailable as err:
+                    raft = self.node.consensus_core()
+                    rnd, rnd_index, weights_hash = raft.log.last_round_entry(raft.commit_index)
+                    log.info("%s; catching up to round %d by state transfer", err, rnd)
+                    if await self.training.catch_up(rnd, rnd_index, weights_hash, addresses):
+                        break
                 except Exception as err:  # noqa: BLE001 - logged and retried
                     log.warning("round %d: apply attempt %d failed: %s", commit.round, attempt, err)
-                    await asyncio.sleep(min(0.5 * attempt, 5.0))
-            log.info("round %d applied: θ %s, %d/%d samples committed", commit.round,
+                await asyncio.sleep(min(0.5 * attempt, 5.0))
+            log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
                      self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)
-            self._applies.task_done()

@@ -26,7 +26,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from peer.commitlog import RoundCommit, SampleRange
-from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, publish_pseudo_gradient
+from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
+from peer.exchange import codec
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
@@ -74,6 +75,11 @@ class HashMismatch(RuntimeError):
     """This peer computed a θ_r other than the one committed (an I7 violation)."""
 
 
+class Unavailable(RuntimeError):
+    """A pseudo-gradient named by a committed round is no longer served by anyone reachable:
+    this peer must catch up by state transfer instead of recomputing the round."""
+
+
 class SiteTraining:
     def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig) -> None:
         self.site = site
@@ -107,6 +113,7 @@ class SiteTraining:
             self.weights = {n: t for n, t in both.items() if not n.startswith(MOMENTUM_PREFIX)}
             self.momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in both.items() if n.startswith(MOMENTUM_PREFIX)}
         self.weights_hash = bytes.fromhex(state_dict_hash(self.weights))
+        await self._publish_state()
         log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
                  len(self.blocks))
 
@@ -157,8 +164,41 @@ class SiteTraining:
         self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
+        await self._publish_state()
         if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
             await self.checkpoint()
+
+    async def catch_up(self, round_: int, index: int, weights_hash: bytes, peers: dict[str, str]) -> bool:
+        """State transfer: install θ_round and m_round from any peer (site -> address) that serves
+        them, after checking blake3(θ) against the committed `weights_hash`. False if none could."""
+        for site, address in sorted(peers.items()):
+            if site == self.site:
+                continue
+            client = self._client(address)
+            key = codec.ObjectKey(round_, site, codec.ObjectKind.GLOBAL_STATE)
+            try:
+                manifest = await fetch_manifest(key, [client], wait_s=2.0)
+                dest = {n: torch.empty_like(t) for n, t in self._state_tensors(self.weights, self.momentum).items()}
+                await fetch_into(manifest, [client], dest)
+            except Exception as err:  # noqa: BLE001 - try the next peer
+                log.info("state of round %d from %s not available: %s", round_, site, err)
+                continue
+            weights = {n: t for n, t in dest.items() if not n.startswith(MOMENTUM_PREFIX)}
+            got = bytes.fromhex(state_dict_hash(weights))
+            if got != weights_hash:
+                log.warning("state of round %d from %s has θ hash %s, committed %s: refused", round_, site,
+                            got.hex()[:16], weights_hash.hex()[:16])
+                continue
+            momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in dest.items() if n.startswith(MOMENTUM_PREFIX)}
+            result = Outcome(round_, (), weights, momentum, got)
+            await asyncio.to_thread(self._persist, index, round_, result)
+            self.weights, self.momentum, self.weights_hash = weights, momentum, got
+            self.applied_index, self.applied_round = index, round_
+            self._cache = None
+            await self._publish_state()
+            log.info("caught up by state transfer from %s: round %d, θ %s", site, round_, got.hex()[:16])
+            return True
+        return False
 
     async def checkpoint(self) -> Path:
         """A Hugging Face checkpoint of θ (+ outer momentum) that from_pretrained loads."""
@@ -178,6 +218,20 @@ class SiteTraining:
         return await self.process.evaluate(base)
 
     # ----- internals -------------------------------------------------------------------------
+    @staticmethod
+    def _state_tensors(weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**weights, **{MOMENTUM_PREFIX + n: t for n, t in momentum.items()}}
+
+    async def _publish_state(self) -> None:
+        """Serves θ and m of the applied round (exact fp32) for peers that fell behind; only the
+        newest state is kept."""
+        encoded = await asyncio.to_thread(
+            codec.encode, self._state_tensors(self.weights, self.momentum), round=self.applied_round, site=self.site,
+            tokens=0, wire=codec.WireDtype.FP32, kind=codec.ObjectKind.GLOBAL_STATE)
+        await self.store.publish(encoded)
+        for old in range(max(0, self.applied_round - KEEP_EXCHANGE_ROUNDS), self.applied_round):
+            self.store.drop(codec.ObjectKey(old, self.site, codec.ObjectKind.GLOBAL_STATE))
+
     def _shm(self, name: str) -> Path:
         assert self.process.shm_dir is not None, "trainer not started"
         return self.process.shm_dir / f"{name}.safetensors"
@@ -188,17 +242,23 @@ class SiteTraining:
         return self._clients[address]
 
     async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:
-        from peer.exchange.codec import ObjectKey
-
         for site, address, root in contributors:
+            key = codec.ObjectKey(round_, site)
             if site == self.site:
-                held = self.store.get(ObjectKey(round_, site))
+                held = self.store.get(key)
                 manifest = held.manifest if held is not None else None
+            elif not address:
+                manifest = None
             else:
-                manifest = await self._client(address).get_manifest(ObjectKey(round_, site), wait_s=60.0)
-            if manifest is None or manifest.root_hash != root:
-                raise HashMismatch(f"round {round_}: {site}'s pseudo-gradient is not the one named in the round "
-                                   f"({'missing' if manifest is None else manifest.root_hash.hex()[:16]} != {root.hex()[:16]})")
+                try:
+                    manifest = await self._client(address).get_manifest(key, wait_s=10.0)
+                except Exception as err:  # noqa: BLE001 - unreachable is the same as not served
+                    raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}") from err
+            if manifest is None:
+                raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more")
+            if manifest.root_hash != root:
+                raise HashMismatch(f"round {round_}: {site} serves a pseudo-gradient with root "
+                                   f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}")
 
     def pointer(self) -> tuple[int, int]:
         """(log index, round) of the state on disk; (0, 0) before the first round."""
@@ -213,8 +273,7 @@ class SiteTraining:
 
     def _persist(self, index: int, round_: int, result: Outcome) -> None:
         name = f"weights-{round_:06d}.safetensors"
-        tensors = dict(result.weights)
-        tensors.update({MOMENTUM_PREFIX + n: t for n, t in result.momentum.items()})
+        tensors = self._state_tensors(result.weights, result.momentum)
         tmp = self.dir / f".{name}.tmp"
         save_file({n: t.contiguous() for n, t in tensors.items()}, tmp)
         _fsync(tmp)

@@ -76,6 +76,7 @@ class WireDtype(enum.Enum):
 class ObjectKind(enum.Enum):
     PSEUDO_GRADIENT = pb.OBJECT_KIND_PSEUDO_GRADIENT
     MEAN_SHARD = pb.OBJECT_KIND_MEAN_SHARD
+    GLOBAL_STATE = pb.OBJECT_KIND_GLOBAL_STATE
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,7 @@ def encode(
     wire: WireDtype = WireDtype.BF16,
     chunk_size: int = DEFAULT_CHUNK_BYTES,
     out: torch.Tensor | None = None,
+    kind: ObjectKind = ObjectKind.PSEUDO_GRADIENT,
 ) -> Encoded:
     """Encodes a pseudo-gradient (named float tensors on any device) into an Encoded object.
 
@@ -352,7 +354,7 @@ def encode(
         raise LayoutMismatch(f"encode buffer must be contiguous CPU uint8 of >= {layout.total_bytes} bytes")
     else:
         data = out[: layout.total_bytes]
-    key = ObjectKey(round, site, ObjectKind.PSEUDO_GRADIENT)
+    key = ObjectKey(round, site, kind)
     probe = build_manifest(key, layout, 0, layout.total_bytes, chunk_size, [], [], tokens)
     hashes, exps = [], []
     for i in range(probe.num_chunks):

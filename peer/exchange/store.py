@@ -63,6 +63,11 @@ class ExchangeStore:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
 
+    def drop(self, key: ObjectKey) -> None:
+        """Forgets one object (e.g. a global state superseded by a newer one)."""
+        self._objects.pop(key, None)
+        self._announced.pop(key, None)
+
     def drop_rounds_before(self, round_: int) -> int:
         """Forgets objects and announcements of rounds < round_ (after a commit); returns how many."""
         stale = [k for k in (*self._objects, *self._announced) if k.round < round_]

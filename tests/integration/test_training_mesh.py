@@ -42,7 +42,7 @@ def _training(cluster: Cluster, site: str) -> dict | None:
 def _committed_samples(data_dir: Path) -> Counter[tuple[int, int]]:
     """(block, sample) -> number of commits holding it, read from a peer's commit log on disk."""
     counts: Counter[tuple[int, int]] = Counter()
-    for entry in FileStore(data_dir / "consensus").load().entries:
+    for entry in FileStore(data_dir / "consensus").reload().entries:
         if isinstance(entry.body, RoundCommit):
             for c in entry.body.contributors:
                 for r in c.ranges:

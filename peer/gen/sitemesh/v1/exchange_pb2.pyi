@@ -20,6 +20,7 @@ class ObjectKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OBJECT_KIND_UNSPECIFIED: _ClassVar[ObjectKind]
     OBJECT_KIND_PSEUDO_GRADIENT: _ClassVar[ObjectKind]
     OBJECT_KIND_MEAN_SHARD: _ClassVar[ObjectKind]
+    OBJECT_KIND_GLOBAL_STATE: _ClassVar[ObjectKind]
 WIRE_DTYPE_UNSPECIFIED: WireDtype
 WIRE_DTYPE_BF16: WireDtype
 WIRE_DTYPE_FP16: WireDtype
@@ -27,6 +28,7 @@ WIRE_DTYPE_FP32: WireDtype
 OBJECT_KIND_UNSPECIFIED: ObjectKind
 OBJECT_KIND_PSEUDO_GRADIENT: ObjectKind
 OBJECT_KIND_MEAN_SHARD: ObjectKind
+OBJECT_KIND_GLOBAL_STATE: ObjectKind
 
 class ObjectKey(_message.Message):
     __slots__ = ("round", "site", "kind")
