@@ -23,7 +23,9 @@ from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.oneway import OneWaySender
 from tests.integration.peers import Cluster, ops, status, wait_for
 
-ELECTION = ElectionConfig.local_test()
+# The lan preset (elections in 1-2 s): local_test's 0.3 s timeouts churn leaders on a loaded 2-core
+# machine, which is the election working, not what these tests are about.
+ELECTION = ElectionConfig.lan()
 # A follower notices a dead leader within election_timeout_max, then a pre-vote and a vote round
 # trip elect the next; allow for one split vote: 2 timeouts. Polling `ops status` adds up to ~1 s.
 ELECTION_BOUND_S = 2 * ELECTION.election_timeout_max_s + 1.0
@@ -33,7 +35,7 @@ SETTLE_S = 30.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+    c = Cluster(tmp_path, preset="lan")
     yield c
     c.close()
 
