@@ -42,6 +42,7 @@ from peer.membership import (
     Membership,
     MembershipConfig,
     MemberState,
+    MemberUpdate,
     MemberView,
     StateChanged,
 )
@@ -387,7 +388,7 @@ class MembershipChecker:
 
     def _note_goodbye(self, sim: Simulation, address: str, node: Membership) -> None:
         msg = sim.delivering
-        rows = getattr(msg, "updates", None) or getattr(msg, "members", ())
+        rows: tuple[MemberUpdate, ...] = getattr(msg, "updates", None) or getattr(msg, "members", None) or ()
         for u in rows:
             if u.state is LEFT and u.site in self._departed and u.site != self.sites[address]:
                 self._goodbye_heard.setdefault(u.site, []).append((address, node))

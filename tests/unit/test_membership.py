@@ -393,7 +393,7 @@ def test_reconnect_round_robins_dead_members_and_unreached_seeds() -> None:
     table = (rumour("b", ALIVE, 0), rumour("c", ALIVE, 0), rumour("d", ALIVE, 0))
     m.receive(PushPull("b", "b:1", table, reply=True), 0.1)
     m.receive(Ping(1, "b", "b:1", "a", (rumour("c", DEAD, 0),)), 0.2)
-    targets = []
+    targets: list[str] = []
     now = 0.2
     while len(targets) < 4:
         now = m.next_deadline()
