@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NewType, Union
 
+from peer.samples import SampleRange
 from peer.election import Epoch, HardState, Header, SiteId
 
 Round = NewType("Round", int)
@@ -24,19 +25,6 @@ Round = NewType("Round", int)
 
 LogIndex = NewType("LogIndex", int)
 """A position in the replicated log, from 1; 0 = before the first entry."""
-
-
-@dataclass(frozen=True)
-class SampleRange:
-    """Samples [start, end) of one data block."""
-
-    block_id: int
-    start: int
-    end: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise ValueError(f"empty or negative sample range {self}")
 
 
 @dataclass(frozen=True)

@@ -27,28 +27,12 @@ import blake3
 import numpy as np
 import torch
 
+from peer.samples import SampleRange
 from peer.trainer.config import DataConfig
 from peer.trainer.data import Corpus
 
 _SHARD_BITS = 24
 _INDEX_BITS = 24
-
-
-@dataclass(frozen=True, order=True)
-class SampleRange:
-    """Samples [start, end) of block `block_id`, in the block's own deterministic order."""
-
-    block_id: int
-    start: int
-    end: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise ValueError(f"empty or negative sample range {self}")
-
-    @property
-    def num_samples(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
