@@ -35,10 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sites", type=int, default=3, help="number of local sites (default 3)")
     p.add_argument("--model", default="tiny", help="model preset (default tiny, ~1M parameters)")
     p.add_argument("--rounds", type=int, default=0, help="stop after this many rounds (default: the whole epoch)")
-    p.add_argument("--inner-steps", type=int, default=20, help="H, inner steps per round (default 20)")
+    p.add_argument("--inner-steps", type=int, default=10, help="H, inner steps per round (default 10)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per inner step per site (default 8)")
-    p.add_argument("--max-documents", type=int, default=300,
-                   help="documents of the shipped corpus to use (default 300: a few minutes on 2 cores)")
+    p.add_argument("--max-documents", type=int, default=100,
+                   help="documents of the shipped corpus to use (default 100: a few minutes on 2 cores)")
     p.add_argument("--leave-at", type=int, default=-1,
                    help="round after which the last site leaves gracefully (default: half way; 0 = never)")
     p.add_argument("--workdir", type=Path, default=Path("runs") / "demo", help="where sites keep their state")
@@ -57,7 +57,7 @@ def _status(address: str) -> dict[str, Any] | None:
 def _start(workdir: Path, site: str, join: str | None, args: argparse.Namespace, total_steps: int) -> tuple[
         subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", "127.0.0.1:0",
-           "--data-dir", str(workdir / site), "--preset", "local_test", "--train", args.model,
+           "--data-dir", str(workdir / site), "--preset", "lan", "--train", args.model,
            "--max-documents", str(args.max_documents), "--inner-steps", str(args.inner_steps),
            "--batch-size", str(args.batch_size), "--total-steps", str(total_steps), "--round-deadline", "600",
            "--checkpoint-every", "1"]

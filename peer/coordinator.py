@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from peer import rounds as r
-from peer.commitlog import Contributor, RoundCommit
+from peer.commitlog import Contributor, RoundCommit, SampleRange
 from peer.election import Header, Role, SiteId
 from peer.training import HashMismatch, SiteTraining, Unavailable
 
@@ -31,6 +32,15 @@ if TYPE_CHECKING:
     from peer.node import Node
 
 log = logging.getLogger("sitemesh.rounds")
+
+
+@dataclass(frozen=True)
+class _Done:
+    round: int
+    base: bytes
+    tokens: int
+    ranges: tuple[SampleRange, ...]
+    root: bytes
 
 
 class Coordinator:
@@ -44,6 +54,8 @@ class Coordinator:
         self._deciding = False
         self.epoch_complete = False
         self.samples_total = 0
+        self._done: _Done | None = None
+        """This site's last trained round, kept to answer a reopened round without retraining."""
         self.diverged = ""
         """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
 
@@ -118,6 +130,12 @@ class Coordinator:
         grant = next((g for g in msg.grants if g.site == self.node.config.site), None)
         if grant is None:
             return
+        done = self._done
+        if (done is not None and done.round == msg.round and done.base == msg.base_weights_hash
+                and all(r.within_grant(t, grant.ranges) for t in done.ranges)):
+            # A new leader reopened a round we already trained, and our samples are still ours.
+            self._contribute(done)
+            return
         if self._busy:
             log.info("round %d: still training the previous round, skipping", msg.round)
             return
@@ -135,20 +153,27 @@ class Coordinator:
                 log.warning("round %d: not at θ_%d (have round %d), not contributing", msg.round, msg.round - 1,
                             self.training.applied_round)
                 return
-            done = await self.training.train(msg.round, grant.ranges, msg.inner_steps)
-            log.info("round %d trained: %d tokens, loss %.3f, %.1fs", msg.round, done.tokens, done.mean_loss,
-                     done.seconds)
-            # The leader may have changed while we trained: a successor reopens the same round over
-            # the same free samples, so the current leader is the one to tell.
-            raft = self.node.consensus_core()
-            leader = next((v.address for v in self.node.members() if v.site == raft.leader), msg.header.from_address)
-            header = Header(SiteId(self.node.config.site), self.node.address, raft.hard.epoch, msg.round - 1)
-            self.node.send_round_message(leader, r.Contribution(
-                header, msg.round, self.node.config.site, self.node.address, done.tokens, done.ranges, done.root))
+            trained = await self.training.train(msg.round, grant.ranges, msg.inner_steps)
+            log.info("round %d trained: %d tokens, loss %.3f, %.1fs", msg.round, trained.tokens,
+                     trained.mean_loss, trained.seconds)
+            self._done = _Done(msg.round, msg.base_weights_hash, trained.tokens, trained.ranges, trained.root)
+            self._contribute(self._done)
         except Exception:  # a failed round costs this site its contribution, never the peer
             log.exception("round %d: training failed", msg.round)
         finally:
             self._busy = False
+
+    def _contribute(self, done: _Done) -> None:
+        """Tells the current leader: it may have changed while we trained (a successor reopens the
+        same round over the same free samples)."""
+        raft = self.node.consensus_core()
+        leader = next((v.address for v in self.node.members() if v.site == raft.leader), None)
+        if leader is None:
+            log.info("round %d: no leader known; the contribution waits for the next open", done.round)
+            return
+        header = Header(SiteId(self.node.config.site), self.node.address, raft.hard.epoch, done.round - 1)
+        self.node.send_round_message(leader, r.Contribution(
+            header, done.round, self.node.config.site, self.node.address, done.tokens, done.ranges, done.root))
 
     async def _decide(self, decide: r.Decide) -> None:
         try:

@@ -147,7 +147,8 @@ def _take(free: Iterable[SampleRange], n: int) -> tuple[SampleRange, ...]:
     return tuple(out)
 
 
-def _inside(r: SampleRange, grant: Sequence[SampleRange]) -> bool:
+def within_grant(r: SampleRange, grant: Sequence[SampleRange]) -> bool:
+    """True if the samples of `r` all lie inside one range of `grant`."""
     return any(g.block_id == r.block_id and g.start <= r.start and r.end <= g.end for g in grant)
 
 
@@ -212,7 +213,7 @@ class RoundLeader:
             reason = f"excluded: {msg.site} trained nothing in round {msg.round}"
         else:
             for r in msg.ranges:
-                if not self.ledger.known(r) or not _inside(r, grant):
+                if not self.ledger.known(r) or not within_grant(r, grant):
                     reason = f"excluded: {msg.site} names block {r.block_id} [{r.start}, {r.end}) outside its grant"
                     break
                 if self.ledger.overlaps_committed(r):

@@ -105,14 +105,14 @@ class SiteTraining:
         self.blocks = [(b, n) for b, n in hello.blocks]
         pointer = self._read_pointer()
         if pointer is None:
-            self.weights = read_state(hello.weights)
+            self.weights = await asyncio.to_thread(read_state, hello.weights)
             self.momentum = {n: torch.zeros_like(t) for n, t in self.weights.items()}
         else:
             self.applied_index, self.applied_round = pointer["index"], pointer["round"]
-            both = load_file(self.dir / pointer["file"])
+            both = await asyncio.to_thread(load_file, self.dir / pointer["file"])
             self.weights = {n: t for n, t in both.items() if not n.startswith(MOMENTUM_PREFIX)}
             self.momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in both.items() if n.startswith(MOMENTUM_PREFIX)}
-        self.weights_hash = bytes.fromhex(state_dict_hash(self.weights))
+        self.weights_hash = bytes.fromhex(await asyncio.to_thread(state_dict_hash, self.weights))
         await self._publish_state()
         log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
                  len(self.blocks))
@@ -130,6 +130,9 @@ class SiteTraining:
                                        (round_ - 1) * inner_steps)
         delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
         out.pseudo_gradient.unlink(missing_ok=True)
+        # A round reopened by a new leader with another grant is trained again; the earlier,
+        # never-committed pseudo-gradient of this round is withdrawn first.
+        self.store.drop(codec.ObjectKey(round_, self.site))
         encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens)
         self.last_loss = out.mean_loss
         return Trained(round_, out.tokens, tuple(SampleRange(b, s, e) for b, s, e in out.trained),
@@ -148,9 +151,11 @@ class SiteTraining:
             mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
             report = await all_to_all_mean(round_, sites, self.store, mean)
             contributions = [(mean, sum(report.tokens.values()))]
-        weights, momentum = outer_step(self.weights, self.momentum, contributions, lr=self.outer.lr,
-                                       mu=self.outer.momentum)
-        self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(state_dict_hash(weights)))
+        # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
+        weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
+                                                    lr=self.outer.lr, mu=self.outer.momentum)
+        digest = await asyncio.to_thread(state_dict_hash, weights)
+        self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(digest))
         return self._cache
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
@@ -184,7 +189,7 @@ class SiteTraining:
                 log.info("state of round %d from %s not available: %s", round_, site, err)
                 continue
             weights = {n: t for n, t in dest.items() if not n.startswith(MOMENTUM_PREFIX)}
-            got = bytes.fromhex(state_dict_hash(weights))
+            got = bytes.fromhex(await asyncio.to_thread(state_dict_hash, weights))
             if got != weights_hash:
                 log.warning("state of round %d from %s has θ hash %s, committed %s: refused", round_, site,
                             got.hex()[:16], weights_hash.hex()[:16])
