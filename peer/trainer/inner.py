@@ -173,14 +173,18 @@ class Trainer:
         queue, trained, losses = list(ranges), [], []
         for _ in range(inner_steps):
             batch_ranges, queue = take_samples(queue, inner.batch_size)
-            if sum(r.num_samples for r in batch_ranges) < inner.batch_size:
+            n = sum(r.num_samples for r in batch_ranges)
+            # A short batch is trained only when it ends the ranges handed over (the data epoch's
+            # tail): otherwise those samples could never be trained and the epoch never completes.
+            if n < inner.batch_size and (queue or n < self.world):
                 break
             losses.append(self._step(self.index.read_ranges(batch_ranges)))
             trained.extend(batch_ranges)
         local = weights(self.module)
         delta = {n: torch.sub(start[n], local[n]) for n in local}
+        samples = sum(r.num_samples for r in trained)
         return RoundResult(
-            pseudo_gradient=delta, tokens=len(losses) * inner.batch_size * L, trained=merge_ranges(trained),
+            pseudo_gradient=delta, tokens=samples * L, trained=merge_ranges(trained),
             steps=len(losses), mean_loss=sum(losses) / len(losses) if losses else float("nan"),
             seconds=time.perf_counter() - t0, losses=losses,
         )
@@ -192,14 +196,15 @@ class Trainer:
             group["lr"] = lr_at(inner, self.step)
         mine = batch[self.rank::self.world].to(self.device, non_blocking=True)
         total = torch.zeros((), device=self.device)
-        for i in range(self.accum):
-            x = mine[i * inner.micro_batch_size:(i + 1) * inner.micro_batch_size]
-            last = i == self.accum - 1
+        micro = list(mine.split(inner.micro_batch_size))  # fewer than accum only in a short last batch
+        for i, x in enumerate(micro):
+            last = i == len(micro) - 1
             # DDP all-reduces on every backward unless told not to: only the last micro-step syncs.
             sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
             with sync:
                 with autocast(self.device, inner.autocast_bf16):
-                    loss = self.net(input_ids=x, labels=x).loss / self.accum
+                    # Each micro-batch weighs by its share of this rank's samples (1/accum when full).
+                    loss = self.net(input_ids=x, labels=x).loss / (len(mine) / len(x))
                 loss.backward()
             total += loss.detach()
         if inner.grad_clip > 0:

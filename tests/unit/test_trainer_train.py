@@ -49,10 +49,14 @@ def test_round_reports_exactly_what_it_trained(index: BlockIndex) -> None:
     theta = t.model_weights()
     blocks = index.epoch_order()
     ranges = [SampleRange(blocks[0].block_id, 3, 13), SampleRange(blocks[1].block_id, 0, 9)]  # 19 samples
-    r = t.train_round(theta, ranges, inner_steps=5)
-    # Two full batches of 8; the remaining 3 samples are not trained and not reported.
+    r = t.train_round(theta, ranges, inner_steps=2)
+    # Two full batches of 8, then the steps run out: the remaining 3 samples are not trained and not reported.
     assert r.steps == 2 and r.tokens == 2 * 8 * 32
     assert r.trained == sorted([SampleRange(blocks[0].block_id, 3, 13), SampleRange(blocks[1].block_id, 0, 6)])
+    # With steps to spare, the short batch that ends the ranges is trained too (the epoch's tail).
+    tail = make(index).train_round(theta, ranges, inner_steps=5)
+    assert tail.steps == 3 and tail.tokens == 19 * 32
+    assert tail.trained == sorted(ranges)
     assert set(r.pseudo_gradient) == set(theta)
     assert all(t.dtype == torch.float32 for t in r.pseudo_gradient.values())
     local = t.model_weights()
