@@ -150,7 +150,9 @@ class Corpus:
         return torch.from_numpy(rows.astype(np.int64))
 
     def heldout(self, num_samples: int) -> torch.Tensor:
-        """The fixed evaluation set: the first `num_samples` packed held-out samples, shard by shard."""
+        """The fixed evaluation set: `num_samples` packed held-out samples spread evenly over the
+        held-out documents of the first shards that hold enough of them (taking only the first
+        samples would measure one or two documents)."""
         L, need, got = self.cfg.seq_len, num_samples * self.cfg.seq_len, []
         sources = [(s, True) for s in self.cfg.heldout_shards] or [(s, False) for s in self.cfg.shards]
         for shard, heldout_only in sources:
@@ -159,10 +161,11 @@ class Corpus:
             if sum(map(len, got)) >= need:
                 break
         toks = np.concatenate(got) if got else np.zeros(0, dtype=np.uint32)
-        if len(toks) < need:
-            raise ValueError(f"held-out split has {len(toks) // L} samples of {L} tokens, "
-                             f"{num_samples} requested")
-        return torch.from_numpy(toks[:need].reshape(num_samples, L).astype(np.int64))
+        available = len(toks) // L
+        if available < num_samples:
+            raise ValueError(f"held-out split has {available} samples of {L} tokens, {num_samples} requested")
+        picks = np.linspace(0, available - 1, num_samples).round().astype(np.int64)
+        return torch.from_numpy(toks[: available * L].reshape(available, L)[picks].astype(np.int64))
 
 
 def _load(path: Path) -> np.ndarray:
