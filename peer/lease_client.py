@@ -107,7 +107,8 @@ class LeaseClient:
         """Why leases were lost (for logs and tests), newest last."""
 
     def header(self) -> LeaseHeader:
-        return LeaseHeader(self.site, self.leader_epoch, self.view.version if self.view else 0, self.epoch)
+        return LeaseHeader(self.site, self.leader_epoch, self.view.version if self.view else 0, self.epoch,
+                           self.ledger.last_round)
 
     def set_view(self, view: RingView, leader_epoch: int, now: float) -> list[Send]:
         self.leader_epoch = max(self.leader_epoch, leader_epoch)

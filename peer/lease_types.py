@@ -235,6 +235,9 @@ class LeaseHeader:
     ring_version: int
     """RingView.version the sender computed owners with; must equal the receiver's."""
     data_epoch: DataEpoch
+    applied_round: int = 0
+    """Last round the sender applied from the log: an owner takes no lease request from a holder
+    that lags it by more than LeaseConfig.max_round_lag (its contributions could never count)."""
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,15 @@ class LeaseConfig:
     """Resend an unanswered replication, sync or request after this long (messages may be lost)."""
     max_grant: int = 4
     """Most leases one owner hands to one holder in one reply (the prefetch depth)."""
+    max_round_lag: int = 3
+    """An owner refuses grants, starts and renewals to a holder whose applied round is more than this
+    behind its own: a site cut off from the log (not replicated to) would otherwise keep renewing
+    leases it can never contribute, and the epoch would never end. A few rounds: log replication
+    lags far less."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.renew_every < self.ttl or self.retry_after <= 0 or self.max_grant < 1:
+        if (not 0 < self.renew_every < self.ttl or self.retry_after <= 0 or self.max_grant < 1
+                or self.max_round_lag < 1):
             raise ValueError(f"bad lease config {self}")
 
     @classmethod
@@ -165,7 +171,7 @@ class LeaseOwner:
 
     def header(self) -> LeaseHeader:
         v = self.view.version if self.view else 0
-        return LeaseHeader(self.site, self.leader_epoch, v, self.epoch)
+        return LeaseHeader(self.site, self.leader_epoch, v, self.epoch, self.ledger.last_round)
 
     def set_view(self, view: RingView, leader_epoch: int, now: float,
                  previous: RingView | None = None) -> list[Effect]:
@@ -304,9 +310,19 @@ class LeaseOwner:
 
     # --- holder requests (primary only) ---
 
+    def _lagging(self, h: LeaseHeader) -> str:
+        """Why a holder is too far behind the log to be given or keep a lease ("" if it is not)."""
+        if h.applied_round + self.cfg.max_round_lag < self.ledger.last_round:
+            return (f"holder lags the log: applied round {h.applied_round} < {self.ledger.last_round} - "
+                    f"{self.cfg.max_round_lag}")
+        return ""
+
     def _on_grant(self, m: GrantRequest, now: float) -> list[Effect]:
         assert self.view is not None
         site = m.header.site
+        lag = self._lagging(m.header)
+        if lag:
+            return [Send(site, Rejected(self.header(), m.req, lag))]
         mine = [b for b in self._order if self.records[b].holder == site and not self.records[b].started]
         need = max(0, min(m.want, self.cfg.max_grant) - len(mine))
         reason = f"{len(mine)} held"
@@ -354,8 +370,9 @@ class LeaseOwner:
 
     def _on_renew(self, m: Renew, now: float) -> list[Effect]:
         renewed, lost = [], []
+        lag = self._lagging(m.header)
         for ref in m.leases:
-            why = self._check(m.header.site, ref)
+            why = self._check(m.header.site, ref) or lag
             if not why:
                 self.expiry[ref.block_id] = now + self.cfg.ttl
                 renewed.append(ref)
@@ -365,7 +382,7 @@ class LeaseOwner:
 
     def _on_start(self, m: Start, now: float) -> list[Effect]:
         assert self.view is not None
-        why = self._check(m.header.site, m.lease)
+        why = self._check(m.header.site, m.lease) or self._lagging(m.header)
         if why:
             return [Send(m.header.site, StartReply(self.header(), m.lease, False, why))]
         rec = self.records[m.lease.block_id]

@@ -572,8 +572,12 @@ class LeaseSim:
             disk.save_hard_state(fresh.hard)
             disk.write_log(1, tuple(fresh.entries))
         seed = f"{self.seed}/{name}/{self.sim.events}"
-        return RaftPeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot, self.disks[name],
+        peer = RaftPeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot, self.disks[name],
                         self.truth, seed)
+        for other in self.speeds:  # what membership tells a new process: who is alive now
+            if other != name and self.sim.state(other) is NodeState.UP:
+                peer.core.member_alive(other, other)
+        return peer
 
     # --- membership as the membership layer reports it ---
 

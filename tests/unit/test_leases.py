@@ -345,3 +345,23 @@ def test_a_newer_leader_epoch_in_any_message_is_adopted_and_fences_older_ones() 
     m.run()
     assert replies(m, x, Rejected)[-1].reason == "stale: leader epoch 1 < 4"
     assert m.clients[SiteId(x)].leader_epoch == 4, "the refusal teaches the holder the new epoch"
+
+
+def test_a_holder_that_lags_the_log_gets_no_lease_and_loses_its_renewals() -> None:
+    m = Mesh("abc")
+    m.set_view("abc")
+    m.run()
+    owner, x = holder_site(m)
+    g = grant(m, x, owner).grants[0]
+    for rnd in range(1, 6):  # the log moves on; x's header still says round 0
+        m.ledgers[SiteId(owner)].apply(rnd, [])
+    m.send(x, Renew(hdr(m, x), (LeaseRef(g.block_id, g.generation),), m.now), owner)
+    m.send(x, GrantRequest(hdr(m, x), 7, 2, False), owner)
+    m.run()
+    lost = replies(m, x, RenewReply)[-1].lost
+    assert [r.reason for r in lost] == ["holder lags the log: applied round 0 < 5 - 3"]
+    assert replies(m, x, Rejected)[-1].reason == "holder lags the log: applied round 0 < 5 - 3"
+    m.send(x, Renew(LeaseHeader(SiteId(x), 1, m.views[-1].version, 0, 2), (LeaseRef(g.block_id, g.generation),),  # type: ignore[arg-type]
+                    m.now), owner)
+    m.run()
+    assert replies(m, x, RenewReply)[-1].renewed, "within the allowed lag"
