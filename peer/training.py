@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from peer.audit import universe_to_json
 from peer.commitlog import RoundCommit, SampleRange
 from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
 from peer.exchange import codec
@@ -103,6 +104,12 @@ class SiteTraining:
     async def start(self) -> None:
         hello = await self.process.start(self.trainer_config, self.dir)
         self.blocks = [(b, n) for b, n in hello.blocks]
+        # The epoch's blocks, beside the commit log, so `ops audit` can prove I4/I5 from disk alone.
+        universe = self.dir.parent / "leases" / "universe.json"
+        universe.parent.mkdir(parents=True, exist_ok=True)
+        tmp = universe.with_suffix(".tmp")
+        tmp.write_text(universe_to_json(dict(self.blocks)))
+        os.replace(tmp, universe)
         pointer = self._read_pointer()
         if pointer is None:
             self.weights = await asyncio.to_thread(read_state, hello.weights)

@@ -9,6 +9,7 @@ with `AutoModelForCausalLM.from_pretrained`.
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from peer.commitlog import RoundCommit
 from peer.logstore import FileStore
 from peer.trainer.blocks import BlockIndex
 from peer.trainer.config import DataConfig
-from tests.integration.peers import Cluster, status, wait_for
+from tests.integration.peers import Cluster, ops, status, wait_for
 
 DOCS = 8  # 141 samples in 3 blocks
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
@@ -74,6 +75,11 @@ def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(cluster: Clu
     counts = _committed_samples(cluster.workdir / "a")
     assert max(counts.values()) == 1, "I4: no sample in two commits"
     assert set(counts) == _epoch_samples(), "I5: every sample of the epoch committed"
+    audit = ops("audit", "--data-dir", str(cluster.workdir / "c"), "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    (epoch,) = json.loads(audit.stdout)
+    assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
+    assert epoch["committed_once"] == epoch["samples_total"] == len(_epoch_samples())
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(cluster.workdir / "b" / "checkpoints" / "latest")
