@@ -162,7 +162,8 @@ class InnerConfig:
     """The site-local inner optimisation of DiLoCo (Douillard et al. 2023, arXiv:2311.08105, §2)."""
 
     lr: float = 3e-3
-    """Peak AdamW learning rate (tuned for the tiny preset; see docs/decisions/trainer-bench.md)."""
+    """Peak AdamW learning rate (3e-3: the planning run's value for the tiny preset; see
+    docs/decisions/trainer-bench.md)."""
     min_lr_ratio: float = 0.1
     """Cosine decays to lr * min_lr_ratio."""
     warmup_steps: int = 50
