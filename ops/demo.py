@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     sites = list(SITE_NAMES[:args.sites])
     print(f"sitemesh demo: {args.sites} sites ({', '.join(sites)}), model {args.model}, H={args.inner_steps}; "
           f"state and logs in {workdir}")
+    # SIGTERM must unwind through `finally` below, or the site processes outlive the demo.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     procs: dict[str, subprocess.Popen[str]] = {}
     addresses: dict[str, str] = {}
     # A rough schedule length: the whole epoch split over the sites (refined by the LR floor anyway).
