@@ -15,7 +15,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from peer.outer import state_dict_hash
-from peer.trainer.blocks import BlockIndex
 from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
 from peer.trainer.inner import Trainer
 
