@@ -53,10 +53,11 @@ def _agreed_leader(cluster: Cluster, sites: list[str]) -> str | None:
     return None
 
 
-def _three(cluster: Cluster) -> str:
-    a = cluster.start("a", extra=ROUNDS)
-    cluster.start("b", join=[a.address], extra=ROUNDS)
-    cluster.start("c", join=[a.address], extra=ROUNDS)
+def _three(cluster: Cluster, rounds: bool = True) -> str:
+    extra = ROUNDS if rounds else []
+    a = cluster.start("a", extra=extra)
+    cluster.start("b", join=[a.address], extra=extra)
+    cluster.start("c", join=[a.address], extra=extra)
     sites = ["a", "b", "c"]
     wait_for(lambda: all(d["voters"] == sites for d in _docs(cluster).values()), SETTLE_S, "three voters")
     wait_for(lambda: _agreed_leader(cluster, sites) is not None, SETTLE_S, "one agreed leader")
@@ -102,7 +103,7 @@ def test_kill_9_leader_elects_a_successor_with_higher_epoch(cluster: Cluster) ->
 
 
 def test_paused_leader_steps_down_and_its_stale_messages_are_refused(cluster: Cluster) -> None:
-    leader = _three(cluster)
+    leader = _three(cluster, rounds=False)  # a quiet log: nothing but the fenced message could move it
     old_epoch = status(cluster.peers[leader].address)["epoch"]
     victim = cluster.peers[leader]
     rest = [s for s in ("a", "b", "c") if s != leader]
@@ -125,8 +126,8 @@ def test_paused_leader_steps_down_and_its_stale_messages_are_refused(cluster: Cl
     wait_for(lambda: f"refused AppendEntries from {leader}: stale epoch {old_epoch}" in target.log(), 10.0,
              "the refusal in the follower's log")
     after = status(target.address)
-    assert after["epoch"] >= before["epoch"] and after["leader"] != leader
-    assert after["consensus"]["commit_index"] < before["consensus"]["commit_index"] + 5
+    assert (after["epoch"], after["leader"]) == (before["epoch"], before["leader"]), "state moved"
+    assert after["leader"] != leader
 
 
 def test_two_of_three_leave_and_the_last_commits_alone(cluster: Cluster) -> None:
