@@ -114,8 +114,10 @@ def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dic
         docs = {s: d for s in live if (d := _status(addresses[s])) is not None}
         if not docs or any(d["training"] is None for d in docs.values()):
             continue
-        applied = min(d["training"]["applied_round"] for d in docs.values())
-        if applied > last_round:
+        rounds = {d["training"]["applied_round"] for d in docs.values()}
+        applied = min(rounds)
+        # Hashes are comparable only between peers that applied the same round: wait for that.
+        if len(rounds) == 1 and applied > last_round:
             last_round = applied
             any_doc = next(iter(docs.values()))
             t = any_doc["training"]
@@ -156,7 +158,7 @@ def _evaluate(site_dir: Path, args: argparse.Namespace) -> bool:
     from peer.trainer.model import build_model
 
     ckpt = (site_dir / "checkpoints" / "latest").resolve()
-    meta = json.loads((ckpt / "sitemesh.json").read_text()) if (ckpt / "sitemesh.json").exists() else {}
+    meta = json.loads((ckpt / "meta.json").read_text()) if (ckpt / "meta.json").exists() else {}
     model = AutoModelForCausalLM.from_pretrained(ckpt)
     heldout = BlockIndex(DataConfig.shipped(max_documents=args.max_documents)).corpus.heldout(64)
     cpu = torch.device("cpu")
