@@ -27,7 +27,7 @@ from typing import Any
 from peer.sim.faults import parse_faults
 from peer.sim.membership_sim import PRESETS, MembershipScenario
 from peer.sim.membership_sim import run_seed as run_membership_seed
-from peer.sim import consensus_sim
+from peer.sim import consensus_sim, leases_sim
 from peer.sim.runner import RunResult
 
 
@@ -57,6 +57,7 @@ def _membership_flags(args: argparse.Namespace) -> list[str]:
 PROTOCOLS: dict[str, SimProtocol] = {
     "membership": SimProtocol(_membership_run, _membership_flags),
     "consensus": SimProtocol(consensus_sim.ops_run_seed, consensus_sim.ops_replay_flags),
+    "leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags),
 }
 
 
