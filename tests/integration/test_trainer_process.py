@@ -199,8 +199,12 @@ def _hold_pipe_write_ends(pid: int) -> list[int]:
     its death then brings no EOF to the reader, only an exit status."""
     held = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
-        flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
-        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:") and flags & os.O_ACCMODE == os.O_WRONLY:
+        try:
+            flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # a short-lived descriptor (a file being read) closed meanwhile; the pipe stays
+        if target.startswith("pipe:") and flags & os.O_ACCMODE == os.O_WRONLY:
             held.append(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY))
     return held
 
