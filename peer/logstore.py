@@ -42,6 +42,7 @@ from peer.commitlog import (
     encode_entry,
     encode_snapshot,
 )
+from peer.durable import fsync_dir, write_atomic
 from peer.election import Epoch, HardState, SiteId
 
 MAGIC = b"SMLR"
@@ -94,27 +95,14 @@ class MemoryStore(Store):
         return copy.deepcopy(super().load())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _record(payload: bytes) -> bytes:
     length = struct.pack(">I", len(payload))
     return _HEADER.pack(MAGIC, len(payload), zlib.crc32(length + payload)) + payload
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(_record(payload))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """A whole-file record: `payload` framed like a log record, so a torn file is detected on read."""
+    write_atomic(path, _record(payload))
 
 
 def _read_whole(path: Path) -> bytes | None:
@@ -226,7 +214,8 @@ class FileStore(Store):
         super().write_log(first_index, entries)
         cut = self._offsets[keep] if keep < len(self._offsets) else self._end()
         self._offsets = self._offsets[:keep]
-        with open(self._log_path, "r+b" if self._log_path.exists() else "w+b") as f:
+        created = not self._log_path.exists()
+        with open(self._log_path, "w+b" if created else "r+b") as f:
             f.truncate(cut)
             f.seek(cut)
             for e in self.log.entries[keep:]:
@@ -234,6 +223,8 @@ class FileStore(Store):
                 f.write(_record(encode_entry(e)))
             f.flush()
             os.fsync(f.fileno())
+        if created:
+            fsync_dir(self.dir)  # the new file's name, not only its bytes, must survive power loss
 
     def save_snapshot(self, snap: Snapshot) -> None:
         _write_atomic(self.dir / "snapshot", encode_snapshot(snap))
@@ -249,15 +240,5 @@ class FileStore(Store):
         for r in records:
             offsets.append(pos)
             pos += len(r)
-        _write_atomic_raw(self._log_path, b"".join(records))
+        write_atomic(self._log_path, b"".join(records))
         self._offsets = offsets
-
-
-def _write_atomic_raw(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3ForCausalLM
 
+from peer.durable import fsync_tree, replace_atomic
 from peer.trainer.blocks import SampleRange, merge_ranges
 from peer.trainer.config import ModelConfig
 from peer.trainer.model import hf_config
@@ -52,22 +53,6 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _fsync_tree(root: Path) -> None:
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path: str | Path, model_cfg: ModelConfig, ckpt: Checkpoint) -> Path:
     """Write `ckpt` atomically to directory `path` (replacing any checkpoint there)."""
     path = Path(path)
@@ -87,13 +72,12 @@ def save_checkpoint(path: str | Path, model_cfg: ModelConfig, ckpt: Checkpoint) 
         cursor = [[r.block_id, r.start, r.end] for r in merge_ranges(ckpt.cursor)]
         (tmp / CURSOR_FILE).write_text(json.dumps(cursor))
         (tmp / META_FILE).write_text(json.dumps(ckpt.meta, sort_keys=True, indent=1))
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old-"))
             os.replace(path, old / "ckpt")
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        replace_atomic(tmp, path)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:
