@@ -20,6 +20,7 @@ from pathlib import Path
 
 from peer import config as cfg
 from peer.election import ElectionConfig
+from peer.leases import LeaseConfig
 from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 from peer.rounds import RoundsConfig
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", type=Path, help="directory for this site's durable state")
     serve.add_argument("--config", type=Path, help="run file (TOML) with a [sites.SITE] section")
     serve.add_argument(
-        "--preset", choices=cfg.PRESETS, help="membership and election timings (overrides [membership] preset)"
+        "--preset", choices=cfg.PRESETS,
+        help="membership, election and data-lease timings (overrides [membership] preset)"
     )
     serve.add_argument("--round-interval", type=float,
                        help="leader commits an empty round this often, in seconds (no trainer; 0 = off)")
@@ -56,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int, default=8, help="samples per inner step at this site (default 8)")
     train.add_argument("--total-steps", type=int, default=1000,
                        help="inner steps of the LR schedule over the whole run (default 1000)")
+    train.add_argument("--data-epochs", type=int, default=1,
+                       help="passes over the data; no round opens once the log completed them (default 1)")
     train.add_argument("--round-deadline", type=float, default=300.0,
                        help="seconds the leader waits for a round's contributions (default 300)")
     train.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov learning rate (default 0.7)")
@@ -77,7 +81,7 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
     return {
         "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
-                               deadline_s=args.round_deadline),
+                               deadline_s=args.round_deadline, data_epochs=args.data_epochs),
         "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),
     }
 
@@ -96,6 +100,7 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "join_timeout_s": args.join_timeout,
         "membership": getattr(MembershipConfig, args.preset)() if args.preset else None,
         "election": getattr(ElectionConfig, args.preset)() if args.preset else None,
+        "leases": getattr(LeaseConfig, args.preset)() if args.preset else None,
         "round_interval_s": args.round_interval,
     }
     if args.config is not None:

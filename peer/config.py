@@ -39,13 +39,14 @@ else:  # pragma: no cover - exercised on 3.10 sites only
 
 from peer.election import ElectionConfig
 from peer.membership import MembershipConfig
+from peer.leases import LeaseConfig
 from peer.rounds import RoundsConfig
 from peer.training import OuterConfig
 from peer.trainer.config import TrainerConfig
 
 _ADDRESS_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 PRESETS = ("lan", "wan", "local_test")
-"""Named timing presets; each names a MembershipConfig and an ElectionConfig classmethod."""
+"""Named timing presets; each names a MembershipConfig, an ElectionConfig and a LeaseConfig classmethod."""
 # Tables of the run file that other components own; the peer accepts them without reading them.
 _FOREIGN_TOP = {"placement", "trainer", "data", "model"}
 _FOREIGN_SITE = {"slurm"}
@@ -90,6 +91,8 @@ class PeerConfig:
     """Failure-detector timings."""
     election: ElectionConfig = field(default_factory=ElectionConfig.lan)
     """Election timeouts, heartbeat and lease timings."""
+    leases: LeaseConfig = field(default_factory=LeaseConfig.lan)
+    """Data-lease (DARL) timings: ttl, renewal period, retries."""
     round_interval_s: float = 0.0
     """Leader commits a round with no contributors this often (0 = off): a mesh without trainers
     still exercises election, replication and recovery (tests). Ignored when `trainer` is set."""
@@ -170,6 +173,7 @@ def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
         "run_name": run.get("name", "sitemesh"),
         "membership": _membership_from(doc.get("membership", {}), path),
         "election": getattr(ElectionConfig, preset)(),
+        "leases": getattr(LeaseConfig, preset)(),
     }
     for key in _SITE_KEYS:
         if key in section:

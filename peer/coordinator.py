@@ -1,31 +1,39 @@
-"""Runs DiLoCo outer rounds on a node: the leader schedules and decides, every site trains and applies.
+"""Runs DiLoCo outer rounds on a node: the leader opens and decides, every site leases, trains, applies.
 
-Glue between three parts that know nothing of each other: the round scheduling core
-(peer/rounds.py), the consensus core (peer/consensus.py, through the node) and the training edge
-(peer/training.py). A round, end to end:
+Glue between parts that know nothing of each other: the round core (peer/rounds.py), the data-lease
+cores (peer/leasing.py), the consensus core (peer/consensus.py, through the node) and the training
+edge (peer/training.py). A round, end to end:
 
-1. The leader opens round r once r-1 is committed and applied here, granting uncommitted samples.
-2. Each granted site trains its grant from θ_{r-1} in its trainer process, publishes Δ in its
-   exchange store and tells the leader (Contribution).
-3. The leader admits contributions (I6), pulls and averages them, applies the outer step, and
-   proposes RoundCommit(r, contributors, hash θ_r) to the log.
-4. Every peer applies each committed round in log order: pulls the contributors' Δ, recomputes
-   θ_r, checks the hash (I7), persists it.
+1. The leader opens round r once r-1 is committed and applied here.
+2. Each site takes up to H x batch samples from its started, valid data leases, trains them from
+   θ_{r-1} in its trainer process, publishes Δ in its exchange store, claims the samples from their
+   lease owners for round r and sends the leader a Contribution with the owners' vouchers.
+3. The leader admits contributions (I6), pulls and averages the admitted ones, applies the outer
+   step and proposes RoundCommit(r, contributors, hash θ_r) to the log.
+4. Every peer applies each committed round in log order: folds its samples into the lease ledger,
+   pulls the contributors' Δ, recomputes θ_r, checks the hash (I7), persists it.
 
+A site whose lease was lost while it trained (reclaimed after a pause, stolen) still reports what it
+trained, without the missing vouchers: the leader excludes it, and the commit frees its claims.
 A failure in 3 (a contributor's pseudo-gradient cannot be fetched) commits the round without any
-contributor: nothing is lost, its samples stay free and are granted again.
+contributor: nothing is lost, its samples go back to free and are leased again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from peer import rounds as r
-from peer.commitlog import Contributor, RoundCommit, SampleRange
+from peer.commitlog import Contributor, Entry, RoundCommit
 from peer.election import Header, Role, SiteId
+from peer.lease_types import Message as LeaseMessage
+from peer.leases import LeaseConfig
+from peer.leasing import Leasing
+from peer.samples import SampleRange
 from peer.training import HashMismatch, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
@@ -33,71 +41,100 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sitemesh.rounds")
 
+LIVE = ("ALIVE", "SUSPECT")
 
-@dataclass(frozen=True)
-class _Done:
-    round: int
-    base: bytes
-    tokens: int
-    ranges: tuple[SampleRange, ...]
-    root: bytes
+
+def _samples(ranges: Sequence[SampleRange]) -> set[tuple[int, int]]:
+    return {(x.block_id, i) for x in ranges for i in range(x.start, x.end)}
 
 
 class Coordinator:
-    def __init__(self, node: Node, training: SiteTraining, config: r.RoundsConfig) -> None:
+    def __init__(self, node: Node, training: SiteTraining, config: r.RoundsConfig, leases: LeaseConfig) -> None:
         self.node = node
         self.training = training
         self.config = config
+        self.lease_config = leases
+        self.leasing: Leasing | None = None
         self.leader: r.RoundLeader | None = None
         self._applies: asyncio.Queue[tuple[int, RoundCommit]] = asyncio.Queue()
         self._busy = False
         self._deciding = False
-        self.epoch_complete = False
-        self.samples_total = 0
-        self._done: _Done | None = None
-        """This site's last trained round, kept to answer a reopened round without retraining."""
+        self._sent: r.Contribution | None = None
+        """This site's last report with samples, kept to answer a reopened round without retraining."""
         self.diverged = ""
         """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
 
     async def start(self) -> None:
         await self.training.start()
-        ledger = r.Ledger(self.training.blocks)
-        self.samples_total = ledger.total
         raft = self.node.consensus_core()
-        # The ledger is rebuilt from the commit log alone (entries this peer already applied are
-        # not replayed as Committed effects).
-        for index in range(raft.log.snapshot.last_index + 1, raft.applied_index + 1):
-            entry = raft.log.entry(index)
-            if entry is not None and isinstance(entry.body, RoundCommit):
-                ledger.commit(rng for c in entry.body.contributors for rng in c.ranges)
-        self.leader = r.RoundLeader(self.config, ledger)
+        leasing = Leasing(self.node.config.site, dict(self.training.blocks), self.lease_config,
+                          self.node.data_dir / "leases", self._send_lease, founder=not self.node.config.join)
+        # No await from here on: entries up to applied_index are replayed now, later ones arrive
+        # through on_entries, so the lease cores see every entry exactly once, in log order.
+        now = self.node.now()
+        leasing.note_leader_epoch(raft.hard.epoch)
+        replayed = [raft.log.entry(i) for i in range(raft.log.snapshot.last_index + 1, raft.applied_index + 1)]
+        leasing.apply_entries([e for e in replayed if e is not None], now)
+        self.leasing = leasing
+        self.leader = r.RoundLeader(self.config, leasing.ledger)
+        log.info("leases: boot %d, data epoch %d, %d/%d samples committed", leasing.boot,
+                 leasing.ledger.data_epoch, leasing.ledger.committed, leasing.ledger.total)
         self.node.spawn(self._apply_loop())
+
+    # ----- status ------------------------------------------------------------------------------
+    @property
+    def samples_total(self) -> int:
+        """Samples the run trains: every sample once per data epoch."""
+        return self.leasing.ledger.total * self.config.data_epochs if self.leasing else 0
 
     @property
     def samples_committed(self) -> int:
-        return self.leader.ledger.committed_samples if self.leader else 0
+        if self.leasing is None:
+            return 0
+        ledger = self.leasing.ledger
+        return ledger.data_epoch * ledger.total + ledger.committed
+
+    @property
+    def epoch_complete(self) -> bool:
+        """The log completed every data epoch of the run."""
+        return self.leader is not None and self.leader.done
 
     # ----- from the node -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
+        if self.leasing is None or self.leader is None:
+            return
+        if self.leader.done:
+            self.leasing.release_all(now)  # nothing left to train: lease no more
+        self.leasing.tick(now)
         raft = self.node.consensus_core()
-        if self.leader is None or raft.role is not Role.LEADER or self._deciding:
+        if raft.role is not Role.LEADER or self._deciding:
             return
         status = raft.status()
         if self.training.applied_round != status.committed_round or not self._applies.empty():
             return  # θ_{r-1} must be ours before we open r
-        live = [v.site for v in self.node.members() if v.state.name in ("ALIVE", "SUSPECT")]
+        live = [v.site for v in self.node.members() if v.state.name in LIVE]
         header = Header(SiteId(self.node.config.site), self.node.address, status.epoch, status.committed_round)
         for effect in self.leader.tick(now, header, status.committed_round, live, self.training.weights_hash):
             self._run(effect)
 
-    def on_leader_changed(self, leader: str | None) -> None:
+    def next_deadline(self) -> float:
+        return self.leasing.next_deadline() if self.leasing is not None else float("inf")
+
+    def on_leader_changed(self, leader: str | None, epoch: int) -> None:
+        if self.leasing is not None:
+            self.leasing.note_leader_epoch(epoch)
         if leader != self.node.config.site and self.leader is not None:
             self.leader.step_down()
 
-    def on_committed(self, index: int, commit: RoundCommit) -> None:
-        if self.leader is not None:
-            self.leader.on_commit(commit)
-        self._applies.put_nowait((index, commit))
+    def on_entries(self, entries: Sequence[Entry]) -> None:
+        """Committed log entries, in order: the lease ledger and views at once, θ by the apply loop."""
+        if self.leasing is not None:
+            self.leasing.apply_entries(entries, self.node.now())
+        for entry in entries:
+            if isinstance(entry.body, RoundCommit):
+                if self.leader is not None:
+                    self.leader.on_commit(entry.body.round)
+                self._applies.put_nowait((entry.index, entry.body))
 
     def receive(self, msg: r.Message) -> None:
         raft = self.node.consensus_core()
@@ -111,11 +148,28 @@ class Coordinator:
             for effect in self.leader.receive(msg, self.node.now()):
                 self._run(effect)
 
-    # ----- internals -----------------------------------------------------------------------
+    def receive_lease(self, msg: LeaseMessage) -> None:
+        if self.leasing is not None:
+            self.leasing.receive(msg, self.node.now())
+
+    def release_leases(self) -> None:
+        """Graceful leave (I8): every lease goes back to its owner before this site goes."""
+        if self.leasing is not None:
+            self.leasing.release_all(self.node.now())
+
+    # ----- internals ---------------------------------------------------------------------------
+    def _send_lease(self, site: SiteId, msg: LeaseMessage) -> None:
+        if site == self.node.config.site:
+            # Own shard: no network hop, but never re-entrantly inside the core that produced it.
+            asyncio.get_running_loop().call_soon(self.receive_lease, msg)
+            return
+        address = next((v.address for v in self.node.members() if v.site == site and v.state.name in LIVE), None)
+        if address is not None:
+            self.node.send_lease_message(address, msg)
+
     def _run(self, effect: r.Effect) -> None:
         if isinstance(effect, r.Broadcast):
-            log.info("round %d open: %s", effect.msg.round,
-                     ", ".join(f"{g.site}={sum(x.end - x.start for x in g.ranges)} samples" for g in effect.msg.grants))
+            log.info("round %d open", effect.msg.round)
             for view in self.node.members():
                 if view.state.name == "ALIVE":
                     self.node.send_round_message(view.address, effect.msg)
@@ -123,26 +177,24 @@ class Coordinator:
             self._deciding = True
             self.node.spawn(self._decide(effect))
         elif isinstance(effect, r.EpochComplete):
-            self.epoch_complete = True
-            log.info("data epoch complete: all %d samples committed exactly once", effect.samples)
+            log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
+                     effect.data_epochs, effect.samples)
 
     def _on_open(self, msg: r.RoundOpen) -> None:
-        grant = next((g for g in msg.grants if g.site == self.node.config.site), None)
-        if grant is None:
-            return
-        done = self._done
-        if (done is not None and done.round == msg.round and done.base == msg.base_weights_hash
-                and all(r.within_grant(t, grant.ranges) for t in done.ranges)):
-            # A new leader reopened a round we already trained, and our samples are still ours.
-            self._contribute(done)
+        sent = self._sent
+        if sent is not None and sent.round == msg.round:
+            # A new leader (or the same one after an idle close) reopened a round we already trained
+            # from the same θ: the vouchers are for this round, so the report stands as it is.
+            self._contribute(sent)
             return
         if self._busy:
-            log.info("round %d: still training the previous round, skipping", msg.round)
+            log.info("round %d: still training an earlier round; reporting nothing", msg.round)
+            self._contribute(self._report(msg.round, (), 0, b""))
             return
         self._busy = True
-        self.node.spawn(self._train(msg, grant))
+        self.node.spawn(self._train(msg))
 
-    async def _train(self, msg: r.RoundOpen, grant: r.RoundGrant) -> None:
+    async def _train(self, msg: r.RoundOpen) -> None:
         try:
             # θ_{r-1} may still be being applied here (its commit raced the open): wait briefly.
             for _ in range(100):
@@ -152,33 +204,81 @@ class Coordinator:
             if self.training.applied_round != msg.round - 1 or self.training.weights_hash != msg.base_weights_hash:
                 log.warning("round %d: not at θ_%d (have round %d), not contributing", msg.round, msg.round - 1,
                             self.training.applied_round)
+                self._contribute(self._report(msg.round, (), 0, b""))
                 return
-            trained = await self.training.train(msg.round, grant.ranges, msg.inner_steps)
-            log.info("round %d trained: %d tokens, loss %.3f, %.1fs", msg.round, trained.tokens,
-                     trained.mean_loss, trained.seconds)
-            self._done = _Done(msg.round, msg.base_weights_hash, trained.tokens, trained.ranges, trained.root)
-            self._contribute(self._done)
-        except Exception:  # a failed round costs this site its contribution, never the peer
-            log.exception("round %d: training failed", msg.round)
+            ranges = await self._gather(self.config.samples_per_round)
+            report = self._report(msg.round, ranges, 0, b"")
+            if ranges:
+                try:
+                    report = await self._train_ranges(msg, ranges)
+                except Exception:  # a failed round costs this site its contribution, never the peer
+                    # Reported without a pseudo-gradient: the leader excludes it and the round's
+                    # commit frees the claimed samples (an unreported claim would wait for that).
+                    log.exception("round %d: training failed", msg.round)
+                self._sent = report
+            self._contribute(report)
         finally:
             self._busy = False
 
-    def _contribute(self, done: _Done) -> None:
+    async def _gather(self, quota: int) -> tuple[SampleRange, ...]:
+        """Samples of started, valid leases, up to `quota`; stops early when none came for gather_s
+        (the client starts the next leased block only when the current one is used up)."""
+        assert self.leasing is not None
+        got: list[SampleRange] = []
+        n, quiet_since = 0, self.node.now()
+        while n < quota and self.node.now() - quiet_since < self.config.gather_s:
+            new = self.leasing.take(quota - n, self.node.now())
+            if new:
+                got.extend(new)
+                n += sum(x.num_samples for x in new)
+                quiet_since = self.node.now()
+                continue
+            await asyncio.sleep(0.02)
+        return tuple(got)
+
+    async def _train_ranges(self, msg: r.RoundOpen, ranges: tuple[SampleRange, ...]) -> r.Contribution:
+        """Train `ranges`, claim them from their owners, and build the report (vouchers included)."""
+        assert self.leasing is not None
+        try:
+            trained = await self.training.train(msg.round, ranges, msg.inner_steps)
+        finally:
+            # Whatever happened, what was taken is claimed for this round: the round's commit
+            # settles the claims (admitted: committed; otherwise: free again).
+            self.leasing.end_round(msg.round, self.node.now())
+        log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", msg.round,
+                 sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
+        if _samples(trained.ranges) != _samples(ranges):
+            raise RuntimeError(f"round {msg.round}: the trainer trained other samples than the leased ones")
+        deadline = self.node.now() + max(msg.deadline_s, self.lease_config.ttl)
+        while (accounted := self.leasing.client.contribution(msg.round)) is None and self.node.now() < deadline:
+            await asyncio.sleep(0.02)
+        vouchers = accounted.vouchers if accounted is not None else ()
+        if accounted is None or _samples(accounted.ranges) != _samples(trained.ranges):
+            why = self.leasing.client.lost_reasons[-1:] or ["no answer from the owners"]
+            log.warning("round %d: not every trained sample was vouched (%s); the leader will exclude this "
+                        "report and free its samples", msg.round, why[0])
+        return self._report(msg.round, trained.ranges, trained.tokens, trained.root, vouchers)
+
+    def _report(self, round_: int, ranges: tuple[SampleRange, ...], tokens: int, root: bytes,
+                vouchers: tuple = ()) -> r.Contribution:
+        header = Header(SiteId(self.node.config.site), self.node.address, 0, round_ - 1)
+        return r.Contribution(header, round_, self.node.config.site, self.node.address, tokens, ranges, root, vouchers)
+
+    def _contribute(self, report: r.Contribution) -> None:
         """Tells the current leader: it may have changed while we trained (a successor reopens the
-        same round over the same free samples)."""
+        same round)."""
         raft = self.node.consensus_core()
         leader = next((v.address for v in self.node.members() if v.site == raft.leader), None)
         if leader is None:
-            log.info("round %d: no leader known; the contribution waits for the next open", done.round)
+            log.info("round %d: no leader known; the report waits for the next open", report.round)
             return
-        header = Header(SiteId(self.node.config.site), self.node.address, raft.hard.epoch, done.round - 1)
-        self.node.send_round_message(leader, r.Contribution(
-            header, done.round, self.node.config.site, self.node.address, done.tokens, done.ranges, done.root))
+        header = replace(report.header, epoch=raft.hard.epoch)
+        self.node.send_round_message(leader, replace(report, header=header))
 
     async def _decide(self, decide: r.Decide) -> None:
         try:
             for site, reason in decide.excluded:
-                log.info("round %d: %s", decide.round, reason)
+                log.info("round %d: %s: %s", decide.round, site, reason)
             admitted = list(decide.admitted)
             try:
                 outcome = await self.training.outcome(

@@ -103,6 +103,17 @@ class LeaseConfig:
         """Loopback and the simulator: seconds-scale so that expiry happens within a test."""
         return cls(ttl=6.0, renew_every=1.0, retry_after=0.5, max_grant=3)
 
+    @classmethod
+    def lan(cls) -> LeaseConfig:
+        """One data centre (and loopback tests of real processes): a dead holder's blocks come back
+        in 10 s."""
+        return cls(ttl=10.0, renew_every=2.0, retry_after=1.0)
+
+    @classmethod
+    def wan(cls) -> LeaseConfig:
+        """Sites across the Internet: the defaults."""
+        return cls()
+
 
 @dataclass
 class _Sync:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 import tempfile
 import time
@@ -32,6 +31,7 @@ from peer import consensus as c
 from peer import membership as m
 from peer.commitlog import RoundCommit
 from peer.config import PeerConfig
+from peer.durable import write_atomic
 from peer.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
@@ -41,10 +41,13 @@ from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
 from peer.transport.oneway import OneWaySender
 from peer.transport.rounds_rpc import ROUNDS
+from peer.transport.leases_rpc import LEASES
 from peer.coordinator import Coordinator
 from peer.exchange import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.rounds import Message as RoundMessage
+from peer.lease_types import Message as LeaseMessage
+from peer.commitlog import Entry
 from peer.training import SiteTraining
 
 log = logging.getLogger("sitemesh.node")
@@ -53,6 +56,7 @@ SERVICE_NAMES = (
     MEMBERSHIP.full_name,
     CONSENSUS.full_name,
     ROUNDS.full_name,
+    LEASES.full_name,
     exchange_pb2.DESCRIPTOR.services_by_name["Exchange"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
@@ -80,6 +84,7 @@ class Node:
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
         self._raft = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
         self._rounds = OneWaySender(ROUNDS, self._pool, delivery_timeout)
+        self._leases = OneWaySender(LEASES, self._pool, delivery_timeout)
         self._health = health.aio.HealthServicer()
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -97,7 +102,7 @@ class Node:
         self.coordinator: Coordinator | None = None
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer)
-            self.coordinator = Coordinator(self, training, config.rounds)
+            self.coordinator = Coordinator(self, training, config.rounds, config.leases)
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
@@ -119,6 +124,7 @@ class Node:
             MEMBERSHIP.handler(self.deliver),
             CONSENSUS.handler(self.deliver_consensus),
             ROUNDS.handler(self.deliver_round),
+            LEASES.handler(self.deliver_lease),
         ))
         if self.coordinator is not None:
             add_exchange_service(self._server, self.coordinator.training.store)
@@ -189,6 +195,10 @@ class Node:
         elect a successor at once); a follower is removed by the leader when gossip says LEFT.
         """
         raft = self._raft_core()
+        if self.coordinator is not None:
+            # Leases first, while this site is still a member the owners answer (I8).
+            self.coordinator.release_leases()
+            await self._wait_until(lambda: self._leases.in_flight == 0, self.config.membership.probe_timeout_s * 4)
         decision = raft.leave(self._clock())
         log.info("leaving: %s", decision.reason)
         self._execute_consensus(decision.effects)
@@ -241,8 +251,18 @@ class Node:
         self.coordinator.receive(msg)
         self._wake.set()
 
+    def deliver_lease(self, msg: LeaseMessage) -> None:
+        """A data-lease message (grant, renewal, start, claim, replication...) arrived."""
+        if self._stopped.is_set() or self.coordinator is None:
+            return
+        self.coordinator.receive_lease(msg)
+        self._wake.set()
+
     def send_round_message(self, address: str, msg: RoundMessage) -> None:
         self.spawn(self._rounds.send(address, msg))
+
+    def send_lease_message(self, address: str, msg: LeaseMessage) -> None:
+        self.spawn(self._leases.send(address, msg))
 
     def propose(self, commit: RoundCommit) -> bool:
         """Leader: append the round's decision to the log; False (with the reason logged) if refused."""
@@ -305,6 +325,8 @@ class Node:
             else:
                 self._maybe_propose_round(now)
             deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
+            if self.coordinator is not None:
+                deadline = min(deadline, self.coordinator.next_deadline())
             delay = min(max(deadline - self._clock(), 0.0), 1.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
@@ -358,37 +380,41 @@ class Node:
         """Runs consensus effects strictly in order: a Persist* is fsynced before any later Send."""
         store = self._store
         assert store is not None
+        committed: list[Entry] = []
         for effect in effects:
             if store.persist(effect):
                 continue
             if isinstance(effect, c.Send):
                 self._spawn(self._raft.send(effect.address, effect.msg))
             elif isinstance(effect, c.Committed):
-                self._apply(effect)
+                committed.append(effect.entry)
             elif isinstance(effect, c.SnapshotInstalled):
                 self._save_applied(effect.snapshot.last_index, effect.snapshot.last_round)
             elif isinstance(effect, c.LeaderChanged):
                 log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
                 if self.coordinator is not None:
-                    self.coordinator.on_leader_changed(effect.leader)
+                    self.coordinator.on_leader_changed(effect.leader, effect.epoch)
             elif isinstance(effect, c.Rejected):
                 # Fencing a stale epoch is an event operators want to see; log repair is routine.
                 level = logging.INFO if effect.reason.startswith("stale epoch") else logging.DEBUG
                 log.log(level, "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
+        if committed:
+            self._apply(committed)
 
-    def _apply(self, committed: c.Committed) -> None:
-        entry = committed.entry
-        if isinstance(entry.body, RoundCommit):
-            self.applied_round = entry.body.round
-            log.info("round %d committed (epoch %d, %d contributors)",
-                     entry.body.round, entry.epoch, len(entry.body.contributors))
-            if self.coordinator is not None:
-                self.coordinator.on_committed(entry.index, entry.body)
-                return  # the training state records what it applied, once θ_r is durable
+    def _apply(self, entries: Sequence[Entry]) -> None:
+        """Committed entries of one batch, in log order (the lease cores want a batch at once)."""
+        for entry in entries:
+            if isinstance(entry.body, RoundCommit):
+                self.applied_round = entry.body.round
+                log.info("round %d committed (epoch %d, %d contributors)",
+                         entry.body.round, entry.epoch, len(entry.body.contributors))
+            else:
+                log.info("log entry %d applied: %s", entry.index, entry.body)
+        if self.coordinator is not None:
+            # The training state records what it applied, once θ_r is durable.
+            self.coordinator.on_entries(entries)
         else:
-            log.info("log entry %d applied: %s", entry.index, entry.body)
-        if self.coordinator is None:
-            self._save_applied(entry.index, self.applied_round)
+            self._save_applied(entries[-1].index, self.applied_round)
 
     def _applied_path(self) -> Path:
         return self.data_dir / "applied.json"
@@ -402,13 +428,7 @@ class Node:
 
     def _save_applied(self, index: int, round_: int) -> None:
         """Atomically records what this peer's state reflects (write, fsync, rename)."""
-        path = self._applied_path()
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"index": index, "round": round_}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomic(self._applied_path(), json.dumps({"index": index, "round": round_}))
 
     async def _wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         deadline = self._clock() + timeout_s

@@ -1,31 +1,29 @@
-"""Round scheduling for DiLoCo outer rounds, sans I/O: the leader grants data and decides.
+"""Round scheduling for DiLoCo outer rounds, sans I/O: the leader opens rounds and decides them.
 
 The leader of the current epoch opens round r = last committed round + 1 once round r-1 is
-committed, granting each live site disjoint sample ranges that no commit holds yet (per-round
-leases whose only owner is the leader; see protos/sitemesh/v1/rounds.proto). Sites train their
-grant from θ_{r-1} and report a `Contribution`. The leader decides when every grant is reported or
-the deadline passes: a contribution is admitted only if every range it names lies inside that
-site's grant for r and none was committed before (invariant I6); anything else is excluded with a
-reason and its samples stay free. The node turns a `Decide` into the outer step and a RoundCommit
-proposal; the commit log alone says which samples are trained (I4, I5).
+committed, and expects a report from every live site. Which samples a site trains is not the
+leader's business: sites train samples they hold data leases on (DARL, peer/lease_client.py) and
+report exactly those, with the lease owners' vouchers. The leader decides when every expected site
+reported or the deadline passed: `admit_round` (peer/admission.py) includes a contribution only if
+every range is vouched for that site and round and none is committed in the data epoch (I6);
+anything else is excluded with a reason and its samples go back to free. The node turns a
+`Decide` into the outer step and a RoundCommit proposal; the commit log alone says which samples
+are trained (I4, I5).
 
     .venv/bin/python -m pytest tests/unit/test_rounds.py -q
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from peer.commitlog import RoundCommit, SampleRange
-from peer.election import Header
-
-
-@dataclass(frozen=True)
-class RoundGrant:
-    site: str
-    ranges: tuple[SampleRange, ...]
+from peer import admission
+from peer.audit import EpochLedger
+from peer.commitlog import SampleRange
+from peer.election import Header, SiteId
+from peer.lease_types import Voucher
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,6 @@ class RoundOpen:
     header: Header
     round: int
     inner_steps: int
-    grants: tuple[RoundGrant, ...]
     deadline_s: float
     base_weights_hash: bytes
 
@@ -46,7 +43,12 @@ class Contribution:
     address: str
     tokens: int
     ranges: tuple[SampleRange, ...]
+    """Exactly the samples trained; empty: this site trained nothing this round."""
     pseudo_gradient_root: bytes
+    vouchers: tuple[Voucher, ...] = ()
+
+    def accounting(self) -> admission.Contribution:
+        return admission.Contribution(SiteId(self.site), self.round, self.ranges, self.vouchers)
 
 
 Message = Union[RoundOpen, Contribution]
@@ -57,13 +59,25 @@ class RoundsConfig:
     inner_steps: int
     """H: inner steps each site runs per round."""
     samples_per_step: int
-    """Samples one inner step consumes at a site (the trainer's batch size): a grant is H x this."""
+    """Samples one inner step consumes at a site (the trainer's batch size): a round is H x this."""
     deadline_s: float
     """How long the leader waits for contributions after opening a round."""
+    data_epochs: int = 1
+    """Passes over the dataset; no round opens once the log has completed this many."""
+    idle_wait_s: float = 1.0
+    """After a round in which no site trained anything, wait this long before opening it again."""
+    gather_s: float = 2.0
+    """A site stops collecting leased samples for a round when none came for this long (its next
+    block needs the owner's Start ack; at the end of the data epoch nothing may come at all)."""
 
     def __post_init__(self) -> None:
-        if self.inner_steps < 1 or self.samples_per_step < 1 or self.deadline_s <= 0:
-            raise ValueError("inner_steps, samples_per_step and deadline_s must be positive")
+        if (self.inner_steps < 1 or self.samples_per_step < 1 or self.deadline_s <= 0 or self.data_epochs < 1
+                or self.idle_wait_s < 0 or self.gather_s <= 0):
+            raise ValueError("inner_steps, samples_per_step, deadline_s and data_epochs must be positive")
+
+    @property
+    def samples_per_round(self) -> int:
+        return self.inner_steps * self.samples_per_step
 
 
 @dataclass(frozen=True)
@@ -80,179 +94,115 @@ class Decide:
     round: int
     admitted: tuple[Contribution, ...]
     excluded: tuple[tuple[str, str], ...]
-    """(site, reason) of every contribution or grant that is not in the round."""
+    """(site, reason) of every expected site or contribution that is not in the round."""
 
 
 @dataclass(frozen=True)
 class EpochComplete:
-    """Effect (leader): every sample of the data epoch is committed exactly once."""
+    """Effect (leader): the log completed `data_epochs` passes, every sample exactly once per pass."""
 
     samples: int
+    data_epochs: int
 
 
 Effect = Union[Broadcast, Decide, EpochComplete]
 
 
-class Ledger:
-    """Which samples of the epoch's blocks are committed, rebuilt from the commit log alone."""
-
-    def __init__(self, blocks: Sequence[tuple[int, int]]) -> None:
-        self.blocks = list(blocks)
-        """(block_id, num_samples) in epoch order."""
-        self._sizes = dict(self.blocks)
-        self._committed: dict[int, list[tuple[int, int]]] = {}
-
-    def commit(self, ranges: Iterable[SampleRange]) -> None:
-        for r in ranges:
-            self._committed.setdefault(r.block_id, []).append((r.start, r.end))
-            self._committed[r.block_id].sort()
-
-    def overlaps_committed(self, r: SampleRange) -> bool:
-        return any(s < r.end and r.start < e for s, e in self._committed.get(r.block_id, ()))
-
-    def known(self, r: SampleRange) -> bool:
-        return r.block_id in self._sizes and 0 <= r.start < r.end <= self._sizes[r.block_id]
-
-    def free(self, taken: Iterable[SampleRange] = ()) -> Iterable[SampleRange]:
-        """Free ranges in epoch order, excluding committed samples and `taken` (in-flight grants)."""
-        busy: dict[int, list[tuple[int, int]]] = {b: list(v) for b, v in self._committed.items()}
-        for r in taken:
-            busy.setdefault(r.block_id, []).append((r.start, r.end))
-        for block_id, size in self.blocks:
-            cursor = 0
-            for s, e in sorted(busy.get(block_id, ())):
-                if s > cursor:
-                    yield SampleRange(block_id, cursor, s)
-                cursor = max(cursor, e)
-            if cursor < size:
-                yield SampleRange(block_id, cursor, size)
-
-    @property
-    def total(self) -> int:
-        return sum(self._sizes.values())
-
-    @property
-    def committed_samples(self) -> int:
-        return sum(e - s for v in self._committed.values() for s, e in v)
-
-
-def _take(free: Iterable[SampleRange], n: int) -> tuple[SampleRange, ...]:
-    out: list[SampleRange] = []
-    for r in free:
-        if n <= 0:
-            break
-        end = min(r.end, r.start + n)
-        out.append(SampleRange(r.block_id, r.start, end))
-        n -= end - r.start
-    return tuple(out)
-
-
-def within_grant(r: SampleRange, grant: Sequence[SampleRange]) -> bool:
-    """True if the samples of `r` all lie inside one range of `grant`."""
-    return any(g.block_id == r.block_id and g.start <= r.start and r.end <= g.end for g in grant)
-
-
 @dataclass
 class _Open:
     round: int
-    epoch: int
     deadline: float
-    grants: dict[str, tuple[SampleRange, ...]]
+    expected: frozenset[str]
     got: dict[str, Contribution] = field(default_factory=dict)
-    excluded: list[tuple[str, str]] = field(default_factory=list)
+    """Reports with samples, by site (the first one of each site counts)."""
+    idle: set[str] = field(default_factory=set)
+    """Sites that reported they trained nothing."""
 
 
 class RoundLeader:
-    """The leader's side. Feed it commits, contributions and ticks; it says when to open and decide."""
+    """The leader's side. Feed it commits, contributions and ticks; it says when to open and decide.
 
-    def __init__(self, config: RoundsConfig, ledger: Ledger) -> None:
+    `ledger` is the node's EpochLedger of the commit log (the lease cores share it); the node
+    folds every RoundCommit into it before calling `on_commit`.
+    """
+
+    def __init__(self, config: RoundsConfig, ledger: EpochLedger) -> None:
         self.config = config
         self.ledger = ledger
         self._open: _Open | None = None
         self._decided: int | None = None  # round handed to the node, awaiting its commit
+        self._idle_until = float("-inf")
         self._epoch_reported = False
 
-    def on_commit(self, commit: RoundCommit) -> None:
-        """Every committed round (from the log, on every peer) updates the ledger."""
-        for c in commit.contributors:
-            self.ledger.commit(c.ranges)
-        if self._decided is not None and commit.round >= self._decided:
+    @property
+    def done(self) -> bool:
+        """The log completed every data epoch the run asked for."""
+        return self.ledger.data_epoch >= self.config.data_epochs
+
+    def on_commit(self, round_: int) -> None:
+        """Round `round_` is committed (on every peer, in log order)."""
+        if self._decided is not None and round_ >= self._decided:
             self._decided = None
-        if self._open is not None and commit.round >= self._open.round:
+        if self._open is not None and round_ >= self._open.round:
             self._open = None
 
     def step_down(self) -> None:
-        """Lost the leadership: whatever was open is abandoned; its grants lapse with the round."""
+        """Lost the leadership: whatever was open is abandoned; a successor reopens the round."""
         self._open, self._decided = None, None
 
     def tick(self, now: float, header: Header, committed_round: int, live_sites: Sequence[str],
              base_hash: bytes) -> list[Effect]:
         if self._decided is not None:
             return []
-        if self._open is None:
-            return self._maybe_open(now, header, committed_round, live_sites, base_hash)
         o = self._open
-        waiting = set(o.grants) - set(o.got) - {site for site, _ in o.excluded}
+        if o is None:
+            if self.done:
+                if self._epoch_reported:
+                    return []
+                self._epoch_reported = True
+                return [EpochComplete(self.ledger.total, self.config.data_epochs)]
+            if now < self._idle_until or not live_sites:
+                return []
+            rnd = committed_round + 1
+            self._open = _Open(rnd, now + self.config.deadline_s, frozenset(live_sites))
+            return [Broadcast(RoundOpen(header, rnd, self.config.inner_steps, self.config.deadline_s, base_hash))]
+        waiting = o.expected - set(o.got) - o.idle
         # Waiting for a site that membership no longer counts as live cannot pay off: decide now.
         if now >= o.deadline or not waiting & set(live_sites):
-            return [self._decide()]
+            return self._close(now)
         return []
 
     def receive(self, msg: Contribution, now: float) -> list[Effect]:
-        """Admission of one contribution (I6); returns Decide once every grant has reported."""
+        """Collects one report; decides once every expected site has reported."""
         o = self._open
-        if o is None or msg.round != o.round:
-            return []
-        grant = o.grants.get(msg.site)
-        reason = ""
-        if grant is None:
-            reason = f"excluded: {msg.site} holds no grant in round {msg.round}"
-        elif msg.site in o.got:
-            return []  # a duplicate delivery of what we already admitted
-        elif msg.tokens <= 0 or not msg.ranges:
-            reason = f"excluded: {msg.site} trained nothing in round {msg.round}"
+        if o is None or msg.round != o.round or msg.site in o.got:
+            return []  # late, early, or a duplicate delivery of what we have
+        if msg.ranges:
+            o.got[msg.site] = msg
+            o.idle.discard(msg.site)
         else:
-            for r in msg.ranges:
-                if not self.ledger.known(r) or not within_grant(r, grant):
-                    reason = f"excluded: {msg.site} names block {r.block_id} [{r.start}, {r.end}) outside its grant"
-                    break
-                if self.ledger.overlaps_committed(r):
-                    reason = f"excluded: block {r.block_id} [{r.start}, {r.end}) is already committed"
-                    break
-        if reason:
-            o.excluded.append((msg.site, reason))
-            return []
-        o.got[msg.site] = msg
-        return [self._decide()] if set(o.got) == set(o.grants) else []
+            o.idle.add(msg.site)
+        return self._close(now) if o.expected <= set(o.got) | o.idle else []
 
-    def _maybe_open(self, now: float, header: Header, committed_round: int, live_sites: Sequence[str],
-                    base_hash: bytes) -> list[Effect]:
-        quota = self.config.inner_steps * self.config.samples_per_step
-        grants: dict[str, tuple[SampleRange, ...]] = {}
-        taken: list[SampleRange] = []
-        for site in sorted(live_sites):
-            ranges = _take(self.ledger.free(taken), quota)
-            if not ranges:
-                break
-            grants[site] = ranges
-            taken.extend(ranges)
-        if not grants:
-            if not self._epoch_reported and self.ledger.committed_samples == self.ledger.total:
-                self._epoch_reported = True
-                return [EpochComplete(self.ledger.total)]
-            return []
-        rnd = committed_round + 1
-        self._open = _Open(rnd, header.epoch, now + self.config.deadline_s, grants)
-        msg = RoundOpen(header, rnd, self.config.inner_steps,
-                        tuple(RoundGrant(s, g) for s, g in sorted(grants.items())), self.config.deadline_s, base_hash)
-        return [Broadcast(msg)]
-
-    def _decide(self) -> Decide:
+    def _close(self, now: float) -> list[Effect]:
+        """Decide the open round (I6), or, if nobody trained anything, drop it and open it again
+        later: a commit with no claim to settle would only lengthen the log."""
         o = self._open
         assert o is not None
-        heard = set(o.got) | {site for site, _ in o.excluded}
-        missing = [(s, f"excluded: {s} did not report (deadline passed or it left the mesh)")
-                   for s in o.grants if s not in heard]
-        self._decided, self._open = o.round, None
-        admitted = tuple(o.got[s] for s in sorted(o.got))
-        return Decide(o.round, admitted, tuple(o.excluded + missing))
+        self._open = None
+        if not o.got:
+            self._idle_until = now + self.config.idle_wait_s
+            return []
+        # A report of samples without a pseudo-gradient (its training failed) is there to have its
+        # claims settled by this round's commit, never to be included.
+        failed = sorted(s for s, c in o.got.items() if c.tokens <= 0 or not c.pseudo_gradient_root)
+        offers = {s: c for s, c in o.got.items() if s not in failed}
+        decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger)
+        admitted = tuple(offers[d.site] for d in decisions if d.included)
+        excluded = [(d.site, d.reason) for d in decisions if not d.included]
+        excluded += [(s, f"excluded: {s} trained nothing usable in round {o.round} (its training failed)")
+                     for s in failed]
+        excluded += [(s, f"excluded: {s} did not report (deadline passed or it left the mesh)")
+                     for s in sorted(o.expected - set(o.got) - o.idle)]
+        self._decided = o.round
+        return [Decide(o.round, admitted, tuple(excluded))]

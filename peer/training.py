@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from peer.audit import universe_to_json
 from peer.commitlog import RoundCommit, SampleRange
 from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
+from peer.durable import replace_atomic, temp_sibling, write_atomic
 from peer.exchange import codec
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
@@ -107,9 +107,7 @@ class SiteTraining:
         # The epoch's blocks, beside the commit log, so `ops audit` can prove I4/I5 from disk alone.
         universe = self.dir.parent / "leases" / "universe.json"
         universe.parent.mkdir(parents=True, exist_ok=True)
-        tmp = universe.with_suffix(".tmp")
-        tmp.write_text(universe_to_json(dict(self.blocks)))
-        os.replace(tmp, universe)
+        write_atomic(universe, universe_to_json(dict(self.blocks)))
         pointer = self._read_pointer()
         if pointer is None:
             self.weights = await asyncio.to_thread(read_state, hello.weights)
@@ -219,10 +217,9 @@ class SiteTraining:
                           meta={"round": self.applied_round, "site": self.site, "weights_hash": self.weights_hash.hex()})
         await asyncio.to_thread(save_checkpoint, target, self.trainer_config.model, ckpt)
         latest = self.dir.parent / "checkpoints" / "latest"
-        tmp = latest.with_name(".latest.tmp")
-        tmp.unlink(missing_ok=True)
+        tmp = temp_sibling(latest)
         tmp.symlink_to(target.name)
-        os.replace(tmp, latest)
+        replace_atomic(tmp, latest)
         return target
 
     async def evaluate(self) -> float:
@@ -286,20 +283,10 @@ class SiteTraining:
     def _persist(self, index: int, round_: int, result: Outcome) -> None:
         name = f"weights-{round_:06d}.safetensors"
         tensors = self._state_tensors(result.weights, result.momentum)
-        tmp = self.dir / f".{name}.tmp"
+        tmp = temp_sibling(self.dir / name)
         save_file({n: t.contiguous() for n, t in tensors.items()}, tmp)
-        _fsync(tmp)
-        os.replace(tmp, self.dir / name)
-        pointer = self.dir / "applied.json"
-        ptmp = self.dir / ".applied.json.tmp"
-        ptmp.write_text(json.dumps({"index": index, "round": round_, "file": name}))
-        _fsync(ptmp)
-        os.replace(ptmp, pointer)
+        replace_atomic(tmp, self.dir / name)
+        write_atomic(self.dir / "applied.json", json.dumps({"index": index, "round": round_, "file": name}))
         for old in self.dir.glob("weights-*.safetensors"):
             if old.name != name:
                 old.unlink()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())

@@ -47,6 +47,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 last_loss=coord.training.last_loss,
                 epoch_complete=coord.epoch_complete,
                 diverged=coord.diverged,
+                data_epoch=coord.leasing.ledger.data_epoch if coord.leasing else 0,
+                leases_held=coord.leasing.held if coord.leasing else 0,
             ))
         for view in self._node.members():
             reply.members.append(

@@ -73,6 +73,8 @@ class OneWaySender:
         self._pool = pool
         self._timeout_s = timeout_s
         self.failures = 0
+        self.in_flight = 0
+        """Messages handed to gRPC and not yet answered or failed (a leaving peer drains them)."""
 
     async def send(self, address: str, msg: object) -> bool:
         route = self._service.route_of(msg)
@@ -81,6 +83,7 @@ class OneWaySender:
             request_serializer=route.proto_cls.SerializeToString,
             response_deserializer=common_pb2.Accepted.FromString,
         )
+        self.in_flight += 1
         try:
             await call(to_proto(msg, route.proto_cls), timeout=self._timeout_s)
             return True
@@ -88,3 +91,5 @@ class OneWaySender:
             self.failures += 1
             log.debug("%s to %s lost: %s", type(msg).__name__, address, err.code().name)
             return False
+        finally:
+            self.in_flight -= 1

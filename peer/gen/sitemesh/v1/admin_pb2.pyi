@@ -45,7 +45,7 @@ class StatusReply(_message.Message):
     def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ..., training: _Optional[_Union[TrainingStatus, _Mapping]] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
-    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged")
+    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held")
     APPLIED_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class TrainingStatus(_message.Message):
     LAST_LOSS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    DATA_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASES_HELD_FIELD_NUMBER: _ClassVar[int]
     applied_round: int
     weights_hash: str
     samples_committed: int
@@ -60,7 +62,9 @@ class TrainingStatus(_message.Message):
     last_loss: float
     epoch_complete: bool
     diverged: str
-    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ...) -> None: ...
+    data_epoch: int
+    leases_held: int
+    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ...) -> None: ...
 
 class ConsensusStatus(_message.Message):
     __slots__ = ("role", "epoch", "leader", "lease_remaining_s", "committed_round", "commit_index", "applied_index", "voters")

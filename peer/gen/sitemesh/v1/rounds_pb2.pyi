@@ -1,5 +1,6 @@
 from peer.gen.sitemesh.v1 import common_pb2 as _common_pb2
 from peer.gen.sitemesh.v1 import consensus_pb2 as _consensus_pb2
+from peer.gen.sitemesh.v1 import leases_pb2 as _leases_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,32 +9,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class RoundGrant(_message.Message):
-    __slots__ = ("site", "ranges")
-    SITE_FIELD_NUMBER: _ClassVar[int]
-    RANGES_FIELD_NUMBER: _ClassVar[int]
-    site: str
-    ranges: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.SampleRange]
-    def __init__(self, site: _Optional[str] = ..., ranges: _Optional[_Iterable[_Union[_consensus_pb2.SampleRange, _Mapping]]] = ...) -> None: ...
-
 class RoundOpen(_message.Message):
-    __slots__ = ("header", "round", "inner_steps", "grants", "deadline_s", "base_weights_hash")
+    __slots__ = ("header", "round", "inner_steps", "deadline_s", "base_weights_hash")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
-    GRANTS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     BASE_WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     header: _consensus_pb2.ConsensusHeader
     round: int
     inner_steps: int
-    grants: _containers.RepeatedCompositeFieldContainer[RoundGrant]
     deadline_s: float
     base_weights_hash: bytes
-    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., inner_steps: _Optional[int] = ..., grants: _Optional[_Iterable[_Union[RoundGrant, _Mapping]]] = ..., deadline_s: _Optional[float] = ..., base_weights_hash: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., inner_steps: _Optional[int] = ..., deadline_s: _Optional[float] = ..., base_weights_hash: _Optional[bytes] = ...) -> None: ...
 
 class Contribution(_message.Message):
-    __slots__ = ("header", "round", "site", "address", "tokens", "ranges", "pseudo_gradient_root")
+    __slots__ = ("header", "round", "site", "address", "tokens", "ranges", "pseudo_gradient_root", "vouchers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +32,7 @@ class Contribution(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
     PSEUDO_GRADIENT_ROOT_FIELD_NUMBER: _ClassVar[int]
+    VOUCHERS_FIELD_NUMBER: _ClassVar[int]
     header: _consensus_pb2.ConsensusHeader
     round: int
     site: str
@@ -48,4 +40,5 @@ class Contribution(_message.Message):
     tokens: int
     ranges: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.SampleRange]
     pseudo_gradient_root: bytes
-    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., site: _Optional[str] = ..., address: _Optional[str] = ..., tokens: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[_consensus_pb2.SampleRange, _Mapping]]] = ..., pseudo_gradient_root: _Optional[bytes] = ...) -> None: ...
+    vouchers: _containers.RepeatedCompositeFieldContainer[_leases_pb2.Voucher]
+    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., site: _Optional[str] = ..., address: _Optional[str] = ..., tokens: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[_consensus_pb2.SampleRange, _Mapping]]] = ..., pseudo_gradient_root: _Optional[bytes] = ..., vouchers: _Optional[_Iterable[_Union[_leases_pb2.Voucher, _Mapping]]] = ...) -> None: ...
