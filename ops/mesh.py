@@ -10,7 +10,7 @@
      "leader": SITE or null, "epoch": int, "committed_round": int, "voters": [SITE, ...],
      "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"},
      "training": null or {"applied_round", "weights_hash", "samples_committed", "samples_total",
-                          "last_loss", "epoch_complete", "diverged"}}
+                          "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held"}}
 with state one of alive, suspect, dead, left and meta
     {"role", "accelerator", "tokens_per_s", "labels": {...}}.
 """
@@ -100,6 +100,8 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
             "last_loss": None if math.isnan(reply.training.last_loss) else round(reply.training.last_loss, 4),
             "epoch_complete": reply.training.epoch_complete,
             "diverged": reply.training.diverged or None,
+            "data_epoch": reply.training.data_epoch,
+            "leases_held": reply.training.leases_held,
         },
         "consensus": {
             "role": reply.consensus.role,
@@ -133,7 +135,8 @@ def _table(doc: dict[str, Any]) -> str:
     if doc["training"]:
         t = doc["training"]
         head += (f"\ntraining: round {t['applied_round']}  θ {t['weights_hash'][:16]}  "
-                 f"samples {t['samples_committed']}/{t['samples_total']}  loss {t['last_loss']}"
+                 f"samples {t['samples_committed']}/{t['samples_total']}  data epoch {t['data_epoch']}  "
+                 f"leases {t['leases_held']}  loss {t['last_loss']}"
                  + ("  EPOCH COMPLETE" if t["epoch_complete"] else "")
                  + (f"  DIVERGED: {t['diverged']}" if t["diverged"] else ""))
     return head + "\n" + "\n".join(lines)

@@ -51,9 +51,14 @@ def _committed_samples(data_dir: Path) -> Counter[tuple[int, int]]:
     return counts
 
 
-def _epoch_samples() -> set[tuple[int, int]]:
-    blocks = BlockIndex(DataConfig.shipped(max_documents=DOCS)).blocks
+def _epoch_samples_of(docs: int) -> set[tuple[int, int]]:
+    """Every (block, sample) of the shipped corpus cut to its first `docs` documents."""
+    blocks = BlockIndex(DataConfig.shipped(max_documents=docs)).blocks
     return {(b.block_id, i) for b in blocks for i in range(b.num_samples)}
+
+
+def _epoch_samples() -> set[tuple[int, int]]:
+    return _epoch_samples_of(DOCS)
 
 
 def _start_three(cluster: Cluster) -> None:
