@@ -144,7 +144,16 @@ def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dic
     else:
         print(f"ops demo: timed out after {args.timeout:.0f}s at round {last_round}", file=sys.stderr)
         return 1
-    return 0 if _evaluate(workdir / live[0], args) and ok else 1
+    return 0 if _audit(workdir, sites) and _evaluate(workdir / live[0], args) and ok else 1
+
+
+def _audit(workdir: Path, sites: list[str]) -> bool:
+    """`ops audit` over every site's lease ledger: each sample committed once, none lost (I4, I5)."""
+    cmd = [sys.executable, "-m", "ops.cli", "audit", *(a for s in sites for a in ("--data-dir", str(workdir / s)))]
+    print("$ ops audit " + " ".join(f"--data-dir {workdir / s}" for s in sites), flush=True)
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    print(result.stdout + result.stderr, end="", flush=True)
+    return result.returncode == 0
 
 
 def _evaluate(site_dir: Path, args: argparse.Namespace) -> bool:

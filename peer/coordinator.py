@@ -68,7 +68,7 @@ class Coordinator:
         await self.training.start()
         raft = self.node.consensus_core()
         leasing = Leasing(self.node.config.site, dict(self.training.blocks), self.lease_config,
-                          self.node.data_dir / "leases", self._send_lease, founder=not self.node.config.join)
+                          self.node.data_dir / "leases", self._send_lease)
         # No await from here on: entries up to applied_index are replayed now, later ones arrive
         # through on_entries, so the lease cores see every entry exactly once, in log order.
         now = self.node.now()

@@ -122,6 +122,9 @@ class _Sync:
     waiting: set[SiteId]
     needed: int
     """Complete answers needed: a majority of the previous owner set."""
+    established: int
+    """Lowest rev a record must have to be known current: one the previous view's primary adopted
+    (or wrote) and replicated. Older records may miss writes of a view whose owners are not asked."""
     got: list[LeaseRecord] = field(default_factory=list)
     complete: int = 0
 
@@ -221,7 +224,8 @@ class LeaseOwner:
                 self._adopt(b, held[b], now)
             else:
                 prev = old.owners(b) if old is not None else owners
-                sync = _Sync({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)))
+                sync = _Sync({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)),
+                             mint_base((old or view).version, 0))
                 if self.site in prev and trusted:
                     sync.complete += 1
                     sync.got.extend([held[b]] if b in held else [])
@@ -503,6 +507,11 @@ class LeaseOwner:
         base = fresh_record(b, size, done, self._base, self.ledger.data_epoch)
         best = max((r for r in s.got if r.data_epoch == self.ledger.data_epoch), key=lambda r: r.rev,
                    default=base)
+        if best.rev < s.established or not s.got:
+            # The previous view's primary never established the record here (it was still syncing,
+            # or crashed before a majority held it): the newest writes may sit with owners of an
+            # older view or with the crashed primary alone. The log is the only safe source then.
+            return self._rebuild(b, now)
         merged = replace(best, done=done, pending=tuple(p for p in best.pending if p.round > self.ledger.last_round))
         self._adopt(b, merged, now)
         self._order_insert(b)
@@ -523,7 +532,9 @@ class LeaseOwner:
         return ""
 
     def _adopt(self, b: BlockId, rec: LeaseRecord, now: float) -> None:
-        """Start serving `b` with `rec`: holders get a full ttl to find the new primary."""
+        """Start serving `b` with `rec`: holders get a full ttl to find the new primary. The rev is
+        re-minted under this view, which marks the record as established in it (see _Sync)."""
+        rec = rec.bumped(self._base)
         self.serving.add(b)
         self.records[b] = rec
         if rec.holder is not None:

@@ -49,16 +49,16 @@ class Leasing:
     """This peer's DARL cores and their inputs; `send(site, msg)` is the transport."""
 
     def __init__(self, site: str, universe: Mapping[int, int], cfg: LeaseConfig, directory: Path,
-                 send: Callable[[SiteId, Message], None], *, founder: bool, prefetch: int = 2) -> None:
+                 send: Callable[[SiteId, Message], None], prefetch: int = 2) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.site = SiteId(site)
         self.ledger = EpochLedger(universe)
         """Committed samples of the current data epoch, as this peer's log says."""
         self.boot = next_boot(directory)
-        # Only a founder's first process may bootstrap lease records from the run's first view;
-        # any later process (a restart, a joiner) syncs from the other owners.
-        self.owner = LeaseOwner(self.site, self.ledger, cfg, amnesiac=not (founder and self.boot == 0),
-                                boot=self.boot)
+        # A restarted process forgot the lease writes it acknowledged, so its records count in no
+        # sync before it has lived through a view (docs/decisions/leases-trust-fresh-joiners.md).
+        # This site's first process acknowledged nothing before it started: it is trusted at once.
+        self.owner = LeaseOwner(self.site, self.ledger, cfg, amnesiac=self.boot > 0, boot=self.boot)
         self.client = LeaseClient(self.site, self.ledger, cfg, prefetch)
         self._send = send
         self._ledger_path = directory / "ledger.jsonl"
@@ -72,6 +72,10 @@ class Leasing:
         seen = len(self._views)
         for entry in entries:
             if isinstance(entry.body, VoterChange):
+                if self.owner.view is None and entry.body.site == self.site and not entry.body.add:
+                    # The log remembers this site as a voter of an earlier process whose data dir
+                    # is gone (a boot count of 0): what that process acknowledged is lost.
+                    self.owner.live_since = None
                 self._voters = apply_voter_change(self._voters, entry.body)
                 self._views.append(RingView.of(entry.index, [s for s, _ in self._voters]))
             elif isinstance(entry.body, RoundCommit):

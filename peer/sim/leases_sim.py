@@ -561,8 +561,9 @@ class LeaseSim:
 
     def _peer(self, name: SiteId, now: float, founders: Sequence[SiteId]) -> LeasePeer:
         self.boots[name] = boot = self.boots.get(name, -1) + 1  # the node keeps this count on its disk
-        # a process started after the run began has no lease state: it must sync, never bootstrap
-        amnesiac = self.sim.now > 0
+        # A restarted process forgot the writes it acknowledged: it must not count in a sync before
+        # it has lived through a view. A late joiner's first process acknowledged nothing before.
+        amnesiac = boot > 0
         if not self.cfg.consensus:
             self.control.acked[name] = 0  # a (re)started process applies the log from its start
             return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot)

@@ -37,16 +37,19 @@ def test_boot_counts_process_starts_and_refuses_a_corrupt_file(tmp_path: Path) -
         next_boot(tmp_path)
 
 
-def _leasing(tmp_path: Path, sent: list[tuple[str, object]], founder: bool = True) -> Leasing:
-    return Leasing("a", {1: 4, 2: 4}, LeaseConfig.local_test(), tmp_path,
-                   lambda to, msg: sent.append((to, msg)), founder=founder)
+def _leasing(tmp_path: Path, sent: list[tuple[str, object]]) -> Leasing:
+    return Leasing("a", {1: 4, 2: 4}, LeaseConfig.local_test(), tmp_path, lambda to, msg: sent.append((to, msg)))
+
+
+def _change(index: int, site: str, add: bool = True) -> Entry:
+    return Entry(index, Epoch(0), VoterChange(SiteId(site), f"{site}:1", add, "test"))
 
 
 def _view_entries(*sites: str) -> list[Entry]:
-    return [Entry(i, Epoch(0), VoterChange(SiteId(s), f"{s}:1", True, "bootstrap")) for i, s in enumerate(sites, 1)]
+    return [_change(i, s) for i, s in enumerate(sites, 1)]
 
 
-def test_only_a_founders_first_process_bootstraps_lease_records(tmp_path: Path) -> None:
+def test_a_first_process_is_trusted_and_a_restarted_one_rebuilds(tmp_path: Path) -> None:
     sent: list[tuple[str, object]] = []
     first = _leasing(tmp_path, sent)
     first.apply_entries(_view_entries("a"), 0.0)
@@ -57,8 +60,14 @@ def test_only_a_founders_first_process_bootstraps_lease_records(tmp_path: Path) 
     restarted.apply_entries(_view_entries("a"), 0.0)
     # Alone and amnesiac, it cannot read a majority of earlier owners: it rebuilds from the log.
     assert (tmp_path / "ledger.jsonl").read_text().count('"rebuild"') == 2
-    joiner = _leasing(tmp_path / "j", sent, founder=False)
-    assert joiner.boot == 0 and joiner.owner.live_since is None
+
+
+def test_a_site_the_log_knew_before_its_data_dir_was_lost_is_not_trusted(tmp_path: Path) -> None:
+    sent: list[tuple[str, object]] = []
+    joiner = _leasing(tmp_path / "j", sent)
+    assert joiner.boot == 0 and joiner.owner.live_since == 0
+    joiner.apply_entries([_change(1, "b"), _change(2, "a"), _change(3, "a", add=False), _change(4, "a")], 0.0)
+    assert joiner.owner.live_since is None, "an earlier process of site a was a voter and is gone"
 
 
 def test_committed_rounds_reach_the_ledger_and_the_events_the_ledger_file(tmp_path: Path) -> None:
