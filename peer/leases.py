@@ -25,6 +25,8 @@ stale is refused with a reason ("stale: generation 4294967297 < 4294967298 for b
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -174,6 +176,7 @@ class LeaseOwner:
         self.epoch = ledger.data_epoch
         self._dirty: set[BlockId] = set()
         self._order: list[BlockId] = []
+        self._order_set: set[BlockId] = set()
         self._events: list[LeaseEvent] = []
 
     # --- inputs ---
@@ -342,8 +345,8 @@ class LeaseOwner:
         need = max(0, min(m.want, self.cfg.max_grant) - len(mine))
         reason = f"{len(mine)} held"
         if need:
-            free = [b for b in self._order if self.records[b].state is LeaseState.FREE]
-            picked = free[:need]
+            free = (b for b in self._order if self.records[b].state is LeaseState.FREE)
+            picked = list(itertools.islice(free, need))
             kind = EventKind.GRANT
             if not picked and m.steal:
                 picked = self._steal_candidates(site)[:need]
@@ -611,11 +614,15 @@ class LeaseOwner:
         """Serving blocks in a per-epoch shuffled order: the order free blocks are granted in."""
         seed = self.ledger.data_epoch * 0x9E3779B97F4A7C15 + 1
         self._order = sorted(self.serving, key=lambda b: score(seed, b))
+        self._order_set = set(self._order)
 
     def _order_insert(self, b: BlockId) -> None:
-        if b not in self._order:
-            self._order.append(b)
-            self._rebuild_order()
+        # One insertion per synced block: re-sorting everything each time was quadratic in the shard.
+        if b not in self.serving or b in self._order_set:
+            return
+        seed = self.ledger.data_epoch * 0x9E3779B97F4A7C15 + 1
+        bisect.insort(self._order, b, key=lambda x: score(seed, x))
+        self._order_set.add(b)
 
     _handlers: Mapping[type, Callable[..., list[Effect]]] = {
         GrantRequest: _on_grant, Renew: _on_renew, Start: _on_start, Trained: _on_trained,
