@@ -109,3 +109,28 @@ def test_site_killed_mid_round_loses_and_duplicates_nothing(cluster: Cluster) ->
     # The epoch may end before membership has declared c dead; its voter seat goes once it has.
     wait_for(lambda: status(cluster.peers["a"].address)["voters"] == ["a", "b"], 60.0,
              "the dead site to lose its voter seat")
+
+
+@pytest.mark.timeout(600)
+def test_two_data_epochs_are_each_committed_exactly_once(cluster: Cluster) -> None:
+    """The log rolls the data epoch over when its last sample commits; leases start over with it."""
+    docs = 6  # 84 samples in 2 blocks
+    train = ["--train", "micro", "--max-documents", str(docs), "--inner-steps", "8", "--batch-size", "2",
+             "--round-deadline", "120", "--data-epochs", "2"]
+    a = cluster.start("a", extra=train)
+    cluster.start("b", join=[a.address], extra=train)
+    wait_for(lambda: any((t := _training(cluster, s)) and t["epoch_complete"] for s in ("a", "b")), EPOCH_S,
+             "both data epochs to complete")
+    wait_for(lambda: all(_training(cluster, s)["data_epoch"] == 2 for s in ("a", "b")), 60.0,
+             "both peers to apply the last round")
+    wait_for(lambda: all(_training(cluster, s)["leases_held"] == 0 for s in ("a", "b")), 30.0,
+             "the sites to give their leases back once the run's data is done")
+    t = _training(cluster, "a")
+    assert t["samples_committed"] == t["samples_total"] == 2 * len(_epoch_samples_of(docs))
+    audit = ops("audit", "--data-dir", str(cluster.workdir / "a"), "--data-dir", str(cluster.workdir / "b"), "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    rows = json.loads(audit.stdout)
+    assert [r["epoch"] for r in rows] == [0, 1]
+    for row in rows:
+        assert (row["duplicated"], row["lost"], row["committed_once"]) == (0, 0, len(_epoch_samples_of(docs)))
+        assert row["grants"] >= 2, "every block is leased again in the new epoch"
