@@ -87,8 +87,9 @@ def replace_atomic(tmp: Path, dest: Path) -> None:
         fsync_dir(tmp.parent)  # the name also left tmp's directory
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Replace `path` with `data` (str is written as UTF-8) so that a crash leaves old or new, whole.
+def write_atomic(path: Path, data: bytes | memoryview | str) -> None:
+    """Replace `path` with `data` (str is written as UTF-8; a memoryview, e.g. of a numpy array, is
+    written without a copy) so that a crash leaves old or new, whole.
 
     On any failure the temporary file is removed and `path` is untouched.
     """

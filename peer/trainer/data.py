@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import blake3
 import numpy as np
 import torch
 
+from peer.durable import write_atomic
 from peer.trainer.config import DataConfig
 from peer.trainer.tokenizer import TextTokenizer, load_tokenizer
 
@@ -81,19 +81,6 @@ def _shard_key(cfg: DataConfig, shard: str, heldout_only: bool, tok: TextTokeniz
     return blake3.blake3(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _write_atomic(path: Path, arr: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            arr.tofile(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class Corpus:
     """Tokenized, packed view of a `DataConfig`: per-shard training samples and a held-out set."""
 
@@ -126,8 +113,8 @@ class Corpus:
                 batch = []
         flush(batch)
         empty = np.zeros(0, dtype=np.uint32)
-        _write_atomic(held_p, np.concatenate(parts[True]) if parts[True] else empty)
-        _write_atomic(train_p, np.concatenate(parts[False]) if parts[False] else empty)
+        write_atomic(held_p, memoryview(np.concatenate(parts[True]) if parts[True] else empty))
+        write_atomic(train_p, memoryview(np.concatenate(parts[False]) if parts[False] else empty))
         return train_p, held_p
 
     def train_tokens(self, shard_index: int) -> np.ndarray:
