@@ -98,6 +98,8 @@ class LeaseClient:
         self.asking: tuple[SiteId, float] | None = None
         self.req = 0
         self.last_renew = float("-inf")
+        self.asked_empty = float("-inf")
+        """When this site last asked while every owner it knew of had nothing free."""
         self.trained: dict[tuple[BlockId, Gen], Spans] = {}
         """Trained since the last claim, per lease."""
         self.rounds: dict[int, _RoundClaims] = {}
@@ -279,9 +281,15 @@ class LeaseClient:
         else:
             owner = max(members, key=lambda m: (self.free_hint[m], m))
             if self.free_hint[owner] == 0:
-                # Nothing free anywhere we know of: go round the owners asking to steal; forgetting
-                # the hint makes the next request find out whether something came free there.
-                steal, owner = True, members[self.req % len(members)]
+                # Nothing free anywhere we know of. Only an idle site steals (a busy one taking a
+                # prefetched block from another would just make that one steal it back); a busy
+                # one asks again at renewal pace, in case something came free. Forgetting the hint
+                # makes the next request find out whether something came free there.
+                idle = ready == 0
+                if not idle and self.asked_empty + self.cfg.renew_every > now:
+                    return []
+                self.asked_empty = now
+                steal, owner = idle, members[self.req % len(members)]
                 del self.free_hint[owner]
         self.req += 1
         self.asking = (owner, now)

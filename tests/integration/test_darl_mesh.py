@@ -1,7 +1,7 @@
 """DARL under faults with real processes: exactly once per data epoch, proven by `ops audit`.
 
-Four sites train a micro Qwen3 from data leases; during the epoch one holder is killed with SIGKILL,
-another is paused with SIGSTOP past its lease ttl and resumed (a zombie), a late site joins and one
+Four sites train a micro Qwen3 from data leases; during the epoch one holder is killed with SIGKILL
+(and restarted from its data dir), another is paused with SIGSTOP past its lease ttl and resumed (a zombie), a late site joins and one
 site leaves with `ops leave`. The commit log of any survivor must hold every sample of the epoch
 exactly once (I4, I5), `ops audit` over the survivors' logs and every site's lease ledger must say so
 and report the grants it saw reclaimed, and every live peer holds the same θ (I7).
@@ -21,7 +21,7 @@ from peer.leases import LeaseConfig
 from tests.integration.peers import Cluster, ops, status, wait_for
 from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
 
-DOCS = 40
+DOCS = 48
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
          "--round-deadline", "60"]
 LEASE = LeaseConfig.lan()
@@ -83,6 +83,12 @@ def test_kill_pause_late_join_and_leave_lose_and_duplicate_nothing(cluster: Clus
     base = _round(cluster, "a")
     wait_for(lambda: _round(cluster, "a") >= base + 2, STEP_S, "two more rounds without the killed site")
     _not_done(cluster, "a")
+    # ... and comes back from its data dir (a requeued Slurm job): its lease state is gone, so its
+    # owner core must not trust what it had; it catches up with the log and trains again.
+    cluster.start(victim, join=[a.address], extra=TRAIN)
+    wait_for(lambda: _round(cluster, victim) >= _round(cluster, "a") - 1, STEP_S, "the restarted site to catch up")
+    assert (cluster.workdir / victim / "leases" / "boot").read_text() == "1"
+    _not_done(cluster, "a")
 
     # 2. SIGSTOP a holder past its lease, then SIGCONT: a zombie whose late claims must be refused.
     zombie: str | None = None
@@ -95,19 +101,22 @@ def test_kill_pause_late_join_and_leave_lose_and_duplicate_nothing(cluster: Clus
     wait_for(found_zombie, STEP_S, "a surviving non-leader site holding leases")
     assert zombie is not None
     cluster.peers[zombie].proc.send_signal(signal.SIGSTOP)
-    time.sleep(LEASE.ttl + 2 * LEASE.renew_every)
+    paused_at = time.monotonic()
+    # 3. Meanwhile a late site joins (its trainer starts while the zombie sleeps) and leases free blocks.
+    late = cluster.start("e", join=[a.address], extra=TRAIN)
+    time.sleep(max(0.0, paused_at + LEASE.ttl + 2 * LEASE.renew_every - time.monotonic()))
     cluster.peers[zombie].proc.send_signal(signal.SIGCONT)
     _not_done(cluster, "a")
 
-    # 3. A late site joins and leases free blocks; 4. the last original site leaves gracefully.
-    late = cluster.start("e", join=[a.address], extra=TRAIN)
-    wait_for(lambda: _round(cluster, "e") >= 1, STEP_S, "the late site to apply a round")
+    # 4. The last original site leaves gracefully: its leases go back at once (I8).
     (leaver,) = [s for s in survivors if s != zombie]
+    wait_for(lambda: _training(cluster, leaver)["leases_held"] > 0, STEP_S, "the leaving site to hold leases")
     assert ops("leave", "--peer", cluster.peers[leaver].address).returncode == 0
     assert cluster.peers[leaver].proc.wait(timeout=60) == 0
     _not_done(cluster, "a")
+    wait_for(lambda: _round(cluster, "e") >= 1, STEP_S, "the late site to apply a round")
 
-    live = ["a", zombie, "e"]
+    live = ["a", victim, zombie, "e"]
     wait_for(lambda: any(_training(cluster, s)["epoch_complete"] for s in live), 600.0, "the epoch to complete")
     wait_for(lambda: len({_round(cluster, s) for s in live}) == 1, 120.0, "every live site to apply the last round")
     assert len({_training(cluster, s)["weights_hash"] for s in live}) == 1, "I7: every live peer holds the same θ"
@@ -130,4 +139,6 @@ def test_kill_pause_late_join_and_leave_lose_and_duplicate_nothing(cluster: Clus
                       for s in ("a", "b", "c", "d", "e") if (cluster.workdir / s / "leases" / "ledger.jsonl").exists())
     taken_back = ledgers.count('"reclaim"') + ledgers.count('"rebuild"')
     assert taken_back > 0 and epoch["reclaimed"] == ledgers.count('"reclaim"')
+    assert '"site": "e"' in ledgers, "the late site leased free blocks"
+    assert ledgers.count('"release"') > 0, "the leaving site gave its leases back"
     print(f"audit: {epoch}")
