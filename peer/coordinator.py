@@ -63,6 +63,8 @@ class Coordinator:
         """This site's last report with samples, kept to answer a reopened round without retraining."""
         self.diverged = ""
         """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
+        self.leaving = False
+        """Set by a graceful leave: the site reports nothing more and trains no more."""
 
     async def start(self) -> None:
         await self.training.start()
@@ -152,9 +154,18 @@ class Coordinator:
         if self.leasing is not None:
             self.leasing.receive(msg, self.node.now())
 
-    def release_leases(self) -> None:
-        """Graceful leave (I8): every lease goes back to its owner before this site goes."""
+    async def prepare_leave(self, wait_s: float) -> None:
+        """Graceful leave (I8): train no more, give the leader up to `wait_s` to decide a round this
+        site already reported samples for (it pulls the pseudo-gradient from here), then give every
+        lease back to its owner."""
+        self.leaving = True
+        sent = self._sent
+        if sent is not None and sent.tokens > 0:
+            deadline = self.node.now() + wait_s
+            while self.node.consensus_core().status().committed_round < sent.round and self.node.now() < deadline:
+                await asyncio.sleep(0.05)
         if self.leasing is not None:
+            log.info("leaving: giving back %d lease(s)", self.leasing.held)
             self.leasing.release_all(self.node.now())
 
     # ----- internals ---------------------------------------------------------------------------
@@ -187,8 +198,8 @@ class Coordinator:
             # from the same θ: the vouchers are for this round, so the report stands as it is.
             self._contribute(sent)
             return
-        if self._busy:
-            log.info("round %d: still training an earlier round; reporting nothing", msg.round)
+        if self._busy or self.leaving:
+            log.info("round %d: %s; reporting nothing", msg.round, "leaving" if self.leaving else "still training")
             self._contribute(self._report(msg.round, (), 0, b""))
             return
         self._busy = True
@@ -280,13 +291,20 @@ class Coordinator:
             for site, reason in decide.excluded:
                 log.info("round %d: %s: %s", decide.round, site, reason)
             admitted = list(decide.admitted)
-            try:
-                outcome = await self.training.outcome(
-                    decide.round, [(c.site, c.address, c.pseudo_gradient_root) for c in admitted])
-            except Exception as err:
-                log.warning("round %d: could not pull every pseudo-gradient (%s); committing it empty", decide.round, err)
-                admitted = []
-                outcome = await self.training.outcome(decide.round, [])
+            while True:
+                try:
+                    outcome = await self.training.outcome(
+                        decide.round, [(c.site, c.address, c.pseudo_gradient_root) for c in admitted])
+                    break
+                except Unavailable as err:
+                    # A contributor that went away (crash, leave) costs only its own samples, which
+                    # the commit frees; the others' work stands.
+                    log.warning("round %d: %s; deciding without %s", decide.round, err, err.site)
+                    admitted = [c for c in admitted if c.site != err.site]
+                except Exception as err:
+                    log.warning("round %d: could not pull every pseudo-gradient (%s); committing it empty",
+                                decide.round, err)
+                    admitted = []
             commit = RoundCommit(decide.round, tuple(
                 Contributor(SiteId(c.site), c.tokens, c.ranges, c.pseudo_gradient_root) for c in admitted),
                 outcome.weights_hash)

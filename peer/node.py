@@ -196,8 +196,9 @@ class Node:
         """
         raft = self._raft_core()
         if self.coordinator is not None:
-            # Leases first, while this site is still a member the owners answer (I8).
-            self.coordinator.release_leases()
+            # Rounds and leases first, while this site is still a member the others answer (I8).
+            await self.coordinator.prepare_leave(self.coordinator.config.deadline_s)
+            await asyncio.sleep(0)  # let the Release sends start before counting what is in flight
             await self._wait_until(lambda: self._leases.in_flight == 0, self.config.membership.probe_timeout_s * 4)
         decision = raft.leave(self._clock())
         log.info("leaving: %s", decision.reason)

@@ -80,6 +80,11 @@ class Unavailable(RuntimeError):
     """A pseudo-gradient named by a committed round is no longer served by anyone reachable:
     this peer must catch up by state transfer instead of recomputing the round."""
 
+    def __init__(self, message: str, site: str) -> None:
+        super().__init__(message)
+        self.site = site
+        """Whose pseudo-gradient is missing (a leader deciding a round leaves that site out)."""
+
 
 class SiteTraining:
     def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig) -> None:
@@ -262,9 +267,9 @@ class SiteTraining:
                 try:
                     manifest = await self._client(address).get_manifest(key, wait_s=10.0)
                 except Exception as err:  # noqa: BLE001 - unreachable is the same as not served
-                    raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}") from err
+                    raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}", site) from err
             if manifest is None:
-                raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more")
+                raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more", site)
             if manifest.root_hash != root:
                 raise HashMismatch(f"round {round_}: {site} serves a pseudo-gradient with root "
                                    f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}")
