@@ -10,7 +10,6 @@ import asyncio
 import datetime
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +32,7 @@ ROUNDS = ["--round-interval", "0.3"]
 SETTLE_S = 30.0
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, preset="lan")
-    yield c
-    c.close()
+PRESET = "lan"
 
 
 def _docs(cluster: Cluster, sites: list[str] | None = None) -> dict[str, dict[str, Any]]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -28,11 +26,7 @@ LEASE = LeaseConfig.lan()
 STEP_S = 240.0
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, preset="lan")
-    yield c
-    c.close()
+PRESET = "lan"
 
 
 def _training(cluster: Cluster, site: str) -> dict:

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,6 @@ from tests.integration.peers import Cluster, ops, states, status, wait_for
 
 CONFIG = MembershipConfig.local_test()
 CONVERGE_S = 20.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    yield c
-    c.close()
 
 
 def _three(cluster: Cluster) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,11 +28,7 @@ TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8",
 EPOCH_S = 300.0
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, preset="lan")
-    yield c
-    c.close()
+PRESET = "lan"
 
 
 def _training(cluster: Cluster, site: str) -> dict | None:
