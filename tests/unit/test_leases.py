@@ -45,6 +45,11 @@ def holder_site(m: Mesh) -> tuple[str, str]:
     return p, next(s for s in "abc" if s != p)
 
 
+def third_site(owner: str, holder: str) -> str:
+    """The site of the 3-site mesh that is neither `owner` nor `holder`."""
+    return next(s for s in "abc" if s not in (owner, holder))
+
+
 def grant(m: Mesh, site: str, owner: str, steal: bool = False, want: int = 1, req: int = 1) -> GrantReply:
     m.send(site, GrantRequest(hdr(m, site), req, want, steal), owner)
     m.run()
@@ -168,7 +173,7 @@ def test_claims_are_vouched_once_and_settled_by_the_commit() -> None:
     m.set_view("abc")
     m.run()
     owner, x = holder_site(m)
-    y = next(s for s in "abc" if s not in (owner, x))
+    y = third_site(owner, x)
     g = grant(m, x, owner).grants[0]
     ref = LeaseRef(g.block_id, g.generation)
     m.send(x, Trained(hdr(m, x), 1, (Claim(ref, spans((0, 3)), True),)), owner)
@@ -326,7 +331,7 @@ def test_a_primary_rebuilding_in_the_same_view_after_a_restart_never_repeats_a_g
     m.effects(SiteId(p), m.owners[SiteId(p)].set_view(view, 1, m.now, previous=gone))
     m.run()
     assert any(e.kind is EventKind.REBUILD and e.block == B for e in m.events)
-    y = next(s for s in "abc" if s not in (p, x))
+    y = third_site(p, x)
     g2 = grant(m, y, p, req=2).grants[0].generation
     assert g2 > g1 and g2 >> 32 == g1 >> 32 == view.version
 
@@ -336,7 +341,7 @@ def test_a_newer_leader_epoch_in_any_message_is_adopted_and_fences_older_ones() 
     m.set_view("abc")
     m.run()
     owner, x = holder_site(m)
-    y = next(s for s in "abc" if s not in (owner, x))
+    y = third_site(owner, x)
     grant(m, x, owner)  # leader epoch 1
     m.send(y, GrantRequest(hdr(m, y, leader_epoch=4), 1, 1, False), owner)
     m.run()
