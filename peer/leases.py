@@ -176,7 +176,6 @@ class LeaseOwner:
         self.epoch = ledger.data_epoch
         self._dirty: set[BlockId] = set()
         self._order: list[BlockId] = []
-        self._order_set: set[BlockId] = set()
         self._events: list[LeaseEvent] = []
 
     # --- inputs ---
@@ -610,19 +609,17 @@ class LeaseOwner:
                 per.setdefault(m, []).append(b)
         return [Send(m, SyncRequest(self.header(), tuple(bs))) for m, bs in sorted(per.items())]
 
-    def _rebuild_order(self) -> None:
+    def _order_key(self, b: BlockId) -> int:
         """Serving blocks in a per-epoch shuffled order: the order free blocks are granted in."""
-        seed = self.ledger.data_epoch * 0x9E3779B97F4A7C15 + 1
-        self._order = sorted(self.serving, key=lambda b: score(seed, b))
-        self._order_set = set(self._order)
+        return score(self.ledger.data_epoch * 0x9E3779B97F4A7C15 + 1, b)
+
+    def _rebuild_order(self) -> None:
+        self._order = sorted(self.serving, key=self._order_key)
 
     def _order_insert(self, b: BlockId) -> None:
         # One insertion per synced block: re-sorting everything each time was quadratic in the shard.
-        if b not in self.serving or b in self._order_set:
-            return
-        seed = self.ledger.data_epoch * 0x9E3779B97F4A7C15 + 1
-        bisect.insort(self._order, b, key=lambda x: score(seed, x))
-        self._order_set.add(b)
+        if b not in self._order:
+            bisect.insort(self._order, b, key=self._order_key)
 
     _handlers: Mapping[type, Callable[..., list[Effect]]] = {
         GrantRequest: _on_grant, Renew: _on_renew, Start: _on_start, Trained: _on_trained,
