@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING
 from peer import rounds as r
 from peer.commitlog import Contributor, Entry, RoundCommit
 from peer.election import Header, Role, SiteId
-from peer.lease_types import Message as LeaseMessage
+from peer.lease_types import Message as LeaseMessage, Voucher
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing
 from peer.samples import SampleRange
+from peer.trainer.blocks import merge_ranges
 from peer.training import HashMismatch, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sitemesh.rounds")
 
 LIVE = ("ALIVE", "SUSPECT")
-
-
-def _samples(ranges: Sequence[SampleRange]) -> set[tuple[int, int]]:
-    return {(x.block_id, i) for x in ranges for i in range(x.start, x.end)}
 
 
 class Coordinator:
@@ -119,9 +116,6 @@ class Coordinator:
         for effect in self.leader.tick(now, header, status.committed_round, live, self.training.weights_hash):
             self._run(effect)
 
-    def next_deadline(self) -> float:
-        return self.leasing.next_deadline() if self.leasing is not None else float("inf")
-
     def on_leader_changed(self, leader: str | None, epoch: int) -> None:
         if self.leasing is not None:
             self.leasing.note_leader_epoch(epoch)
@@ -174,9 +168,9 @@ class Coordinator:
             # Own shard: no network hop, but never re-entrantly inside the core that produced it.
             asyncio.get_running_loop().call_soon(self.receive_lease, msg)
             return
-        address = next((v.address for v in self.node.members() if v.site == site and v.state.name in LIVE), None)
-        if address is not None:
-            self.node.send_lease_message(address, msg)
+        view = self.node.member(site)
+        if view is not None and view.state.name in LIVE:
+            self.node.send_lease_message(view.address, msg)
 
     def _run(self, effect: r.Effect) -> None:
         if isinstance(effect, r.Broadcast):
@@ -258,20 +252,20 @@ class Coordinator:
             self.leasing.end_round(msg.round, self.node.now())
         log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", msg.round,
                  sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
-        if _samples(trained.ranges) != _samples(ranges):
+        if merge_ranges(trained.ranges) != merge_ranges(ranges):
             raise RuntimeError(f"round {msg.round}: the trainer trained other samples than the leased ones")
         deadline = self.node.now() + max(msg.deadline_s, self.lease_config.ttl)
         while (accounted := self.leasing.client.contribution(msg.round)) is None and self.node.now() < deadline:
             await asyncio.sleep(0.02)
         vouchers = accounted.vouchers if accounted is not None else ()
-        if accounted is None or _samples(accounted.ranges) != _samples(trained.ranges):
+        if accounted is None or merge_ranges(accounted.ranges) != merge_ranges(trained.ranges):
             why = self.leasing.client.lost_reasons[-1:] or ["no answer from the owners"]
             log.warning("round %d: not every trained sample was vouched (%s); the leader will exclude this "
                         "report and free its samples", msg.round, why[0])
         return self._report(msg.round, trained.ranges, trained.tokens, trained.root, vouchers)
 
     def _report(self, round_: int, ranges: tuple[SampleRange, ...], tokens: int, root: bytes,
-                vouchers: tuple = ()) -> r.Contribution:
+                vouchers: tuple[Voucher, ...] = ()) -> r.Contribution:
         header = Header(SiteId(self.node.config.site), self.node.address, 0, round_ - 1)
         return r.Contribution(header, round_, self.node.config.site, self.node.address, tokens, ranges, root, vouchers)
 
@@ -279,12 +273,12 @@ class Coordinator:
         """Tells the current leader: it may have changed while we trained (a successor reopens the
         same round)."""
         raft = self.node.consensus_core()
-        leader = next((v.address for v in self.node.members() if v.site == raft.leader), None)
+        leader = self.node.member(raft.leader) if raft.leader else None
         if leader is None:
             log.info("round %d: no leader known; the report waits for the next open", report.round)
             return
         header = replace(report.header, epoch=raft.hard.epoch)
-        self.node.send_round_message(leader, replace(report, header=header))
+        self.node.send_round_message(leader.address, replace(report, header=header))
 
     async def _decide(self, decide: r.Decide) -> None:
         try:

@@ -64,7 +64,6 @@ class Leasing:
         self._ledger_path = directory / "ledger.jsonl"
         self._voters: Voters = ()
         self._views: list[RingView] = []
-        self._leader_epoch = 0
 
     # ----- the log -------------------------------------------------------------------------
     def apply_entries(self, entries: Sequence[Entry], now: float) -> None:
@@ -84,12 +83,12 @@ class Leasing:
         if len(self._views) > seen:
             previous = self._views[-2] if len(self._views) > 1 else None
             view = self._views[-1]
-            self._run(self.owner.set_view(view, self._leader_epoch, now, previous=previous))
-            self._run(self.client.set_view(view, self._leader_epoch, now))
+            epoch = self.owner.leader_epoch  # every epoch noted here, or newer from a lease message
+            self._run(self.owner.set_view(view, epoch, now, previous=previous))
+            self._run(self.client.set_view(view, epoch, now))
             self._run(self.owner.on_commit(now) + self.client.on_commit(now))
 
     def note_leader_epoch(self, epoch: int) -> None:
-        self._leader_epoch = max(self._leader_epoch, epoch)
         self.owner.note_leader_epoch(epoch)
         self.client.note_leader_epoch(epoch)
 
@@ -99,10 +98,6 @@ class Leasing:
 
     def tick(self, now: float) -> None:
         self._run(self.owner.tick(now) + self.client.tick(now))
-
-    def next_deadline(self) -> float:
-        times = [t for t in (self.owner.next_deadline(), self.client.next_deadline()) if t is not None]
-        return min(times, default=float("inf"))
 
     # ----- the trainer's side --------------------------------------------------------------
     def take(self, n: int, now: float) -> tuple[SampleRange, ...]:

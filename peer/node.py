@@ -29,7 +29,7 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_dela
 from peer import __version__
 from peer import consensus as c
 from peer import membership as m
-from peer.commitlog import RoundCommit
+from peer.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
 from peer.durable import write_atomic
 from peer.election import Role, SiteId
@@ -40,14 +40,13 @@ from peer.transport.channels import ChannelPool, bind, new_server
 from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
 from peer.transport.oneway import OneWaySender
-from peer.transport.rounds_rpc import ROUNDS
 from peer.transport.leases_rpc import LEASES
+from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
 from peer.exchange import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.rounds import Message as RoundMessage
 from peer.lease_types import Message as LeaseMessage
-from peer.commitlog import Entry
 from peer.training import SiteTraining
 
 log = logging.getLogger("sitemesh.node")
@@ -280,6 +279,9 @@ class Node:
     def members(self) -> list[m.MemberView]:
         return self._core().members()
 
+    def member(self, site: str) -> m.MemberView | None:
+        return self._core().member(site)
+
     def consensus_status(self) -> c.Status:
         return self._raft_core().status()
 
@@ -326,8 +328,6 @@ class Node:
             else:
                 self._maybe_propose_round(now)
             deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
-            if self.coordinator is not None:
-                deadline = min(deadline, self.coordinator.next_deadline())
             delay = min(max(deadline - self._clock(), 0.0), 1.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
