@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from peer.audit import universe_to_json
 from peer.commitlog import RoundCommit, SampleRange
-from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
 from peer.durable import replace_atomic, temp_sibling, write_atomic
+from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
 from peer.exchange import codec
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
@@ -120,8 +120,7 @@ class SiteTraining:
         else:
             self.applied_index, self.applied_round = pointer["index"], pointer["round"]
             both = await asyncio.to_thread(load_file, self.dir / pointer["file"])
-            self.weights = {n: t for n, t in both.items() if not n.startswith(MOMENTUM_PREFIX)}
-            self.momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in both.items() if n.startswith(MOMENTUM_PREFIX)}
+            self.weights, self.momentum = self._split_state(both)
         self.weights_hash = bytes.fromhex(await asyncio.to_thread(state_dict_hash, self.weights))
         await self._publish_state()
         log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
@@ -140,8 +139,8 @@ class SiteTraining:
                                        (round_ - 1) * inner_steps)
         delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
         out.pseudo_gradient.unlink(missing_ok=True)
-        # A round reopened by a new leader with another grant is trained again; the earlier,
-        # never-committed pseudo-gradient of this round is withdrawn first.
+        # A round this site trained in an earlier process (restarted before the round was decided)
+        # is trained again; the earlier, never-committed pseudo-gradient of the round is withdrawn.
         self.store.drop(codec.ObjectKey(round_, self.site))
         encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens)
         self.last_loss = out.mean_loss
@@ -198,13 +197,12 @@ class SiteTraining:
             except Exception as err:  # noqa: BLE001 - try the next peer
                 log.info("state of round %d from %s not available: %s", round_, site, err)
                 continue
-            weights = {n: t for n, t in dest.items() if not n.startswith(MOMENTUM_PREFIX)}
+            weights, momentum = self._split_state(dest)
             got = bytes.fromhex(await asyncio.to_thread(state_dict_hash, weights))
             if got != weights_hash:
                 log.warning("state of round %d from %s has θ hash %s, committed %s: refused", round_, site,
                             got.hex()[:16], weights_hash.hex()[:16])
                 continue
-            momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in dest.items() if n.startswith(MOMENTUM_PREFIX)}
             result = Outcome(round_, (), weights, momentum, got)
             await asyncio.to_thread(self._persist, index, round_, result)
             self.weights, self.momentum, self.weights_hash = weights, momentum, got
@@ -235,6 +233,13 @@ class SiteTraining:
     @staticmethod
     def _state_tensors(weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {**weights, **{MOMENTUM_PREFIX + n: t for n, t in momentum.items()}}
+
+    @staticmethod
+    def _split_state(both: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The inverse of _state_tensors: (θ, outer momentum)."""
+        weights = {n: t for n, t in both.items() if not n.startswith(MOMENTUM_PREFIX)}
+        momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in both.items() if n.startswith(MOMENTUM_PREFIX)}
+        return weights, momentum
 
     async def _publish_state(self) -> None:
         """Serves θ and m of the applied round (exact fp32) for peers that fell behind; only the
