@@ -753,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-faults", action="store_true", help="no crashes, pauses or joins")
     p.add_argument("--consensus", action="store_true",
                    help="rounds decided through the real consensus core instead of the stand-in leader")
+    p.add_argument("--counts", action="store_true",
+                   help="also print the lease events of all seeds by kind (grant, steal, reclaim, rebuild, ...)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="write the first seed's log, blocks and lease ledger here (for `ops audit`)")
     args = p.parse_args(argv)
@@ -760,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(int(a), int(b)) if b else [int(a)]
     cfg = SimConfig(sites=args.sites, faults=not args.no_faults, consensus=args.consensus)
     bad = 0
+    counts: dict[str, int] = {}
     t0 = time.time()
     for seed in seeds:
         try:
@@ -768,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
             bad += 1
             print(f"seed {seed}: crashed: {type(err).__name__}: {err}")
             continue
+        for e in res.events:
+            counts[e.kind.value] = counts.get(e.kind.value, 0) + 1
         if args.out is not None and seed == seeds[0]:
             write_data_dir(args.out, res.universe, res.log, res.events)
         if res.violations:
@@ -777,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
         if done % 50 == 0 and done < len(seeds):
             print(f"... {done} seeds, {bad} with violations, {time.time() - t0:.1f}s", flush=True)
     print(f"{len(seeds)} seeds, {bad} with violations, {time.time() - t0:.1f}s")
+    if args.counts:
+        print("lease events: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
     return 1 if bad else 0
 
 
