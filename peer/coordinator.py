@@ -34,6 +34,7 @@ from peer.lease_types import Message as LeaseMessage, Voucher
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing
 from peer.samples import SampleRange
+from peer.timeline import RoundTimeline
 from peer.trainer.blocks import merge_ranges
 from peer.training import HashMismatch, SiteTraining, Unavailable
 
@@ -62,6 +63,8 @@ class Coordinator:
         """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
         self.leaving = False
         """Set by a graceful leave: the site reports nothing more and trains no more."""
+        self.last_timeline: RoundTimeline | None = None
+        """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
 
     async def start(self) -> None:
         await self.training.start()
