@@ -36,7 +36,7 @@ from peer.leasing import Leasing
 from peer.samples import SampleRange
 from peer.timeline import RoundTimeline
 from peer.trainer.blocks import merge_ranges
-from peer.training import HashMismatch, SiteTraining, Unavailable
+from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -291,8 +291,11 @@ class Coordinator:
             while True:
                 try:
                     outcome = await self.training.outcome(
-                        decide.round, [(c.site, c.address, c.pseudo_gradient_root) for c in admitted])
+                        decide.round, [(c.site, c.address, c.pseudo_gradient_root, c.tokens) for c in admitted])
                     break
+                except InvalidContribution as err:
+                    log.warning("round %d: excluded: %s", decide.round, err)
+                    admitted = [c for c in admitted if c.site != err.site]
                 except Unavailable as err:
                     # A contributor that went away (crash, leave) costs only its own samples, which
                     # the commit frees; the others' work stands.

@@ -56,7 +56,8 @@ class Outcome:
     """θ_r and m_r computed for one candidate commit, with the hash that goes into the entry."""
 
     round: int
-    roots: tuple[bytes, ...]
+    roots: tuple[tuple[bytes, int], ...]
+    """(pseudo-gradient root, tokens) of each contributor, in order: what the round averaged."""
     weights: dict[str, torch.Tensor]
     momentum: dict[str, torch.Tensor]
     weights_hash: bytes
@@ -76,6 +77,16 @@ class HashMismatch(RuntimeError):
     """This peer computed a θ_r other than the one committed (an I7 violation)."""
 
 
+class InvalidContribution(RuntimeError):
+    """A contributor's pseudo-gradient does not match what the round says of it (its manifest's
+    tokens, the averaging weight, differ from the tokens it reported / the commit names)."""
+
+    def __init__(self, message: str, site: str) -> None:
+        super().__init__(message)
+        self.site = site
+        """Whose contribution is invalid (a leader deciding a round excludes that site)."""
+
+
 class Unavailable(RuntimeError):
     """A pseudo-gradient named by a committed round is no longer served by anyone reachable:
     this peer must catch up by state transfer instead of recomputing the round."""
@@ -84,6 +95,16 @@ class Unavailable(RuntimeError):
         super().__init__(message)
         self.site = site
         """Whose pseudo-gradient is missing (a leader deciding a round leaves that site out)."""
+
+
+def check_weights(round_: int, named: dict[str, int], served: dict[str, int]) -> None:
+    """The tokens each manifest carries are the weights of the mean; they must be the tokens the
+    round names for that site, or a site could weigh itself up after the leader admitted it."""
+    for site in sorted(named):
+        if served.get(site) != named[site]:
+            raise InvalidContribution(
+                f"round {round_}: {site}'s pseudo-gradient manifest says {served.get(site)} tokens, the round "
+                f"names {named[site]}: its averaging weight does not match its report", site)
 
 
 class SiteTraining:
@@ -148,17 +169,20 @@ class SiteTraining:
                        encoded.manifest.root_hash, out.mean_loss, out.seconds)
 
     # ----- every peer's part of a commit -----------------------------------------------------
-    async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> Outcome:
-        """θ_round from θ_{round-1} and the (site, address, root) contributors, fetched and verified."""
-        roots = tuple(root for _, _, root in contributors)
+    async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes, int]]) -> Outcome:
+        """θ_round from θ_{round-1} and the (site, address, root, tokens) contributors, fetched and
+        verified: roots against the manifests, and the manifests' tokens (the averaging weights)
+        against `tokens`, what the site reported and the commit names."""
+        roots = tuple((root, tokens) for _, _, root, tokens in contributors)
         if self._cache is not None and (self._cache.round, self._cache.roots) == (round_, roots):
             return self._cache
         contributions = []
         if contributors:
-            sites = {site: (None if site == self.site else self._client(address)) for site, address, _ in contributors}
-            await self._check_roots(round_, contributors)
+            sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
+            await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
             mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
             report = await all_to_all_mean(round_, sites, self.store, mean)
+            check_weights(round_, {site: tokens for site, _, _, tokens in contributors}, report.tokens)
             contributions = [(mean, sum(report.tokens.values()))]
         # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
         weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
@@ -169,7 +193,8 @@ class SiteTraining:
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
         """Makes the committed round this peer's state: verify the hash (I7), persist, checkpoint."""
-        contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root) for c in commit.contributors]
+        contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root, c.tokens)
+                        for c in commit.contributors]
         result = await self.outcome(commit.round, contributors)
         if result.weights_hash != commit.weights_hash:
             raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
