@@ -36,7 +36,7 @@ from peer.leasing import Leasing
 from peer.samples import SampleRange
 from peer.timeline import RoundTimeline
 from peer.trainer.blocks import merge_ranges
-from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
+from peer.training import HashMismatch, InvalidContribution, Outcome, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -44,6 +44,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("sitemesh.rounds")
 
 LIVE = ("ALIVE", "SUSPECT")
+
+
+class _ContributorDown(Exception):
+    """An admitted contributor was declared dead while the leader fetched the round."""
+
+    def __init__(self, site: str) -> None:
+        super().__init__(site)
+        self.site = site
 
 
 class Coordinator:
@@ -63,6 +71,8 @@ class Coordinator:
         """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
         self.leaving = False
         """Set by a graceful leave: the site reports nothing more and trains no more."""
+        self._down_changed: asyncio.Event | None = None
+        """Set by member_down while the leader fetches a round's pseudo-gradients."""
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
 
@@ -146,6 +156,19 @@ class Coordinator:
         elif self.leader is not None and raft.role is Role.LEADER:
             for effect in self.leader.receive(msg, self.node.now()):
                 self._run(effect)
+
+    def member_down(self, site: str) -> None:
+        """Membership declared `site` DEAD or LEFT: the open round stops waiting for it, and a
+        decision that is fetching its pseudo-gradient drops it at once instead of retrying."""
+        if self.leader is not None and self.node.consensus_core().role is Role.LEADER:
+            for effect in self.leader.member_down(site, self.node.now()):
+                self._run(effect)
+        if self._down_changed is not None:
+            self._down_changed.set()
+
+    def _live(self, site: str) -> bool:
+        view = self.node.member(site)
+        return view is not None and view.state.name in LIVE
 
     def receive_lease(self, msg: LeaseMessage) -> None:
         if self.leasing is not None:
@@ -281,6 +304,8 @@ class Coordinator:
             log.info("round %d: no leader known; the report waits for the next open", report.round)
             return
         header = replace(report.header, epoch=raft.hard.epoch)
+        log.info("round %d: reported %d samples, %d tokens to %s", report.round,
+                 sum(x.num_samples for x in report.ranges), report.tokens, leader.site)
         self.node.send_round_message(leader.address, replace(report, header=header))
 
     async def _decide(self, decide: r.Decide) -> None:
@@ -288,11 +313,15 @@ class Coordinator:
             for site, reason in decide.excluded:
                 log.info("round %d: %s: %s", decide.round, site, reason)
             admitted = list(decide.admitted)
+            self._down_changed = asyncio.Event()
             while True:
                 try:
-                    outcome = await self.training.outcome(
-                        decide.round, [(c.site, c.address, c.pseudo_gradient_root, c.tokens) for c in admitted])
+                    outcome = await self._outcome_unless_down(decide.round, admitted)
                     break
+                except _ContributorDown as err:
+                    log.warning("round %d: %s: excluded: %s is dead (membership); deciding without it at once",
+                                decide.round, err.site, err.site)
+                    admitted = [c for c in admitted if c.site != err.site]
                 except InvalidContribution as err:
                     log.warning("round %d: excluded: %s", decide.round, err)
                     admitted = [c for c in admitted if c.site != err.site]
@@ -312,6 +341,29 @@ class Coordinator:
                 self.leader.step_down()
         finally:
             self._deciding = False
+            self._down_changed = None
+
+    async def _outcome_unless_down(self, round_: int, admitted: Sequence[r.Contribution]) -> Outcome:
+        """The round's outcome from `admitted`; raises _ContributorDown as soon as membership declares
+        one of them dead, instead of letting the fetch retry a dead peer up to its deadline."""
+        assert self._down_changed is not None
+        fetch = asyncio.ensure_future(self.training.outcome(
+            round_, [(c.site, c.address, c.pseudo_gradient_root, c.tokens) for c in admitted]))
+        try:
+            while True:
+                down = sorted(c.site for c in admitted if not self._live(c.site))
+                if down:
+                    raise _ContributorDown(down[0])
+                self._down_changed.clear()
+                changed = asyncio.ensure_future(self._down_changed.wait())
+                await asyncio.wait({fetch, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if fetch.done():
+                    return fetch.result()
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
 
     async def _apply_loop(self) -> None:
         """Applies committed rounds strictly in log order. A pseudo-gradient nobody serves any more

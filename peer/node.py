@@ -360,6 +360,8 @@ class Node:
                 log.info("member %s: %s -> %s (incarnation %d): %s",
                          effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason)
                 self._tell_consensus(raft, effect)
+                if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
+                    self.coordinator.member_down(effect.site)
         if wait:
             await asyncio.gather(*sends)
         else:

@@ -1,0 +1,95 @@
+"""Faults on rounds with real processes (issue 13, item 5): a contributor killed with SIGKILL right
+after it reported is dropped at once, not waited for until the round deadline.
+
+Three `peer serve --train micro` sites on loopback with the default 300 s round deadline. The test
+kills a non-leader site the moment its log says it reported a round the leader has not committed
+yet, then reads the leader's log (its clock is the machine's): that round must commit within the
+membership detection bound + 5 s of the kill, without the dead site, with the reason in the log;
+the survivors finish the data epoch and `ops audit` finds nothing duplicated or lost.
+
+    .venv/bin/python -m pytest -q tests/integration/test_round_faults.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from peer.membership import MembershipConfig
+from tests.integration.peers import Cluster, ops, status, wait_for
+
+PRESET = "lan"
+DOCS = 8
+TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
+         "--round-deadline", "300"]
+STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
+
+
+def _stamped(log: str, pattern: str) -> list[tuple[float, re.Match[str]]]:
+    """(wall-clock seconds, match) of every log line whose message matches `pattern`."""
+    out = []
+    for line in log.splitlines():
+        m = re.match(STAMP, line)
+        hit = re.search(pattern, line)
+        if m and hit:
+            out.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), hit))
+    return out
+
+
+def _committed(log_path: Path, rnd: int) -> float | None:
+    hits = _stamped(log_path.read_text(), rf"round {rnd} committed \(epoch \d+, (\d+) contributors\)")
+    return hits[0][0] if hits else None
+
+
+@pytest.mark.timeout(600)
+def test_contributor_killed_after_reporting_is_dropped_within_the_detection_bound(cluster: Cluster) -> None:
+    a = cluster.start("a", extra=TRAIN)
+    cluster.start("b", join=[a.address], extra=TRAIN)
+    cluster.start("c", join=[a.address], extra=TRAIN)
+    wait_for(lambda: len(status(a.address)["voters"]) == 3, 60.0, "three voters")
+    leader = status(a.address)["leader"]
+    victim = "c" if leader != "c" else "b"
+    lead = cluster.peers[leader]
+    # The victim's first report of a round the leader has not committed yet.
+    seen: set[int] = set()
+
+    def reported_open_round() -> int | None:
+        for _, hit in _stamped(cluster.peers[victim].log(), r"round (\d+): reported ([1-9]\d*) samples"):
+            rnd = int(hit.group(1))
+            if rnd not in seen:
+                seen.add(rnd)
+                if _committed(lead.log_path, rnd) is None:
+                    return rnd
+        return None
+
+    found: list[int] = []
+    wait_for(lambda: (r := reported_open_round()) is not None and not found.append(r), 300.0,
+             f"{victim} to report a round still open", interval_s=0.05)
+    rnd = found[0]
+    killed_at = time.time()
+    cluster.peers[victim].proc.send_signal(signal.SIGKILL)
+    cluster.peers[victim].proc.wait()
+    bound = MembershipConfig.lan().detection_bound_s(3) + 5.0
+    wait_for(lambda: _committed(lead.log_path, rnd) is not None, bound + 60.0, f"round {rnd} to commit")
+    took = _committed(lead.log_path, rnd) - killed_at  # type: ignore[operator]
+    log = lead.log()
+    print(f"round {rnd} committed {took:.1f}s after the kill of {victim} (bound {bound:.1f}s)")
+    assert took <= bound, f"round {rnd} committed {took:.1f}s after the kill, bound {bound:.1f}s\n{log[-4000:]}"
+    assert re.search(rf"round {rnd}: {victim}: excluded: {victim} (is dead|did not report)", log), log[-4000:]
+    (_, hit), = _stamped(log, rf"round {rnd} committed \(epoch \d+, (\d+) contributors\)")
+    assert int(hit.group(1)) < 3, "the dead site's contribution is not in the commit"
+    # The survivors finish the epoch; nothing committed is lost or duplicated.
+    survivors = sorted({"a", "b", "c"} - {victim})
+    wait_for(lambda: any((status(cluster.peers[s].address)["training"] or {}).get("epoch_complete")
+                         for s in survivors), 300.0, "the survivors to finish the data epoch")
+    audit = ops("audit", *(x for s in survivors for x in ("--data-dir", str(cluster.workdir / s))), "--json",
+                "--run-ended")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    (epoch,) = json.loads(audit.stdout)
+    assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
