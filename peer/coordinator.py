@@ -68,9 +68,12 @@ class Coordinator:
         self._sent: r.Contribution | None = None
         """This site's last report with samples, kept to answer a reopened round without retraining."""
         self.diverged = ""
-        """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
+        """The last I7 violation this peer found (its θ disagreed with the log) and whether the
+        state transfer that repairs it is done; empty if θ never disagreed."""
         self.leaving = False
         """Set by a graceful leave: the site reports nothing more and trains no more."""
+        self._resync = False
+        """This peer's θ disagrees with the log: the apply loop installs a peer's state first."""
         self._down_changed: asyncio.Event | None = None
         """Set by member_down while the leader fetches a round's pseudo-gradients."""
         self.last_timeline: RoundTimeline | None = None
@@ -87,6 +90,10 @@ class Coordinator:
         leasing.note_leader_epoch(raft.hard.epoch)
         replayed = [raft.log.entry(i) for i in range(raft.log.snapshot.last_index + 1, raft.applied_index + 1)]
         leasing.apply_entries([e for e in replayed if e is not None], now)
+        rnd, index, committed = raft.log.last_round_entry(self.training.applied_index)
+        why = self.training.verify_against(index, rnd, committed)
+        if why:
+            self._diverge(why)  # the apply loop re-syncs before it applies anything else
         self.leasing = leasing
         self.leader = r.RoundLeader(self.config, leasing.ledger)
         log.info("leases: boot %d, data epoch %d, %d/%d samples committed", leasing.boot,
@@ -365,32 +372,55 @@ class Coordinator:
                 fetch.cancel()
                 await asyncio.gather(fetch, return_exceptions=True)
 
+    def _diverge(self, why: str) -> None:
+        self.diverged = f"{why}; re-syncing by state transfer"
+        self._resync = True
+        log.error("θ diverged from the log: %s", self.diverged)
+
+    async def _catch_up(self, addresses: dict[str, str]) -> bool:
+        """State transfer of the newest committed round from a peer whose θ hashes as the log says."""
+        raft = self.node.consensus_core()
+        rnd, rnd_index, weights_hash = raft.log.last_round_entry(raft.commit_index)
+        if not await self.training.catch_up(rnd, rnd_index, weights_hash, addresses):
+            return False
+        if self._resync:
+            self._resync = False
+            self.diverged = self.diverged.replace("re-syncing", f"re-synced to round {rnd}")
+            log.warning("θ re-synced: %s", self.diverged)
+        return True
+
     async def _apply_loop(self) -> None:
         """Applies committed rounds strictly in log order. A pseudo-gradient nobody serves any more
-        (this peer fell behind) is replaced by a state transfer of the newest committed round; other
-        failures are retried; a hash mismatch stops applying: this peer's θ is wrong (I7)."""
+        (this peer fell behind) is replaced by a state transfer of the newest committed round; so is
+        this peer's θ when its hash disagrees with the log (I7: a bug or a memory or disk error
+        here), with the reason in `diverged`; other failures are retried."""
         while True:
-            index, commit = await self._applies.get()
-            self._applies.task_done()
-            if commit.round <= self.training.applied_round:
-                continue  # covered by a state transfer
+            if self._resync:
+                index, commit = 0, None
+            else:
+                index, commit = await self._applies.get()
+                self._applies.task_done()
+                if commit.round <= self.training.applied_round:
+                    continue  # covered by a state transfer
             for attempt in range(1, 1_000_000):
                 addresses = {v.site: v.address for v in self.node.members() if v.state.name == "ALIVE"}
                 try:
-                    await self.training.apply(index, commit, addresses)
-                    break
-                except HashMismatch as err:
-                    self.diverged = str(err)
-                    log.error("%s", err)
-                    return
+                    if self._resync:
+                        if await self._catch_up(addresses):
+                            break
+                    elif commit is not None:
+                        await self.training.apply(index, commit, addresses)
+                        break
+                except (HashMismatch, InvalidContribution) as err:
+                    self._diverge(str(err))
+                    continue  # at once: the θ we hold is wrong, retrying the same round cannot help
                 except Unavailable as err:
-                    raft = self.node.consensus_core()
-                    rnd, rnd_index, weights_hash = raft.log.last_round_entry(raft.commit_index)
-                    log.info("%s; catching up to round %d by state transfer", err, rnd)
-                    if await self.training.catch_up(rnd, rnd_index, weights_hash, addresses):
+                    log.info("%s; catching up by state transfer", err)
+                    if await self._catch_up(addresses):
                         break
                 except Exception as err:  # noqa: BLE001 - logged and retried
-                    log.warning("round %d: apply attempt %d failed: %s", commit.round, attempt, err)
+                    log.warning("apply attempt %d (round %s) failed: %s", attempt,
+                                commit.round if commit else "state transfer", err)
                 await asyncio.sleep(min(0.5 * attempt, 5.0))
             log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
                      self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)

@@ -10,6 +10,11 @@ cross as safetensors files.
 State on disk (`<data dir>/state/`): `weights-<round>.safetensors` holds θ and m of a round;
 `applied.json` names the newest one with its log index, and is replaced atomically after the
 weights file is durable, so a crash never leaves a pointer to a half-written state.
+
+A peer whose θ disagrees with the log (a hash mismatch when applying a round, or a state on disk
+whose hash is not the committed one) re-syncs by state transfer (`catch_up`) from a healthy peer.
+Fault injection for tests only: `SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND=N` flips one bit of θ in
+memory after round N is applied (a silent memory error), so the next round's hash check must catch it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,8 @@ from peer.trainer.process import TrainerProcess, read_state, write_state
 log = logging.getLogger("sitemesh.training")
 
 MOMENTUM_PREFIX = "outer_momentum."
+FLIP_THETA_ENV = "SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND"
+"""Test-only fault injection (see the module docstring); never set in a real run."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 
@@ -204,6 +212,8 @@ class SiteTraining:
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
         await self._publish_state()
+        if os.environ.get(FLIP_THETA_ENV) == str(commit.round):
+            self._flip_one_bit()
         if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
             await self.checkpoint()
 
@@ -242,8 +252,10 @@ class SiteTraining:
         """A Hugging Face checkpoint of θ (+ outer momentum) that from_pretrained loads."""
         target = self.dir.parent / "checkpoints" / f"round-{self.applied_round:06d}"
         ckpt = Checkpoint(weights=self.weights, momentum=self.momentum,
-                          meta={"round": self.applied_round, "site": self.site, "weights_hash": self.weights_hash.hex()})
-        await asyncio.to_thread(save_checkpoint, target, self.trainer_config.model, ckpt)
+                          meta={"round": self.applied_round, "site": self.site})
+        # weights_hash is the log's hash of θ_applied_round (apply and catch_up checked it): the
+        # checkpoint is refused unless θ, as held and as written, still hashes to it.
+        await asyncio.to_thread(save_checkpoint, target, self.trainer_config.model, ckpt, self.weights_hash.hex())
         latest = self.dir.parent / "checkpoints" / "latest"
         tmp = temp_sibling(latest)
         tmp.symlink_to(target.name)
@@ -253,6 +265,24 @@ class SiteTraining:
     async def evaluate(self) -> float:
         base = await asyncio.to_thread(write_state, self._shm("eval"), self.weights)
         return await self.process.evaluate(base)
+
+    def verify_against(self, index: int, round_: int, weights_hash: bytes) -> str:
+        """Why the state loaded at start is not the committed θ of `round_` (log index `index`), or
+        "" if it is (or the log no longer says: then the next round's hash check will)."""
+        if (round_ == 0 or (self.applied_index, self.applied_round) != (index, round_)
+                or self.weights_hash == weights_hash):
+            return ""
+        return (f"round {round_}: θ on disk has hash {self.weights_hash.hex()[:16]}, the log commits "
+                f"{weights_hash.hex()[:16]} (I7)")
+
+    def _flip_one_bit(self) -> None:
+        """Test-only fault (FLIP_THETA_ENV): one bit of θ changes in memory, the hash is left stale."""
+        name = min(self.weights)
+        t = self.weights[name].clone()
+        t.view(-1).view(torch.int32)[0] ^= 1
+        self.weights = {**self.weights, name: t}
+        log.warning("fault injected (%s): one bit of %s flipped after round %d", FLIP_THETA_ENV, name,
+                    self.applied_round)
 
     # ----- internals -------------------------------------------------------------------------
     @staticmethod

@@ -1,11 +1,12 @@
 """Faults on rounds with real processes (issue 13, item 5): a contributor killed with SIGKILL right
-after it reported is dropped at once, not waited for until the round deadline.
+after it trained a round is dropped at once, not waited for until the round deadline.
 
 Three `peer serve --train micro` sites on loopback with the default 300 s round deadline. The test
-kills a non-leader site the moment its log says it reported a round the leader has not committed
-yet, then reads the leader's log (its clock is the machine's): that round must commit within the
-membership detection bound + 5 s of the kill, without the dead site, with the reason in the log;
-the survivors finish the data epoch and `ops audit` finds nothing duplicated or lost.
+kills a non-leader site the moment its log says it trained a round the leader has not committed yet
+(it is then claiming its samples and reporting), then reads the leader's log (its clock is the
+machine's): that round must commit within the membership detection bound + 5 s of the kill, without
+the dead site, with the reason in the log; the survivors finish the data epoch and `ops audit`
+finds nothing duplicated or lost.
 
     .venv/bin/python -m pytest -q tests/integration/test_round_faults.py
 """
@@ -48,7 +49,7 @@ def _committed(log_path: Path, rnd: int) -> float | None:
 
 
 @pytest.mark.timeout(600)
-def test_contributor_killed_after_reporting_is_dropped_within_the_detection_bound(cluster: Cluster) -> None:
+def test_contributor_killed_after_training_is_dropped_within_the_detection_bound(cluster: Cluster) -> None:
     a = cluster.start("a", extra=TRAIN)
     cluster.start("b", join=[a.address], extra=TRAIN)
     cluster.start("c", join=[a.address], extra=TRAIN)
@@ -56,11 +57,11 @@ def test_contributor_killed_after_reporting_is_dropped_within_the_detection_boun
     leader = status(a.address)["leader"]
     victim = "c" if leader != "c" else "b"
     lead = cluster.peers[leader]
-    # The victim's first report of a round the leader has not committed yet.
+    # The victim's first trained round that the leader has not committed yet.
     seen: set[int] = set()
 
     def reported_open_round() -> int | None:
-        for _, hit in _stamped(cluster.peers[victim].log(), r"round (\d+): reported ([1-9]\d*) samples"):
+        for _, hit in _stamped(cluster.peers[victim].log(), r"round (\d+) trained: ([1-9]\d*) samples"):
             rnd = int(hit.group(1))
             if rnd not in seen:
                 seen.add(rnd)
@@ -70,7 +71,7 @@ def test_contributor_killed_after_reporting_is_dropped_within_the_detection_boun
 
     found: list[int] = []
     wait_for(lambda: (r := reported_open_round()) is not None and not found.append(r), 300.0,
-             f"{victim} to report a round still open", interval_s=0.05)
+             f"{victim} to train a round still open", interval_s=0.05)
     rnd = found[0]
     killed_at = time.time()
     cluster.peers[victim].proc.send_signal(signal.SIGKILL)
