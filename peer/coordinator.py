@@ -335,7 +335,8 @@ class Coordinator:
                 except Unavailable as err:
                     # A contributor that went away (crash, leave) costs only its own samples, which
                     # the commit frees; the others' work stands.
-                    log.warning("round %d: %s; deciding without %s", decide.round, err, err.site)
+                    log.warning("round %d: %s: excluded: %s's pseudo-gradient cannot be fetched (%s); deciding "
+                                "without it", decide.round, err.site, err.site, err)
                     admitted = [c for c in admitted if c.site != err.site]
                 except Exception as err:
                     log.warning("round %d: could not pull every pseudo-gradient (%s); committing it empty",

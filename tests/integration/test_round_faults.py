@@ -26,8 +26,8 @@ from peer.membership import MembershipConfig
 from tests.integration.peers import Cluster, ops, status, wait_for
 
 PRESET = "lan"
-DOCS = 8
-TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
+DOCS = 24  # 420 samples in 7 blocks: every site holds leases
+TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "2",
          "--round-deadline", "300"]
 STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
 
@@ -82,7 +82,11 @@ def test_contributor_killed_after_training_is_dropped_within_the_detection_bound
     log = lead.log()
     print(f"round {rnd} committed {took:.1f}s after the kill of {victim} (bound {bound:.1f}s)")
     assert took <= bound, f"round {rnd} committed {took:.1f}s after the kill, bound {bound:.1f}s\n{log[-4000:]}"
-    assert re.search(rf"round {rnd}: {victim}: excluded: {victim} (is dead|did not report)", log), log[-4000:]
+    # Whichever came first: membership declared it dead, or fetching its pseudo-gradient failed.
+    why = re.search(rf"round {rnd}: {victim}: (excluded: {victim}(?: is dead| did not report|'s pseudo-gradient "
+                    r"cannot be fetched)[^\n]{0,60})", log)
+    assert why, log[-4000:]
+    print(f"leader's reason: {why.group(1)}")
     (_, hit), = _stamped(log, rf"round {rnd} committed \(epoch \d+, (\d+) contributors\)")
     assert int(hit.group(1)) < 3, "the dead site's contribution is not in the commit"
     # The survivors finish the epoch; nothing committed is lost or duplicated.
@@ -94,3 +98,45 @@ def test_contributor_killed_after_training_is_dropped_within_the_detection_bound
     assert audit.returncode == 0, audit.stdout + audit.stderr
     (epoch,) = json.loads(audit.stdout)
     assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
+
+
+@pytest.mark.timeout(600)
+def test_leader_killed_mid_round_a_successor_reopens_and_reuses_trained_reports(cluster: Cluster) -> None:
+    """kill -9 of the leader after a site reported a round it had not committed: the new leader
+    re-opens the same round and that site answers with the report it has, without training again."""
+    a = cluster.start("a", extra=TRAIN)
+    cluster.start("b", join=[a.address], extra=TRAIN)
+    cluster.start("c", join=[a.address], extra=TRAIN)
+    wait_for(lambda: len(status(a.address)["voters"]) == 3, 60.0, "three voters")
+    leader = status(a.address)["leader"]
+    lead = cluster.peers[leader]
+    others = sorted({"a", "b", "c"} - {leader})
+    found: list[tuple[str, int]] = []
+
+    def reported_open_round() -> bool:
+        for s in others:
+            for _, hit in _stamped(cluster.peers[s].log(), rf"round (\d+): reported ([1-9]\d*) samples, \d+ tokens "
+                                                         rf"to {leader}"):
+                if _committed(lead.log_path, int(hit.group(1))) is None:
+                    found.append((s, int(hit.group(1))))
+                    return True
+        return False
+
+    wait_for(reported_open_round, 300.0, "a site to report a round the leader has not committed", interval_s=0.05)
+    site, rnd = found[0]
+    lead.proc.send_signal(signal.SIGKILL)
+    lead.proc.wait()
+    survivor = cluster.peers[site]
+    wait_for(lambda: _committed(survivor.log_path, rnd) is not None, 180.0, f"round {rnd} to commit under a new leader")
+    new_leader = status(survivor.address)["leader"]
+    assert new_leader in others
+    log = survivor.log()
+    trained = _stamped(log, rf"round {rnd} trained:")
+    reports = _stamped(log, rf"round {rnd}: reported ([1-9]\d*) samples")
+    assert len(trained) == 1, f"{site} trained round {rnd} again instead of reusing its report"
+    assert len(reports) >= 2 and reports[-1][1].group(1) == reports[0][1].group(1), \
+        f"{site} answered the re-opened round {rnd} with the report it had"
+    audit = ops("audit", *(x for s in others for x in ("--data-dir", str(cluster.workdir / s))), "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    (epoch,) = json.loads(audit.stdout)
+    assert epoch["duplicated"] == 0
