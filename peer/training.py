@@ -14,7 +14,8 @@ weights file is durable, so a crash never leaves a pointer to a half-written sta
 A peer whose θ disagrees with the log (a hash mismatch when applying a round, or a state on disk
 whose hash is not the committed one) re-syncs by state transfer (`catch_up`) from a healthy peer.
 Fault injection for tests only: `SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND=N` flips one bit of θ in
-memory after round N is applied (a silent memory error), so the next round's hash check must catch it.
+memory after the first round >= N this process applies (a silent memory error, the hash left
+stale), so the next round's hash check must catch it.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ class SiteTraining:
         self._clients: dict[str, ExchangeClient] = {}
         self._cache: Outcome | None = None
         self.last_loss = float("nan")
+        self._fault_done = False  # FLIP_THETA_ENV fires once per process
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -212,7 +214,8 @@ class SiteTraining:
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
         await self._publish_state()
-        if os.environ.get(FLIP_THETA_ENV) == str(commit.round):
+        if not self._fault_done and commit.round >= int(os.environ.get(FLIP_THETA_ENV) or 1 << 62):
+            self._fault_done = True
             self._flip_one_bit()
         if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
             await self.checkpoint()

@@ -1,7 +1,7 @@
 """Divergence → automatic state transfer → identical θ (I7), with real processes.
 
 Three `peer serve --train micro` sites on loopback. Site b runs with a test-only fault that flips one
-bit of its θ in memory after it applied round 1 (SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND, a silent
+bit of its θ in memory after the first round it applies (SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND, a silent
 memory error: the hash b believes it holds stays the committed one); its next apply must find the
 hash mismatch, say why in its log and `ops status`, and install a healthy peer's θ. Then site c is
 killed with SIGKILL, one bit of θ in its state file on disk is flipped, and it is restarted: the
@@ -25,8 +25,8 @@ from peer.training import FLIP_THETA_ENV, MOMENTUM_PREFIX
 from tests.integration.peers import Cluster, ops, status, wait_for
 
 PRESET = "lan"
-DOCS = 8
-TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
+DOCS = 24  # 420 samples in 7 blocks: enough rounds for both faults
+TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "2",
          "--round-deadline", "120"]
 
 
@@ -65,7 +65,7 @@ def test_a_peer_whose_theta_diverges_resyncs_by_state_transfer(cluster: Cluster,
     diverged = _training(cluster, "b")["diverged"]
     assert "θ hash" in diverged and "(I7)" in diverged, diverged
     log = cluster.peers["b"].log()
-    assert "fault injected" in log and "θ diverged from the log: round 2" in log, log[-3000:]
+    assert "fault injected" in log and "θ diverged from the log: round " in log, log[-3000:]
     assert "caught up by state transfer from" in log
     wait_for(lambda: _agree(cluster), 120.0, "every peer to hold the same θ")
 
