@@ -81,7 +81,7 @@ def test_a_peer_whose_theta_diverges_resyncs_by_state_transfer(cluster: Cluster,
              "the data epoch to complete")
     wait_for(lambda: _agree(cluster), 120.0, "every peer to hold the same θ at the end")
     audit = ops("audit", *(x for s in ("a", "b", "c") for x in ("--data-dir", str(cluster.workdir / s))),
-                "--json", "--run-ended")
+                "--json")
     assert audit.returncode == 0, audit.stdout + audit.stderr
     (epoch,) = json.loads(audit.stdout)
     assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
