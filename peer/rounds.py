@@ -216,7 +216,7 @@ class RoundLeader:
         offers = {s: c for s, c in o.got.items() if s not in failed and s not in gone}
         decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger)
         admitted = tuple(offers[d.site] for d in decisions if d.included)
-        excluded = [(d.site, d.reason) for d in decisions if not d.included]
+        excluded: list[tuple[str, str]] = [(d.site, d.reason) for d in decisions if not d.included]
         excluded += [(s, f"excluded: {s} trained nothing usable in round {o.round} (its training failed)")
                      for s in failed]
         excluded += [(s, f"excluded: {s} is dead (membership), its reported pseudo-gradient cannot be fetched")
