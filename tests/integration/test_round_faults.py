@@ -60,7 +60,7 @@ def test_contributor_killed_after_training_is_dropped_within_the_detection_bound
     # The victim's first trained round that the leader has not committed yet.
     seen: set[int] = set()
 
-    def reported_open_round() -> int | None:
+    def trained_round_still_open() -> int | None:
         for _, hit in _stamped(cluster.peers[victim].log(), r"round (\d+) trained: ([1-9]\d*) samples"):
             rnd = int(hit.group(1))
             if rnd not in seen:
@@ -70,8 +70,14 @@ def test_contributor_killed_after_training_is_dropped_within_the_detection_bound
         return None
 
     found: list[int] = []
-    wait_for(lambda: (r := reported_open_round()) is not None and not found.append(r), 300.0,
-             f"{victim} to train a round still open", interval_s=0.05)
+
+    def trained_open_round() -> bool:
+        r = trained_round_still_open()
+        if r is not None:
+            found.append(r)
+        return r is not None
+
+    wait_for(trained_open_round, 300.0, f"{victim} to train a round still open", interval_s=0.05)
     rnd = found[0]
     killed_at = time.time()
     cluster.peers[victim].proc.send_signal(signal.SIGKILL)
