@@ -2,7 +2,8 @@
 
     ops audit --data-dir runs/peer-a [--data-dir runs/peer-b ...] [--run-ended] [--json]
 
-Reads the commit log of the first `--data-dir` (`<dir>/consensus/`, any peer's: they agree), the
+Reads the committed entries of the commit log of the first `--data-dir` (`<dir>/consensus/`, any
+peer's: they agree; entries past the peer's durable commit index are not counted), the
 dataset's blocks (`<dir>/leases/universe.json`, or `--universe FILE`) and the lease-event ledgers
 (`<dir>/leases/ledger.jsonl`) of every `--data-dir` given; prints one line per data epoch. Duplicated
 and lost come from the log alone; grants, reclaims and steals are complete only when every peer's
@@ -57,16 +58,23 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def read_round_commits(data_dir: Path) -> list[tuple[int, list]]:
-    """(round, [(site, ranges)]) of every RoundCommit in the peer's log, in log order."""
+    """(round, [(site, ranges)]) of every committed RoundCommit in the peer's log, in log order.
+
+    Entries past the peer's durable commit index are left out: an uncommitted suffix on disk (a
+    leader's proposal that never reached a majority) may still be overwritten and trains nothing."""
     store_dir = data_dir / "consensus"
     if not store_dir.is_dir():
         raise ValueError(f"{store_dir}: no commit log here")
-    state = FileStore(store_dir).reload()
+    store = FileStore(store_dir)
+    state = store.reload()
     if state.snapshot.last_round > 0:
         raise ValueError(f"{store_dir}: the log is compacted through round {state.snapshot.last_round}; "
                          "the audit needs every RoundCommit")
+    if state.entries and not store.has_commit_index():
+        raise ValueError(f"{store_dir}: no commit index (file 'commit'), so committed entries cannot be told "
+                         "from uncommitted ones; audit the data dir of a peer that ran this version")
     return [(e.body.round, [(c.site, c.ranges) for c in e.body.contributors])
-            for e in state.entries if isinstance(e.body, RoundCommit)]
+            for e in state.entries if isinstance(e.body, RoundCommit) and e.index <= store.commit_index]
 
 
 def read_ledger(data_dir: Path) -> list[LeaseEvent]:

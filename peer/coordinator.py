@@ -36,7 +36,7 @@ from peer.leasing import Leasing
 from peer.samples import SampleRange
 from peer.timeline import RoundTimeline
 from peer.trainer.blocks import merge_ranges
-from peer.training import HashMismatch, SiteTraining, Unavailable
+from peer.training import HashMismatch, InvalidContribution, Outcome, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -44,6 +44,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("sitemesh.rounds")
 
 LIVE = ("ALIVE", "SUSPECT")
+
+
+class _ContributorDown(Exception):
+    """An admitted contributor was declared dead while the leader fetched the round."""
+
+    def __init__(self, site: str) -> None:
+        super().__init__(site)
+        self.site = site
 
 
 class Coordinator:
@@ -60,9 +68,14 @@ class Coordinator:
         self._sent: r.Contribution | None = None
         """This site's last report with samples, kept to answer a reopened round without retraining."""
         self.diverged = ""
-        """Why this peer stopped applying rounds (an I7 violation), empty while healthy."""
+        """The last I7 violation this peer found (its θ disagreed with the log) and whether the
+        state transfer that repairs it is done; empty if θ never disagreed."""
         self.leaving = False
         """Set by a graceful leave: the site reports nothing more and trains no more."""
+        self._resync = False
+        """This peer's θ disagrees with the log: the apply loop installs a peer's state first."""
+        self._down_changed: asyncio.Event | None = None
+        """Set by member_down while the leader fetches a round's pseudo-gradients."""
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
 
@@ -77,6 +90,10 @@ class Coordinator:
         leasing.note_leader_epoch(raft.hard.epoch)
         replayed = [raft.log.entry(i) for i in range(raft.log.snapshot.last_index + 1, raft.applied_index + 1)]
         leasing.apply_entries([e for e in replayed if e is not None], now)
+        rnd, index, committed = raft.log.last_round_entry(self.training.applied_index)
+        why = self.training.verify_against(index, rnd, committed)
+        if why:
+            self._diverge(why)  # the apply loop re-syncs before it applies anything else
         self.leasing = leasing
         self.leader = r.RoundLeader(self.config, leasing.ledger)
         log.info("leases: boot %d, data epoch %d, %d/%d samples committed", leasing.boot,
@@ -146,6 +163,19 @@ class Coordinator:
         elif self.leader is not None and raft.role is Role.LEADER:
             for effect in self.leader.receive(msg, self.node.now()):
                 self._run(effect)
+
+    def member_down(self, site: str) -> None:
+        """Membership declared `site` DEAD or LEFT: the open round stops waiting for it, and a
+        decision that is fetching its pseudo-gradient drops it at once instead of retrying."""
+        if self.leader is not None and self.node.consensus_core().role is Role.LEADER:
+            for effect in self.leader.member_down(site, self.node.now()):
+                self._run(effect)
+        if self._down_changed is not None:
+            self._down_changed.set()
+
+    def _live(self, site: str) -> bool:
+        view = self.node.member(site)
+        return view is not None and view.state.name in LIVE
 
     def receive_lease(self, msg: LeaseMessage) -> None:
         if self.leasing is not None:
@@ -281,6 +311,8 @@ class Coordinator:
             log.info("round %d: no leader known; the report waits for the next open", report.round)
             return
         header = replace(report.header, epoch=raft.hard.epoch)
+        log.info("round %d: reported %d samples, %d tokens to %s", report.round,
+                 sum(x.num_samples for x in report.ranges), report.tokens, leader.site)
         self.node.send_round_message(leader.address, replace(report, header=header))
 
     async def _decide(self, decide: r.Decide) -> None:
@@ -288,15 +320,23 @@ class Coordinator:
             for site, reason in decide.excluded:
                 log.info("round %d: %s: %s", decide.round, site, reason)
             admitted = list(decide.admitted)
+            self._down_changed = asyncio.Event()
             while True:
                 try:
-                    outcome = await self.training.outcome(
-                        decide.round, [(c.site, c.address, c.pseudo_gradient_root) for c in admitted])
+                    outcome = await self._outcome_unless_down(decide.round, admitted)
                     break
+                except _ContributorDown as err:
+                    log.warning("round %d: %s: excluded: %s is dead (membership); deciding without it at once",
+                                decide.round, err.site, err.site)
+                    admitted = [c for c in admitted if c.site != err.site]
+                except InvalidContribution as err:
+                    log.warning("round %d: excluded: %s", decide.round, err)
+                    admitted = [c for c in admitted if c.site != err.site]
                 except Unavailable as err:
                     # A contributor that went away (crash, leave) costs only its own samples, which
                     # the commit frees; the others' work stands.
-                    log.warning("round %d: %s; deciding without %s", decide.round, err, err.site)
+                    log.warning("round %d: %s: excluded: %s's pseudo-gradient cannot be fetched (%s); deciding "
+                                "without it", decide.round, err.site, err.site, err)
                     admitted = [c for c in admitted if c.site != err.site]
                 except Exception as err:
                     log.warning("round %d: could not pull every pseudo-gradient (%s); committing it empty",
@@ -309,33 +349,79 @@ class Coordinator:
                 self.leader.step_down()
         finally:
             self._deciding = False
+            self._down_changed = None
+
+    async def _outcome_unless_down(self, round_: int, admitted: Sequence[r.Contribution]) -> Outcome:
+        """The round's outcome from `admitted`; raises _ContributorDown as soon as membership declares
+        one of them dead, instead of letting the fetch retry a dead peer up to its deadline."""
+        assert self._down_changed is not None
+        fetch = asyncio.ensure_future(self.training.outcome(
+            round_, [(c.site, c.address, c.pseudo_gradient_root, c.tokens) for c in admitted]))
+        try:
+            while True:
+                down = sorted(c.site for c in admitted if not self._live(c.site))
+                if down:
+                    raise _ContributorDown(down[0])
+                self._down_changed.clear()
+                changed = asyncio.ensure_future(self._down_changed.wait())
+                await asyncio.wait({fetch, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if fetch.done():
+                    return fetch.result()
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
+
+    def _diverge(self, why: str) -> None:
+        self.diverged = f"{why}; re-syncing by state transfer"
+        self._resync = True
+        log.error("θ diverged from the log: %s", self.diverged)
+
+    async def _catch_up(self, addresses: dict[str, str]) -> bool:
+        """State transfer of the newest committed round from a peer whose θ hashes as the log says."""
+        raft = self.node.consensus_core()
+        rnd, rnd_index, weights_hash = raft.log.last_round_entry(raft.commit_index)
+        if not await self.training.catch_up(rnd, rnd_index, weights_hash, addresses):
+            return False
+        if self._resync:
+            self._resync = False
+            self.diverged = self.diverged.replace("re-syncing", f"re-synced to round {rnd}")
+            log.warning("θ re-synced: %s", self.diverged)
+        return True
 
     async def _apply_loop(self) -> None:
         """Applies committed rounds strictly in log order. A pseudo-gradient nobody serves any more
-        (this peer fell behind) is replaced by a state transfer of the newest committed round; other
-        failures are retried; a hash mismatch stops applying: this peer's θ is wrong (I7)."""
+        (this peer fell behind) is replaced by a state transfer of the newest committed round; so is
+        this peer's θ when its hash disagrees with the log (I7: a bug or a memory or disk error
+        here), with the reason in `diverged`; other failures are retried."""
         while True:
-            index, commit = await self._applies.get()
-            self._applies.task_done()
-            if commit.round <= self.training.applied_round:
-                continue  # covered by a state transfer
+            if self._resync:
+                index, commit = 0, None
+            else:
+                index, commit = await self._applies.get()
+                self._applies.task_done()
+                if commit.round <= self.training.applied_round:
+                    continue  # covered by a state transfer
             for attempt in range(1, 1_000_000):
                 addresses = {v.site: v.address for v in self.node.members() if v.state.name == "ALIVE"}
                 try:
-                    await self.training.apply(index, commit, addresses)
-                    break
-                except HashMismatch as err:
-                    self.diverged = str(err)
-                    log.error("%s", err)
-                    return
+                    if self._resync:
+                        if await self._catch_up(addresses):
+                            break
+                    elif commit is not None:
+                        await self.training.apply(index, commit, addresses)
+                        break
+                except (HashMismatch, InvalidContribution) as err:
+                    self._diverge(str(err))
+                    continue  # at once: the θ we hold is wrong, retrying the same round cannot help
                 except Unavailable as err:
-                    raft = self.node.consensus_core()
-                    rnd, rnd_index, weights_hash = raft.log.last_round_entry(raft.commit_index)
-                    log.info("%s; catching up to round %d by state transfer", err, rnd)
-                    if await self.training.catch_up(rnd, rnd_index, weights_hash, addresses):
+                    log.info("%s; catching up by state transfer", err)
+                    if await self._catch_up(addresses):
                         break
                 except Exception as err:  # noqa: BLE001 - logged and retried
-                    log.warning("round %d: apply attempt %d failed: %s", commit.round, attempt, err)
+                    log.warning("apply attempt %d (round %s) failed: %s", attempt,
+                                commit.round if commit else "state transfer", err)
                 await asyncio.sleep(min(0.5 * attempt, 5.0))
             log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
                      self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)

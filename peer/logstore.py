@@ -3,6 +3,9 @@
 Format (docs/decisions/consensus-storage.md), in one directory per peer:
 
 * `hardstate`, `snapshot`: whole-file records written atomically (write temp, fsync, rename, fsync dir).
+* `commit`: the highest log index this peer knows committed, a whole-file record written the same
+  way whenever it advances. A lower bound of the cluster's commit index (a follower learns it one
+  message later): `ops audit` counts only entries up to it, never an uncommitted suffix on disk.
 * `log`: append-only records `MAGIC | u32 length | u32 crc32(length, payload) | payload`, one per entry
   (canonical JSON from `peer/commitlog.py`). A batch is appended and fsynced once; a truncation
   (a leader overwrote an uncommitted suffix) cuts the file at the record's offset and fsyncs.
@@ -59,6 +62,8 @@ class Store:
     def __init__(self) -> None:
         self.hard = HardState(Epoch(0), None)
         self.log = Log()
+        self.commit_index = 0
+        """Highest index known committed (persisted by `save_commit_index`; never decreases)."""
 
     def load(self) -> DurableState:
         return DurableState(self.hard, self.log.snapshot, list(self.log.entries))
@@ -86,6 +91,10 @@ class Store:
 
     def save_snapshot(self, snap: Snapshot) -> None:
         self.log.install(snap)
+
+    def save_commit_index(self, index: int) -> None:
+        """Record that entries up to `index` are committed (a smaller value is ignored)."""
+        self.commit_index = max(self.commit_index, index)
 
 
 class MemoryStore(Store):
@@ -157,6 +166,8 @@ class FileStore(Store):
         return self.reload()
 
     def reload(self) -> DurableState:
+        commit_raw = _read_whole(self.dir / "commit")
+        self.commit_index = int(json.loads(commit_raw)["index"]) if commit_raw is not None else 0
         hard_raw = _read_whole(self.dir / "hardstate")
         if hard_raw is not None:
             obj = json.loads(hard_raw)
@@ -225,6 +236,15 @@ class FileStore(Store):
             os.fsync(f.fileno())
         if created:
             fsync_dir(self.dir)  # the new file's name, not only its bytes, must survive power loss
+
+    def has_commit_index(self) -> bool:
+        """False for a log written before the commit index was kept: committed is unknown there."""
+        return (self.dir / "commit").exists()
+
+    def save_commit_index(self, index: int) -> None:
+        if index > self.commit_index:
+            _write_atomic(self.dir / "commit", json.dumps({"index": index}).encode())
+        super().save_commit_index(index)
 
     def save_snapshot(self, snap: Snapshot) -> None:
         _write_atomic(self.dir / "snapshot", encode_snapshot(snap))

@@ -360,6 +360,8 @@ class Node:
                 log.info("member %s: %s -> %s (incarnation %d): %s",
                          effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason)
                 self._tell_consensus(raft, effect)
+                if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
+                    self.coordinator.member_down(effect.site)
         if wait:
             await asyncio.gather(*sends)
         else:
@@ -390,6 +392,7 @@ class Node:
             elif isinstance(effect, c.Committed):
                 committed.append(effect.entry)
             elif isinstance(effect, c.SnapshotInstalled):
+                store.save_commit_index(effect.snapshot.last_index)
                 self._save_applied(effect.snapshot.last_index, effect.snapshot.last_round)
             elif isinstance(effect, c.LeaderChanged):
                 log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
@@ -400,6 +403,8 @@ class Node:
                 level = logging.INFO if effect.reason.startswith("stale epoch") else logging.DEBUG
                 log.log(level, "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
         if committed:
+            # Durable before anything acts on it: `ops audit` trusts entries up to this index only.
+            store.save_commit_index(committed[-1].index)
             self._apply(committed)
 
     def _apply(self, entries: Sequence[Entry]) -> None:

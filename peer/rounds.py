@@ -117,6 +117,9 @@ class _Open:
     """Reports with samples, by site (the first one of each site counts)."""
     idle: set[str] = field(default_factory=set)
     """Sites that reported they trained nothing."""
+    dead: set[str] = field(default_factory=set)
+    """Sites membership stopped counting as live while the round was open (DEAD or LEFT): one that
+    reported is dropped at once, since its pseudo-gradient cannot be fetched any more."""
 
 
 class RoundLeader:
@@ -166,11 +169,24 @@ class RoundLeader:
             rnd = committed_round + 1
             self._open = _Open(rnd, now + self.config.deadline_s, frozenset(live_sites))
             return [Broadcast(RoundOpen(header, rnd, self.config.inner_steps, self.config.deadline_s, base_hash))]
-        waiting = o.expected - set(o.got) - o.idle
+        o.dead |= o.expected - set(live_sites)
         # Waiting for a site that membership no longer counts as live cannot pay off: decide now.
-        if now >= o.deadline or not waiting & set(live_sites):
+        if now >= o.deadline or not self._waiting(o) - o.dead:
             return self._close(now)
         return []
+
+    def member_down(self, site: str, now: float) -> list[Effect]:
+        """Membership declared `site` DEAD or LEFT: drop it from the open round at once (its report,
+        if any, cannot be fetched) and decide if it was the last one waited for."""
+        o = self._open
+        if o is None or site not in o.expected:
+            return []
+        o.dead.add(site)
+        return [] if self._waiting(o) - o.dead else self._close(now)
+
+    @staticmethod
+    def _waiting(o: _Open) -> set[str]:
+        return set(o.expected - set(o.got) - o.idle)
 
     def receive(self, msg: Contribution, now: float) -> list[Effect]:
         """Collects one report; decides once every expected site has reported."""
@@ -182,7 +198,7 @@ class RoundLeader:
             o.idle.discard(msg.site)
         else:
             o.idle.add(msg.site)
-        return self._close(now) if o.expected <= set(o.got) | o.idle else []
+        return [] if self._waiting(o) - o.dead else self._close(now)
 
     def _close(self, now: float) -> list[Effect]:
         """Decide the open round (I6), or, if nobody trained anything, drop it and open it again
@@ -196,13 +212,17 @@ class RoundLeader:
         # A report of samples without a pseudo-gradient (its training failed) is there to have its
         # claims settled by this round's commit, never to be included.
         failed = sorted(s for s, c in o.got.items() if c.tokens <= 0 or not c.pseudo_gradient_root)
-        offers = {s: c for s, c in o.got.items() if s not in failed}
+        gone = sorted(set(o.got) & o.dead - set(failed))
+        offers = {s: c for s, c in o.got.items() if s not in failed and s not in gone}
         decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger)
         admitted = tuple(offers[d.site] for d in decisions if d.included)
-        excluded = [(d.site, d.reason) for d in decisions if not d.included]
+        excluded: list[tuple[str, str]] = [(d.site, d.reason) for d in decisions if not d.included]
         excluded += [(s, f"excluded: {s} trained nothing usable in round {o.round} (its training failed)")
                      for s in failed]
-        excluded += [(s, f"excluded: {s} did not report (deadline passed or it left the mesh)")
-                     for s in sorted(o.expected - set(o.got) - o.idle)]
+        excluded += [(s, f"excluded: {s} is dead (membership), its reported pseudo-gradient cannot be fetched")
+                     for s in gone]
+        excluded += [(s, f"excluded: {s} did not report (" + ("membership declared it dead or left)" if s in o.dead
+                                                                else "deadline passed)"))
+                     for s in sorted(self._waiting(o))]
         self._decided = o.round
         return [Decide(o.round, admitted, tuple(excluded))]

@@ -10,6 +10,12 @@ cross as safetensors files.
 State on disk (`<data dir>/state/`): `weights-<round>.safetensors` holds θ and m of a round;
 `applied.json` names the newest one with its log index, and is replaced atomically after the
 weights file is durable, so a crash never leaves a pointer to a half-written state.
+
+A peer whose θ disagrees with the log (a hash mismatch when applying a round, or a state on disk
+whose hash is not the committed one) re-syncs by state transfer (`catch_up`) from a healthy peer.
+Fault injection for tests only: `SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND=N` flips one bit of θ in
+memory after the first round >= N this process applies (a silent memory error, the hash left
+stale), so the next round's hash check must catch it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +44,8 @@ from peer.trainer.process import TrainerProcess, read_state, write_state
 log = logging.getLogger("sitemesh.training")
 
 MOMENTUM_PREFIX = "outer_momentum."
+FLIP_THETA_ENV = "SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND"
+"""Test-only fault injection (see the module docstring); never set in a real run."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 
@@ -56,7 +65,8 @@ class Outcome:
     """θ_r and m_r computed for one candidate commit, with the hash that goes into the entry."""
 
     round: int
-    roots: tuple[bytes, ...]
+    roots: tuple[tuple[bytes, int], ...]
+    """(pseudo-gradient root, tokens) of each contributor, in order: what the round averaged."""
     weights: dict[str, torch.Tensor]
     momentum: dict[str, torch.Tensor]
     weights_hash: bytes
@@ -76,6 +86,16 @@ class HashMismatch(RuntimeError):
     """This peer computed a θ_r other than the one committed (an I7 violation)."""
 
 
+class InvalidContribution(RuntimeError):
+    """A contributor's pseudo-gradient does not match what the round says of it (its manifest's
+    tokens, the averaging weight, differ from the tokens it reported / the commit names)."""
+
+    def __init__(self, message: str, site: str) -> None:
+        super().__init__(message)
+        self.site = site
+        """Whose contribution is invalid (a leader deciding a round excludes that site)."""
+
+
 class Unavailable(RuntimeError):
     """A pseudo-gradient named by a committed round is no longer served by anyone reachable:
     this peer must catch up by state transfer instead of recomputing the round."""
@@ -84,6 +104,16 @@ class Unavailable(RuntimeError):
         super().__init__(message)
         self.site = site
         """Whose pseudo-gradient is missing (a leader deciding a round leaves that site out)."""
+
+
+def check_weights(round_: int, named: dict[str, int], served: dict[str, int]) -> None:
+    """The tokens each manifest carries are the weights of the mean; they must be the tokens the
+    round names for that site, or a site could weigh itself up after the leader admitted it."""
+    for site in sorted(named):
+        if served.get(site) != named[site]:
+            raise InvalidContribution(
+                f"round {round_}: {site}'s pseudo-gradient manifest says {served.get(site)} tokens, the round "
+                f"names {named[site]}: its averaging weight does not match its report", site)
 
 
 class SiteTraining:
@@ -104,6 +134,7 @@ class SiteTraining:
         self._clients: dict[str, ExchangeClient] = {}
         self._cache: Outcome | None = None
         self.last_loss = float("nan")
+        self._fault_done = False  # FLIP_THETA_ENV fires once per process
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,17 +179,20 @@ class SiteTraining:
                        encoded.manifest.root_hash, out.mean_loss, out.seconds)
 
     # ----- every peer's part of a commit -----------------------------------------------------
-    async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> Outcome:
-        """θ_round from θ_{round-1} and the (site, address, root) contributors, fetched and verified."""
-        roots = tuple(root for _, _, root in contributors)
+    async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes, int]]) -> Outcome:
+        """θ_round from θ_{round-1} and the (site, address, root, tokens) contributors, fetched and
+        verified: roots against the manifests, and the manifests' tokens (the averaging weights)
+        against `tokens`, what the site reported and the commit names."""
+        roots = tuple((root, tokens) for _, _, root, tokens in contributors)
         if self._cache is not None and (self._cache.round, self._cache.roots) == (round_, roots):
             return self._cache
         contributions = []
         if contributors:
-            sites = {site: (None if site == self.site else self._client(address)) for site, address, _ in contributors}
-            await self._check_roots(round_, contributors)
+            sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
+            await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
             mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
             report = await all_to_all_mean(round_, sites, self.store, mean)
+            check_weights(round_, {site: tokens for site, _, _, tokens in contributors}, report.tokens)
             contributions = [(mean, sum(report.tokens.values()))]
         # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
         weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
@@ -169,7 +203,8 @@ class SiteTraining:
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
         """Makes the committed round this peer's state: verify the hash (I7), persist, checkpoint."""
-        contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root) for c in commit.contributors]
+        contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root, c.tokens)
+                        for c in commit.contributors]
         result = await self.outcome(commit.round, contributors)
         if result.weights_hash != commit.weights_hash:
             raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
@@ -179,6 +214,9 @@ class SiteTraining:
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
         await self._publish_state()
+        if not self._fault_done and commit.round >= int(os.environ.get(FLIP_THETA_ENV) or 1 << 62):
+            self._fault_done = True
+            self._flip_one_bit()
         if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
             await self.checkpoint()
 
@@ -217,8 +255,10 @@ class SiteTraining:
         """A Hugging Face checkpoint of θ (+ outer momentum) that from_pretrained loads."""
         target = self.dir.parent / "checkpoints" / f"round-{self.applied_round:06d}"
         ckpt = Checkpoint(weights=self.weights, momentum=self.momentum,
-                          meta={"round": self.applied_round, "site": self.site, "weights_hash": self.weights_hash.hex()})
-        await asyncio.to_thread(save_checkpoint, target, self.trainer_config.model, ckpt)
+                          meta={"round": self.applied_round, "site": self.site})
+        # weights_hash is the log's hash of θ_applied_round (apply and catch_up checked it): the
+        # checkpoint is refused unless θ, as held and as written, still hashes to it.
+        await asyncio.to_thread(save_checkpoint, target, self.trainer_config.model, ckpt, self.weights_hash.hex())
         latest = self.dir.parent / "checkpoints" / "latest"
         tmp = temp_sibling(latest)
         tmp.symlink_to(target.name)
@@ -228,6 +268,24 @@ class SiteTraining:
     async def evaluate(self) -> float:
         base = await asyncio.to_thread(write_state, self._shm("eval"), self.weights)
         return await self.process.evaluate(base)
+
+    def verify_against(self, index: int, round_: int, weights_hash: bytes) -> str:
+        """Why the state loaded at start is not the committed θ of `round_` (log index `index`), or
+        "" if it is (or the log no longer says: then the next round's hash check will)."""
+        if (round_ == 0 or (self.applied_index, self.applied_round) != (index, round_)
+                or self.weights_hash == weights_hash):
+            return ""
+        return (f"round {round_}: θ on disk has hash {self.weights_hash.hex()[:16]}, the log commits "
+                f"{weights_hash.hex()[:16]} (I7)")
+
+    def _flip_one_bit(self) -> None:
+        """Test-only fault (FLIP_THETA_ENV): one bit of θ changes in memory, the hash is left stale."""
+        name = min(self.weights)
+        t = self.weights[name].clone()
+        t.view(-1).view(torch.int32)[0] ^= 1
+        self.weights = {**self.weights, name: t}
+        log.warning("fault injected (%s): one bit of %s flipped after round %d", FLIP_THETA_ENV, name,
+                    self.applied_round)
 
     # ----- internals -------------------------------------------------------------------------
     @staticmethod

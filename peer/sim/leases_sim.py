@@ -722,7 +722,9 @@ def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, lis
             Round(rnd), tuple(Contributor(site, sum(r.end - r.start for r in rs), tuple(rs), b"")
                               for site, rs in sorted(contributors)), b""))
         for i, (rnd, contributors) in enumerate(log, start=1))
-    FileStore(out / "consensus").write_log(1, entries)
+    store = FileStore(out / "consensus")
+    store.write_log(1, entries)
+    store.save_commit_index(len(entries))  # a finished run: every entry written is committed
     (out / "leases").mkdir(parents=True, exist_ok=True)
     (out / "leases" / "universe.json").write_text(universe_to_json(universe))
     (out / "leases" / "ledger.jsonl").write_text("".join(event_to_json(e) + "\n" for e in events))

@@ -97,3 +97,43 @@ def test_ops_audit_reads_a_data_dir_and_fails_on_a_duplicate(tmp_path, capsys) -
     write_data_dir(dup, UNIVERSE, [entry(1, ("a", [(1, 0, 4)])), entry(2, ("b", [(1, 3, 4)]))], [])
     assert main(["audit", "--data-dir", str(dup)]) == 1
     assert main(["audit", "--data-dir", str(tmp_path / "nothing")]) == 2
+
+
+def test_ops_audit_counts_only_committed_entries(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """An uncommitted suffix on disk (a proposal that never reached a majority) is not counted: here
+    it would both add samples and duplicate one."""
+    import json
+
+    from ops.cli import main
+    from peer.logstore import FileStore
+    from peer.sim.leases_sim import write_data_dir
+
+    log = [entry(1, ("a", [(1, 0, 4)])), entry(2, ("b", [(2, 0, 2)])), entry(3, ("a", [(1, 3, 4), (2, 2, 6)]))]
+    write_data_dir(tmp_path, UNIVERSE, log, [])
+    store = FileStore(tmp_path / "consensus")
+    store.reload()
+    assert store.commit_index == 3
+    (tmp_path / "consensus" / "commit").unlink()
+    store = FileStore(tmp_path / "consensus")
+    store.reload()
+    store.save_commit_index(2)  # entry 3 is on disk but not committed
+    assert main(["audit", "--data-dir", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["committed_once"], row["duplicated"], row["rounds"]) == (6, 0, 2)
+
+    (tmp_path / "consensus" / "commit").unlink()
+    assert main(["audit", "--data-dir", str(tmp_path)]) == 2, "no commit index: committed is unknown"
+    assert "no commit index" in capsys.readouterr().err
+
+
+def test_the_commit_index_is_durable_and_never_goes_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from peer.logstore import FileStore
+
+    store = FileStore(tmp_path)
+    store.reload()
+    assert (store.commit_index, store.has_commit_index()) == (0, False)
+    store.save_commit_index(5)
+    store.save_commit_index(3)  # a stale report (a follower told an older index) changes nothing
+    again = FileStore(tmp_path)
+    again.reload()
+    assert (again.commit_index, again.has_commit_index()) == (5, True)

@@ -142,3 +142,36 @@ def test_data_epochs_done_reports_once_and_opens_nothing() -> None:
     assert leader.done
     assert leader.tick(0.0, H, 1, ["a"], b"") == [EpochComplete(20, 1)]
     assert leader.tick(1.0, H, 1, ["a"], b"") == []
+
+
+def test_a_site_that_reported_then_died_is_dropped_at_once_not_at_the_deadline() -> None:
+    """Issue 13: kill -9 of a contributor right after its report. The clock is manual: the decision
+    comes when the survivors' reports are in, long before the 5 s deadline, without the dead site."""
+    leader = _leader()
+    _open(leader, ["a", "b", "c"])
+    assert leader.receive(_report("c", 1, SampleRange(12, 0, 4)), 0.5) == []
+    assert leader.tick(1.0, H, 0, ["a", "b"], b"") == [], "c dead, but a and b are still training"
+    leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 1.2)
+    (decide,) = leader.receive(_report("b", 1, SampleRange(11, 0, 4)), 1.4)
+    assert isinstance(decide, Decide) and [c.site for c in decide.admitted] == ["a", "b"]
+    assert dict(decide.excluded)["c"] == "excluded: c is dead (membership), its reported pseudo-gradient cannot be fetched"
+
+
+def test_member_down_decides_when_the_dead_site_was_the_last_one_waited_for() -> None:
+    leader = _leader()
+    _open(leader, ["a", "b", "c"])
+    leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 0.2)
+    assert leader.receive(_report("b", 1, SampleRange(11, 0, 4)), 0.3) == [], "c has not reported"
+    assert leader.member_down("z", 0.4) == [], "not in the round"
+    (decide,) = leader.member_down("c", 0.5)  # membership event, no tick needed
+    assert [c.site for c in decide.admitted] == ["a", "b"]
+    assert dict(decide.excluded)["c"] == "excluded: c did not report (membership declared it dead or left)"
+
+
+def test_member_down_after_its_report_drops_it_when_the_others_come_in() -> None:
+    leader = _leader()
+    _open(leader, ["a", "c"])
+    leader.receive(_report("c", 1, SampleRange(12, 0, 4)), 0.1)
+    assert leader.member_down("c", 0.2) == [], "a is still training"
+    (decide,) = leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 0.3)
+    assert [c.site for c in decide.admitted] == ["a"] and "c is dead" in dict(decide.excluded)["c"]

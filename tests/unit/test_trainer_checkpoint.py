@@ -93,3 +93,48 @@ def test_resume_gives_the_same_next_step_as_no_stop(index: BlockIndex, tmp_path:
     assert todo == rest
     got, _, _ = run_rounds(resumed, ck.weights, ck.momentum, todo, 1)
     assert state_dict_hash(got) == state_dict_hash(want)
+
+
+def test_a_checkpoint_of_an_uncommitted_theta_is_refused(index: BlockIndex, tmp_path: Path) -> None:
+    """θ is compared with the log's hash on write (as held, and as read back) and on load."""
+    theta = trainer(index).model_weights()
+    committed = state_dict_hash(theta)
+    bad = {n: t.clone() for n, t in theta.items()}
+    name = min(bad)
+    bad[name].view(-1).view(torch.int32)[0] ^= 1  # one bit: a memory error after the hash check
+    with pytest.raises(ckpt_mod.CheckpointMismatch, match="the log committed"):
+        save_checkpoint(tmp_path / "ck", MICRO, Checkpoint(bad, meta={"round": 4}), committed)
+    assert not (tmp_path / "ck").exists(), "nothing written"
+
+    save_checkpoint(tmp_path / "ck", MICRO, Checkpoint(theta, meta={"round": 4}), committed)
+    assert load_checkpoint(tmp_path / "ck").meta["weights_hash"] == committed
+    # The model file damaged on disk afterwards: loading it is refused with the reason.
+    from safetensors.torch import load_file, save_file
+
+    stored = load_file(tmp_path / "ck" / ckpt_mod.MODEL_FILE)
+    key = min(stored)
+    stored[key] = stored[key].clone()
+    stored[key].view(-1).view(torch.int32)[0] ^= 1
+    save_file(stored, tmp_path / "ck" / ckpt_mod.MODEL_FILE, metadata={"format": "pt"})
+    with pytest.raises(ckpt_mod.CheckpointMismatch, match="the checkpoint is damaged"):
+        load_checkpoint(tmp_path / "ck")
+
+
+def test_a_write_that_does_not_round_trip_is_refused(index: BlockIndex, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model file as written is hashed before the checkpoint goes in place: a writer that
+    changed θ (here: it stores bf16-rounded weights) leaves the old checkpoint in place."""
+    theta = trainer(index).model_weights()
+    committed = state_dict_hash(theta)
+    save_checkpoint(tmp_path / "ck", MICRO, Checkpoint(theta, meta={"round": 1}), committed)
+    real = ckpt_mod.load_file
+
+    def rounded(path: object, *a: object, **k: object) -> dict[str, torch.Tensor]:
+        return {n: t.to(torch.bfloat16).to(torch.float32) for n, t in real(path, *a, **k).items()}  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ckpt_mod, "load_file", rounded)
+    with pytest.raises(ckpt_mod.CheckpointMismatch, match="as written"):
+        save_checkpoint(tmp_path / "ck", MICRO, Checkpoint(theta, meta={"round": 2}), committed)
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path / "ck").meta["round"] == 1, "the old checkpoint, intact"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -1,0 +1,67 @@
+"""The training edge's checks on what it installs (peer/training.py): averaging weights against the
+round's tokens, and state transfer (`catch_up`) only of the committed θ. Real exchange servers on
+loopback, no trainer process (θ is a small state dict here).
+
+    .venv/bin/python -m pytest -q tests/unit/test_training_state.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from peer.exchange import publish_pseudo_gradient
+from peer.outer import state_dict_hash
+from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig
+from peer.training import InvalidContribution, OuterConfig, SiteTraining
+from tests.support.exchange import random_model, serving
+
+SIZES = {"w": (33, 7), "b": (5,)}
+
+
+def site(name: str, tmp: Path, seed: int = 0) -> SiteTraining:
+    t = SiteTraining(name, tmp / name, TrainerConfig(MODEL_PRESETS["micro"], DataConfig.shipped()), OuterConfig())
+    t.weights = random_model(seed, SIZES)
+    t.momentum = {n: torch.zeros_like(v) for n, v in t.weights.items()}
+    t.weights_hash = bytes.fromhex(state_dict_hash(t.weights))
+    return t
+
+
+def test_a_manifest_whose_tokens_differ_from_the_round_is_an_invalid_contribution(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        a, b = site("a", tmp_path), site("b", tmp_path)
+        delta = {n: v * 0.01 for n, v in random_model(1, SIZES).items()}
+        # b reported (and the round names) 40 tokens, but its manifest, the averaging weight, says 50.
+        encoded = await publish_pseudo_gradient(b.store, delta, round=1, site="b", tokens=50)
+        root = encoded.manifest.root_hash
+        async with serving(b.store) as address:
+            with pytest.raises(InvalidContribution, match="manifest says 50 tokens, the round names 40") as err:
+                await a.outcome(1, [("b", address, root, 40)])
+            assert err.value.site == "b"
+            honest = await a.outcome(1, [("b", address, root, 50)])
+            assert honest.weights_hash != a.weights_hash
+        await a.close()
+
+    asyncio.run(scenario())
+
+
+def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        healthy, behind = site("b", tmp_path, seed=7), site("a", tmp_path, seed=8)
+        healthy.applied_round, healthy.applied_index = 3, 12
+        await healthy._publish_state()
+        async with serving(healthy.store) as address:
+            peers = {"b": address}
+            wrong = bytes(32)
+            assert not await behind.catch_up(3, 12, wrong, peers), "a state whose hash is not committed"
+            assert behind.applied_round == 0 and behind.weights_hash != healthy.weights_hash
+            assert await behind.catch_up(3, 12, healthy.weights_hash, peers)
+        assert (behind.applied_round, behind.applied_index, behind.weights_hash) == (3, 12, healthy.weights_hash)
+        assert all(torch.equal(behind.weights[n], healthy.weights[n]) for n in SIZES)
+        assert behind.pointer() == (12, 3), "the transferred state is durable"
+        await behind.close()
+
+    asyncio.run(scenario())
