@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from peer.trainer import launch
 from peer.trainer.config import TrainerConfig
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,9 @@ class Hello:
     """`state_dict_hash(θ_0)`: sites compare it before round 1."""
     seq_len: int
     device: str
-    """Where the worker trains (cuda:0, cpu, ...)."""
+    """Where the worker trains (cuda:0, cpu, ...); rank 0's device with several ranks."""
+    ranks: tuple[dict[str, Any], ...] = ()
+    """Every rank of the site's job: {"rank", "host", "pid", "device"} (one entry with one rank)."""
 
 
 @dataclass(frozen=True)
@@ -183,10 +185,11 @@ class TrainerProcess:
         config_path = workdir / "trainer-config.json"
         config_path.write_text(config.to_json())
         self._log_path = workdir / LOG_FILE
-        args = [sys.executable, "-m", "peer.trainer.worker", "--config", str(config_path),
-                "--shm-dir", str(self.shm_dir)]
+        worker_args = ["--config", str(config_path), "--shm-dir", str(self.shm_dir)]
         if self._threads is not None:
-            args += ["--threads", str(self._threads)]
+            worker_args += ["--threads", str(self._threads)]
+        # One rank: the worker itself; more: the launcher, which starts one worker per rank.
+        args = launch.command(config.ranks, worker_args)
         env = {**os.environ, **self._env}
         # This very `peer` package, even when sitemesh is not installed in sys.executable's environment.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
@@ -203,7 +206,7 @@ class TrainerProcess:
         return Hello(
             blocks=tuple((int(b), int(n)) for b, n in r["blocks"]), parameters=int(r["parameters"]),
             weights=Path(r["weights"]), weights_hash=str(r["weights_hash"]), seq_len=int(r["seq_len"]),
-            device=str(r["device"]),
+            device=str(r["device"]), ranks=tuple(r.get("ranks", ())),
         )
 
     async def train(
