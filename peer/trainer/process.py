@@ -51,6 +51,12 @@ _EXIT_POLL_S = 0.2
 class TrainerError(RuntimeError):
     """The worker refused a command (its error text) or is gone (exit status and log tail)."""
 
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+        """The trainer is gone or going (dead, or its ranks out of step and exiting): a new
+        TrainerProcess must be started; otherwise the worker refused one command and serves on."""
+
 
 @dataclass(frozen=True)
 class Hello:
@@ -166,6 +172,11 @@ class TrainerProcess:
     def log_path(self) -> Path | None:
         return self._log_path
 
+    async def exited(self) -> int:
+        """Wait until the worker (the launcher, with several ranks) has exited; its exit status."""
+        assert self._proc is not None, "not started"
+        return await _exit_status(self._proc)
+
     async def start(self, config: TrainerConfig, workdir: Path, shm_dir: Path | None = None) -> Hello:
         """Spawn the worker with `config` and wait until its `Trainer` is built (tokenizing the
         corpus on first use may take a while). The config and the log go to `workdir`; tensor files
@@ -273,7 +284,7 @@ class TrainerProcess:
             proc.kill()
             await _exit_status(proc)
         if self._dead is None:
-            self._dead = TrainerError(f"trainer worker (pid {proc.pid}) was stopped")
+            self._dead = TrainerError(f"trainer worker (pid {proc.pid}) was stopped", fatal=True)
         if self._owns_shm and self.shm_dir is not None:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
         return proc.returncode
@@ -310,7 +321,7 @@ class TrainerProcess:
                 if reply.get("id") == cid:
                     break
             if not reply.get("ok"):
-                raise TrainerError(str(reply.get("error", reply)))
+                raise TrainerError(str(reply.get("error", reply)), fatal=bool(reply.get("fatal")))
             return reply
 
     @staticmethod
@@ -335,7 +346,7 @@ class TrainerProcess:
         code = await _exit_status(self._proc)
         self._dead = TrainerError(
             f"trainer worker (pid {self._proc.pid}) died during {during!r}: {_describe_exit(code)}. "
-            f"Last lines of {self._log_path}:\n{self._log_tail()}")
+            f"Last lines of {self._log_path}:\n{self._log_tail()}", fatal=True)
         return self._dead
 
     def _log_tail(self) -> str:

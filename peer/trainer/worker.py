@@ -33,7 +33,8 @@ pipes as above; before a collective command (train, evaluate, checkpoint) it tel
 its name over the control group (peer/trainer/ranks.py) and they join it; `stop` and the end of
 stdin stop them too. A refused command is refused on rank 0 before anyone is told, so the ranks
 stay in step. A command that fails once the ranks have started it leaves them out of step: rank 0
-replies with the error and every rank exits with status 3 (the node restarts the job). "hello"
+replies with the error and "fatal": true, and every rank exits with status 3 (the node restarts
+the job). "hello"
 also lists the ranks: "ranks": [{"rank": r, "host": h, "pid": p, "device": d}, ...].
 
 Try it (by hand; θ_0's path comes back in the hello reply):
@@ -66,7 +67,7 @@ from peer.trainer.config import TrainerConfig
 from peer.trainer.inner import Trainer
 from peer.trainer.model import count_parameters
 from peer.trainer.process import read_state, write_state
-from peer.trainer.ranks import Rank, join, leave
+from peer.trainer.ranks import MISSING_RANKS_TIMEOUT_S, Rank, join, leave
 
 EXIT_OUT_OF_STEP = 3
 """A command failed after the ranks started it: they are out of step and the job must restart."""
@@ -174,7 +175,9 @@ class Worker:
         """Log (and return) a failed collective command, naming this rank and any absent ones."""
         log.exception("%s: %s failed", self.rank.label, cmd)
         why = f"{self.rank.label}: {cmd} failed: {type(e).__name__}: {str(e)[:300]}"
-        missing = self.rank.missing_ranks()
+        missing = self.rank.missing_ranks(min(MISSING_RANKS_TIMEOUT_S, self.trainer.cfg.ranks.collective_timeout_s))
+        if missing and "monitoredBarrier" not in missing:
+            missing = "some rank is gone (" + missing[:120] + ")"
         if missing:
             log.error("%s: ranks that did not answer: %s", self.rank.label, missing)
             why += f"; ranks that did not answer: {missing}"
@@ -319,7 +322,7 @@ def serve(worker: Worker, commands: IO[str], replies: IO[str]) -> int:
         except CommandError as e:
             reply = {"ok": False, "error": str(e)}
         except OutOfStep as e:
-            reply = {"ok": False, "error": f"{e} (the site's ranks are out of step: restart them)"}
+            reply = {"ok": False, "error": f"{e} (the site's ranks are out of step: restart them)", "fatal": True}
             out_of_step = True
         except Exception as e:  # the trainer's own failure (e.g. CUDA OOM): report it, keep serving
             log.exception("command failed")
