@@ -239,6 +239,11 @@ class Trainer:
         mine = batch[self.rank::self.world].to(self.device, non_blocking=True)
         total = torch.zeros((), device=self.device)
         micro = list(mine.split(inner.micro_batch_size))  # fewer than accum only in a short last batch
+        if self.fsdp:
+            # Every forward is a collective under FSDP, so every rank runs as many micro-steps as the
+            # rank with the most samples, also in an uneven short last batch (an empty one below).
+            most = -(-len(batch) // self.world)
+            micro = list(mine.tensor_split(-(-most // inner.micro_batch_size)))
         for i, x in enumerate(micro):
             last = i == len(micro) - 1
             # DDP all-reduces (FSDP reduce-scatters) on every backward unless told not to: only
@@ -248,8 +253,11 @@ class Trainer:
                 self.module.set_requires_gradient_sync(last)  # type: ignore[operator]
             with sync:
                 with autocast(self.device, inner.autocast_bf16):
-                    # Each micro-batch weighs by its share of this rank's samples (1/accum when full).
-                    loss = self.net(input_ids=x, labels=x).loss / (len(mine) / len(x))
+                    if len(x):
+                        # Each micro-batch weighs by its share of this rank's samples (1/accum when full).
+                        loss = self.net(input_ids=x, labels=x).loss / (len(mine) / len(x))
+                    else:  # FSDP's padding step: a forward that counts for nothing
+                        loss = self.net(input_ids=mine[:1], labels=mine[:1]).loss * 0.0
                 loss.backward()
             total += loss.detach()
         if inner.grad_clip > 0:

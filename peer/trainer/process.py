@@ -74,6 +74,8 @@ class Hello:
     """Where the worker trains (cuda:0, cpu, ...); rank 0's device with several ranks."""
     ranks: tuple[dict[str, Any], ...] = ()
     """Every rank of the site's job: {"rank", "host", "pid", "device"} (one entry with one rank)."""
+    parallel: str = "none"
+    """How the ranks share the model: "ddp", "fsdp", or "none" with one rank."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ class TrainerProcess:
         return Hello(
             blocks=tuple((int(b), int(n)) for b, n in r["blocks"]), parameters=int(r["parameters"]),
             weights=Path(r["weights"]), weights_hash=str(r["weights_hash"]), seq_len=int(r["seq_len"]),
-            device=str(r["device"]), ranks=tuple(r.get("ranks", ())),
+            device=str(r["device"]), ranks=tuple(r.get("ranks", ())), parallel=str(r.get("parallel", "none")),
         )
 
     async def train(

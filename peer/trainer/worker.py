@@ -35,7 +35,8 @@ stdin stop them too. A refused command is refused on rank 0 before anyone is tol
 stay in step. A command that fails once the ranks have started it leaves them out of step: rank 0
 replies with the error and "fatal": true, and every rank exits with status 3 (the node restarts
 the job). "hello"
-also lists the ranks: "ranks": [{"rank": r, "host": h, "pid": p, "device": d}, ...].
+also lists the ranks: "ranks": [{"rank": r, "host": h, "pid": p, "device": d}, ...], and
+"parallel": "ddp", "fsdp" or "none" (one rank).
 
 Try it (by hand; θ_0's path comes back in the hello reply):
     .venv/bin/python -c "from peer.trainer.config import *; print(TrainerConfig(MODEL_PRESETS['micro'], \
@@ -238,7 +239,7 @@ class Worker:
             "blocks": [[b.block_id, b.num_samples] for b in t.index.epoch_order()],
             "parameters": count_parameters(t.module), "weights": str(self.theta0),
             "weights_hash": self.theta0_hash, "seq_len": t.cfg.data.seq_len, "device": str(t.device),
-            "ranks": self.ranks,
+            "ranks": self.ranks, "parallel": "fsdp" if t.fsdp else "ddp" if t.ddp is not None else "none",
         }
 
     def train(self, msg: dict[str, Any]) -> dict[str, Any]:

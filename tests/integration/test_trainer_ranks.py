@@ -28,14 +28,15 @@ from peer.trainer.process import TrainerError, TrainerProcess, read_state, write
 STEPS, BATCH, SEQ = 3, 8, 32
 
 
-def config(cache_dir: Path, ranks: int, timeout_s: float = 600.0) -> TrainerConfig:
+def config(cache_dir: Path, ranks: int, timeout_s: float = 600.0, parallel: str = "ddp") -> TrainerConfig:
     data = DataConfig.shipped(max_documents=40, seq_len=SEQ, block_samples=16, heldout_per_mille=100,
                               cache_dir=str(cache_dir))
     # Global batch 8 either way: one rank x 8, or two ranks x 2 micro-steps x 2 samples.
     inner = InnerConfig(lr=3e-3, warmup_steps=1, total_steps=10, batch_size=BATCH,
                         micro_batch_size=BATCH // (2 * ranks) if ranks > 1 else BATCH, device="cpu")
     return TrainerConfig(MODEL_PRESETS["micro"], data, inner, eval_samples=16,
-                         ranks=RanksConfig(nproc_per_node=ranks, collective_timeout_s=timeout_s))
+                         ranks=RanksConfig(nproc_per_node=ranks, collective_timeout_s=timeout_s,
+                                           parallel=parallel))
 
 
 async def _round(cfg: TrainerConfig, workdir: Path) -> tuple[dict[str, torch.Tensor], object, object]:
@@ -50,11 +51,13 @@ async def _round(cfg: TrainerConfig, workdir: Path) -> tuple[dict[str, torch.Ten
 
 
 @pytest.mark.timeout(600)
-def test_two_rank_site_delta_equals_one_rank_site_delta(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_rank_site_delta_equals_one_rank_site_delta(tmp_path: Path, parallel: str) -> None:
     cache = tmp_path / "tokens"
     d1, out1, hello1 = asyncio.run(_round(config(cache, 1), tmp_path / "one"))
-    d2, out2, hello2 = asyncio.run(_round(config(cache, 2), tmp_path / "two"))
+    d2, out2, hello2 = asyncio.run(_round(config(cache, 2, parallel=parallel), tmp_path / "two"))
     assert [r["rank"] for r in hello2.ranks] == [0, 1] and len(hello1.ranks) == 1  # type: ignore[attr-defined]
+    assert (hello1.parallel, hello2.parallel) == ("none", parallel)  # type: ignore[attr-defined]
     assert hello1.weights_hash == hello2.weights_hash  # type: ignore[attr-defined]
     # The same samples, each trained once, and the same global batch: the same tokens and cursor.
     assert out1.tokens == out2.tokens == STEPS * BATCH * SEQ  # type: ignore[attr-defined]
@@ -63,6 +66,26 @@ def test_two_rank_site_delta_equals_one_rank_site_delta(tmp_path: Path) -> None:
         # fp32 tolerance: the 2 ranks sum per-rank means, then all-reduce (see test_trainer_ddp.py).
         torch.testing.assert_close(d2[n], d, rtol=1e-4, atol=1e-5)
     assert out2.losses == pytest.approx(out1.losses, rel=1e-5)  # type: ignore[attr-defined]
+
+
+async def _tail_round(cfg: TrainerConfig, workdir: Path) -> tuple[tuple, int]:
+    proc = TrainerProcess(threads=1)
+    hello = await proc.start(cfg, workdir)
+    try:
+        block = hello.blocks[0][0]
+        # 2 full batches of 8, then the 5 samples left: ranks get 3 and 2 (the tail ends the ranges).
+        out = await proc.train(1, hello.weights, [(block, 0, 16), (hello.blocks[1][0], 0, 5)], 5, 0)
+        return out.trained, out.steps
+    finally:
+        await proc.stop()
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_site_trains_an_uneven_last_batch(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "tokens", 2, timeout_s=20.0, parallel="fsdp")  # unequal forwards would hang
+    trained, steps = asyncio.run(_tail_round(cfg, tmp_path / "w"))
+    assert steps == 3
+    assert sum(e - s for _, s, e in trained) == 21
 
 
 def _rank_pid(hello: object, rank: int) -> int:
