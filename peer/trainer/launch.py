@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -40,6 +41,8 @@ from peer.trainer.config import RanksConfig, TrainerConfig
 log = logging.getLogger("peer.trainer.launch")
 
 WORKER = ("-m", "peer.trainer.worker")
+SRUN_ARGS_ENV = "SITEMESH_SRUN_ARGS"
+"""More srun options from the environment: the site's sbatch template sets its GPU/CPU binding here."""
 EXIT_RANK_FAILED = 1
 
 
@@ -64,7 +67,8 @@ def srun_command(ranks: RanksConfig, worker_args: Sequence[str], env: dict[str, 
     nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
     return ["srun", f"--nodes={nodes}", f"--ntasks={nodes * ranks.nproc_per_node}",
             f"--ntasks-per-node={ranks.nproc_per_node}", "--kill-on-bad-exit=1", "--input=0",
-            "--export=ALL", *ranks.srun_args, sys.executable, *WORKER, *worker_args]
+            "--export=ALL", *ranks.srun_args, *shlex.split(env.get(SRUN_ARGS_ENV, "")), sys.executable, *WORKER,
+            *worker_args]
 
 
 def _die_with_parent() -> None:
@@ -110,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ranks = TrainerConfig.from_json(args.config.read_text()).ranks
     if ranks.launcher == "srun":
         env = dict(os.environ)
-        env.setdefault("MASTER_ADDR", socket.gethostname())
+        if not env.get("MASTER_ADDR"):  # the sbatch templates set the job's first node; this is it
+            env["MASTER_ADDR"] = socket.gethostname()
         env.setdefault("MASTER_PORT", str(_free_port("0.0.0.0")))
         srun_argv = srun_command(ranks, argv, env)
         srun = shutil.which("srun")

@@ -21,10 +21,14 @@ LOCAL = JobShape(nodes=1, time_s=300, partition="debug")  # no GPUs, account or 
 @pytest.mark.parametrize("site", ["snellius", "lumi", "frontier"])
 def test_template_passes_test_only(slurm: SlurmCluster, site: str) -> None:
     run = config.load(REPO / "examples/run.toml")
-    s = run.sites[site]
+    # The test node has 2 CPUs and no GPUs: a shape of "2 GPUs" per node asks for 2 tasks per node.
+    s = dataclasses.replace(run.sites[site], shape=dataclasses.replace(run.sites[site].shape, gpus_per_node=2))
     script = templates.render(s, run.path)
     assert f"#SBATCH --signal=B:TERM@{s.params.signal_seconds}" in script
     assert f"--site {site}" in script
+    # Every GPU of every node gets a task (a trainer rank), and the one peer starts them with srun.
+    assert "#SBATCH --ntasks-per-node=2" in script
+    assert "--launcher srun --nproc-per-node 2" in script
     p = SlurmSite(slurm.prefix).test_only(LOCAL, job_name=f"sitemesh-{site}", script=script)
     assert p.answer.partition == "debug"
 
