@@ -47,8 +47,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _bare_loop(cfg: TrainerConfig, device: torch.device, batches: list[torch.Tensor]) -> tuple[torch.nn.Module,
-                                                                                              torch.optim.Optimizer]:
+def _bare_loop(cfg: TrainerConfig, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = build_model(cfg.model, device, seed=cfg.inner.seed)
     model.train()
     inner = cfg.inner
@@ -100,7 +99,7 @@ def inner_vs_bare(cfg: TrainerConfig, steps: int, repeats: int = 3) -> InnerVsBa
             b, rest = take_samples(rest, cfg.inner.batch_size)
             per_round.append(trainer.index.read_ranges(b))
         batches.append(per_round)
-    model, opt = _bare_loop(cfg, device, batches[0])
+    model, opt = _bare_loop(cfg, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     # Warm-up (allocator, kernels, compile) on the first slice, timed neither.
