@@ -36,10 +36,19 @@ class InnerVsBare:
     bare_step_s: float
     peak_memory_bytes: int
     """Accelerator memory high-water mark over both loops (0 on CPU)."""
+    site_cpu_s: float = 0.0
+    """CPU seconds of this process in the best site repeat: on a machine shared with other work
+    the CPU time of a 1-thread CPU loop is steadier than its wall time."""
+    bare_cpu_s: float = 0.0
 
     @property
     def ratio(self) -> float:
         return self.site_samples_per_s / self.bare_samples_per_s
+
+    @property
+    def cpu_ratio(self) -> float:
+        """bare CPU time / site CPU time for the same samples (1.0: the trainer costs nothing extra)."""
+        return self.bare_cpu_s / self.site_cpu_s if self.site_cpu_s else math.nan
 
 
 def _sync(device: torch.device) -> None:
@@ -60,10 +69,11 @@ def _bare_loop(cfg: TrainerConfig, device: torch.device) -> tuple[torch.nn.Modul
 
 
 def _bare_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainerConfig, device: torch.device,
-                batches: list[torch.Tensor]) -> float:
+                batches: list[torch.Tensor]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of the bare loop over `batches`."""
     inner = cfg.inner
     _sync(device)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for batch in batches:
         x = batch.to(device, non_blocking=True)
         parts = x.split(inner.micro_batch_size)
@@ -76,7 +86,7 @@ def _bare_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: Trainer
         opt.step()
         opt.zero_grad(set_to_none=True)
     _sync(device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def inner_vs_bare(cfg: TrainerConfig, steps: int, repeats: int = 3) -> InnerVsBare:
@@ -105,17 +115,18 @@ def inner_vs_bare(cfg: TrainerConfig, steps: int, repeats: int = 3) -> InnerVsBa
     # Warm-up (allocator, kernels, compile) on the first slice, timed neither.
     trainer.train_round(theta, rounds[0], steps)
     _bare_steps(model, opt, cfg, device, batches[0])
-    site_s, bare_s = math.inf, math.inf
+    site_s = bare_s = site_cpu = bare_cpu = math.inf
     for i in range(1, repeats + 1):
         _sync(device)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         trainer.train_round(theta, rounds[i], steps)
         _sync(device)
-        site_s = min(site_s, time.perf_counter() - t0)
-        bare_s = min(bare_s, _bare_steps(model, opt, cfg, device, batches[i]))
+        site_s, site_cpu = min(site_s, time.perf_counter() - t0), min(site_cpu, time.process_time() - c0)
+        wall, cpu = _bare_steps(model, opt, cfg, device, batches[i])
+        bare_s, bare_cpu = min(bare_s, wall), min(bare_cpu, cpu)
     samples = steps * cfg.inner.batch_size
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return InnerVsBare(samples / site_s, samples / bare_s, site_s / steps, bare_s / steps, peak)
+    return InnerVsBare(samples / site_s, samples / bare_s, site_s / steps, bare_s / steps, peak, site_cpu, bare_cpu)
 
 
 async def _site_round_seconds(cfg: TrainerConfig, workdir: Path, steps: int, repeats: int) -> float:
