@@ -24,7 +24,7 @@ from peer.leases import LeaseConfig
 from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 from peer.rounds import RoundsConfig
-from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
+from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
 from peer.training import OuterConfig
 
@@ -56,6 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-documents", type=int, help="read only the first N documents of each shard")
     train.add_argument("--inner-steps", type=int, default=20, help="H, inner AdamW steps per round (default 20)")
     train.add_argument("--batch-size", type=int, default=8, help="samples per inner step at this site (default 8)")
+    train.add_argument("--micro-batch-size", type=int,
+                       help="samples per forward pass on one rank (default: batch size / ranks per node)")
+    train.add_argument("--seq-len", type=int, help="tokens per sample (default 128)")
+    train.add_argument("--nproc-per-node", type=int, default=1,
+                       help="trainer ranks on this node, or per node of the Slurm job (default 1)")
+    train.add_argument("--launcher", choices=("local", "srun"), default="local",
+                       help="start the ranks here (torch.distributed.elastic) or with srun over the job")
+    train.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                       help="DDP replicas, or FSDP2 shards for models that do not fit one device")
+    train.add_argument("--collective-timeout", type=float, default=600.0,
+                       help="seconds before a hung collective fails, naming the rank (default 600)")
+    train.add_argument("--compile", action="store_true", help="torch.compile the model (accelerators)")
     train.add_argument("--total-steps", type=int, default=1000,
                        help="inner steps of the LR schedule over the whole run (default 1000)")
     train.add_argument("--data-epochs", type=int, default=1,
@@ -74,12 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _training_from(args: argparse.Namespace) -> dict[str, object]:
     if args.train is None:
         return {}
-    data = DataConfig(shards=tuple(args.data), max_documents=args.max_documents) if args.data else \
-        DataConfig.shipped(max_documents=args.max_documents)
-    inner = InnerConfig(batch_size=args.batch_size, micro_batch_size=args.batch_size, total_steps=args.total_steps,
-                        warmup_steps=min(50, args.total_steps // 10))
+    seq = {"seq_len": args.seq_len} if args.seq_len else {}
+    data = DataConfig(shards=tuple(args.data), max_documents=args.max_documents, **seq) if args.data else \
+        DataConfig.shipped(max_documents=args.max_documents, **seq)
+    micro = args.micro_batch_size or max(1, args.batch_size // args.nproc_per_node)
+    inner = InnerConfig(batch_size=args.batch_size, micro_batch_size=micro, total_steps=args.total_steps,
+                        warmup_steps=min(50, args.total_steps // 10), compile=args.compile)
+    ranks = RanksConfig(nproc_per_node=args.nproc_per_node, launcher=args.launcher, parallel=args.parallel,
+                        collective_timeout_s=args.collective_timeout)
     return {
-        "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner),
+        "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner, ranks=ranks),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
                                deadline_s=args.round_deadline, data_epochs=args.data_epochs),
         "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),

@@ -39,7 +39,7 @@ from peer.exchange import codec
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
-from peer.trainer.process import TrainerProcess, read_state, write_state
+from peer.trainer.process import TrainerError, TrainerProcess, read_state, write_state
 
 log = logging.getLogger("sitemesh.training")
 
@@ -135,6 +135,9 @@ class SiteTraining:
         self._cache: Outcome | None = None
         self.last_loss = float("nan")
         self._fault_done = False  # FLIP_THETA_ENV fires once per process
+        self._restart: asyncio.Future[None] | None = None
+        """A trainer that died (or whose ranks fell out of step) being replaced by a fresh one."""
+        self.restarts = 0
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -165,9 +168,15 @@ class SiteTraining:
     # ----- a site's part of a round ----------------------------------------------------------
     async def train(self, round_: int, ranges: Sequence[SampleRange], inner_steps: int) -> Trained:
         """Trains `ranges` from θ_{round-1} in the trainer process and publishes the pseudo-gradient."""
+        await self._restarted()
         base = await asyncio.to_thread(write_state, self._shm("base"), self.weights)
-        out = await self.process.train(round_, base, [(r.block_id, r.start, r.end) for r in ranges], inner_steps,
-                                       (round_ - 1) * inner_steps)
+        try:
+            out = await self.process.train(round_, base, [(r.block_id, r.start, r.end) for r in ranges],
+                                           inner_steps, (round_ - 1) * inner_steps)
+        except TrainerError as err:
+            if err.fatal:  # the round reports nothing (the caller); the next one trains on fresh ranks
+                self._restart = asyncio.ensure_future(self._restart_trainer())
+            raise
         delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
         out.pseudo_gradient.unlink(missing_ok=True)
         # A round this site trained in an earlier process (restarted before the round was decided)
@@ -265,7 +274,28 @@ class SiteTraining:
         replace_atomic(tmp, latest)
         return target
 
+    async def _restarted(self) -> None:
+        """Wait for a restart under way; one that failed is tried again at the next call."""
+        if self._restart is None:
+            return
+        task, self._restart = self._restart, None
+        try:
+            await task
+        except Exception:
+            self._restart = asyncio.ensure_future(self._restart_trainer())
+            raise
+
+    async def _restart_trainer(self) -> None:
+        """A fresh trainer job (every rank) in place of one that died. Rounds start from the committed
+        θ the node hands over, so only the site-local AdamW state starts over."""
+        await self.process.stop()
+        self.process = TrainerProcess()
+        hello = await self.process.start(self.trainer_config, self.dir)
+        self.restarts += 1
+        log.warning("trainer restarted (%d so far): %d rank(s)", self.restarts, len(hello.ranks))
+
     async def evaluate(self) -> float:
+        await self._restarted()
         base = await asyncio.to_thread(write_state, self._shm("eval"), self.weights)
         return await self.process.evaluate(base)
 

@@ -7,6 +7,11 @@ Placeholders are `{{name}}` (bash's own `$` syntax stays untouched). A template 
 unknown placeholder, or misses `{{peer}}`, is an error naming the template. The job shape is not
 in the template: `ops submit` passes it on the sbatch command line, which overrides #SBATCH lines,
 so one template serves every shape the planner may choose.
+
+A site is one torch.distributed job over its whole allocation: the template declares one Slurm
+task per GPU (`{{ranks_per_node}}`, the shape's GPUs per node), the batch shell starts exactly
+one peer, and `{{peer}}` tells that peer to start its trainer's ranks with `srun` over every node
+of the job (`--launcher srun --nproc-per-node N`, peer/trainer/launch.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ def values(site: SiteSlurm, config_path: Path) -> dict[str, str]:
     p = site.params
     config = p.remote_config or str(config_path)
     modules = ["module purge", *(f"module load {shlex.quote(m)}" for m in p.modules)] if p.modules else []
+    ranks = site.shape.gpus_per_node or 1  # CPU-only shapes (test clusters): one rank per node
     return {
+        "ranks_per_node": str(ranks),
         "site": site.name,
         "job_name": f"sitemesh-{site.name}",
         "signal_seconds": str(p.signal_seconds),
@@ -39,7 +46,8 @@ def values(site: SiteSlurm, config_path: Path) -> dict[str, str]:
         "setup": "\n".join(p.setup) or "# (no setup lines)",
         # The peer command is the user's shell text (it may be a path or `python -m peer.cli serve`);
         # only the values we add are quoted.
-        "peer": f"{p.peer_command} --config {shlex.quote(config)} --site {shlex.quote(site.name)}",
+        "peer": f"{p.peer_command} --config {shlex.quote(config)} --site {shlex.quote(site.name)} "
+                f"--launcher srun --nproc-per-node {ranks}",
     }
 
 

@@ -5,6 +5,8 @@ Three concerns, one dataclass each:
 - `DataConfig`: where documents come from, how they are tokenized, packed, held out and cut into
   blocks. Every site must use the same `DataConfig` so that block IDs agree (`blocks.py`).
 - `InnerConfig`: the site-local DiLoCo inner loop (AdamW, warm-up + cosine, clipping, accumulation).
+- `RanksConfig`: how many torch.distributed ranks train the site and how they are launched
+  (peer/trainer/launch.py), DDP or FSDP2.
 The outer step's hyper-parameters live next to the math in `peer/outer.py`.
 
 Try it:
@@ -199,6 +201,51 @@ class InnerConfig:
             raise ValueError("grad_clip must be >= 0")
 
 
+LAUNCHERS = ("local", "srun")
+PARALLEL = ("ddp", "fsdp")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class RanksConfig:
+    """The site as a torch.distributed job (peer/trainer/launch.py); one rank by default.
+
+    Rank 0 talks to the node; the other ranks follow it. The site's batch (`InnerConfig.batch_size`)
+    is split across ranks, so the global batch and the samples trained do not depend on the ranks.
+    """
+
+    nproc_per_node: int = 1
+    """Ranks on this node ("local"), or per node of the Slurm job ("srun"): one per GPU/GCD."""
+    launcher: str = "local"
+    """"local": ranks are child processes of this node (torch.distributed.elastic, like torchrun
+    --nproc-per-node); "srun": one job step over every node of the Slurm allocation, the
+    rendezvous on the job's first node (where the peer runs)."""
+    parallel: str = "ddp"
+    """"ddp": a full replica per rank (models that fit one device); "fsdp": FSDP2 `fully_shard`
+    (parameters, gradients and AdamW state sharded across ranks)."""
+    backend: str = "auto"
+    """torch.distributed backend: "auto" is nccl on CUDA/ROCm (RCCL answers to nccl), gloo on CPU."""
+    collective_timeout_s: float = 600.0
+    """A collective that waits longer fails, and the rank that timed out names itself in the log;
+    the launcher then stops every rank and the node restarts them."""
+    srun_args: tuple[str, ...] = ()
+    """Extra srun options for this site (GPU binding: e.g. "--gpus-per-task=1", "--cpu-bind=...")."""
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node={self.nproc_per_node} must be >= 1")
+        for name, allowed in (("launcher", LAUNCHERS), ("parallel", PARALLEL), ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"RanksConfig.{name}={getattr(self, name)!r}; use one of {', '.join(allowed)}")
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"collective_timeout_s={self.collective_timeout_s} must be > 0")
+
+    @property
+    def distributed(self) -> bool:
+        """True when the trainer is more than one process (or may be: srun sizes come from Slurm)."""
+        return self.launcher == "srun" or self.nproc_per_node > 1
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """Everything a site's trainer needs; the same `data` and `model` on every site."""
@@ -208,10 +255,17 @@ class TrainerConfig:
     inner: InnerConfig = field(default_factory=InnerConfig)
     eval_samples: int = 256
     """Size of the fixed held-out evaluation set (samples of seq_len tokens)."""
+    ranks: RanksConfig = field(default_factory=RanksConfig)
+    """How many processes train this site; site-local, like `inner`."""
 
     def __post_init__(self) -> None:
         if self.eval_samples < 1:
             raise ValueError("eval_samples must be >= 1")
+        if self.ranks.launcher == "local" and self.inner.batch_size % (
+                self.ranks.nproc_per_node * self.inner.micro_batch_size):
+            raise ValueError(f"batch_size={self.inner.batch_size} must be a multiple of nproc_per_node="
+                             f"{self.ranks.nproc_per_node} x micro_batch_size={self.inner.micro_batch_size}: "
+                             f"every rank trains the same number of samples per step")
         if self.data.seq_len > self.model.max_position_embeddings:
             raise ValueError(f"seq_len={self.data.seq_len} exceeds the model's "
                              f"max_position_embeddings={self.model.max_position_embeddings}")
@@ -228,7 +282,7 @@ class TrainerConfig:
         """Inverse of `to_dict`; omitted fields take their defaults, unknown ones are an error."""
         if not isinstance(raw, dict):
             raise ValueError(f"TrainerConfig must be a JSON object, got {type(raw).__name__}")
-        nested = {"model": ModelConfig, "data": DataConfig, "inner": InnerConfig}
+        nested = {"model": ModelConfig, "data": DataConfig, "inner": InnerConfig, "ranks": RanksConfig}
         return _from_dict(cls, {k: _from_dict(nested[k], v) if k in nested else v for k, v in raw.items()})
 
     @classmethod

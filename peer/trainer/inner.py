@@ -6,10 +6,13 @@ together with the tokens it trained. The inner optimizer state (AdamW moments, s
 the site across rounds, as in the paper; it is never averaged.
 
 Inside a site the trainer is data-parallel over torch.distributed when the process group is
-initialised (`torchrun`/`srun`): DDP averages gradients, gradient accumulation skips the all-reduce
-on all but the last micro-step. Rank 0 talks to the mesh; `train_round` broadcasts rank 0's
-arguments, so the other ranks may pass None. Every inner step consumes `batch_size` samples for the
-whole site, split across ranks by stride, so the samples trained do not depend on the world size.
+initialised (peer/trainer/launch.py, `torchrun`, `srun`): DDP averages gradients, gradient
+accumulation skips the all-reduce on all but the last micro-step. With `RanksConfig.parallel =
+"fsdp"` the model is sharded with FSDP2 (`fully_shard` per decoder layer and at the root) instead,
+and the weight dict is gathered in full on every rank (docs/decisions/trainer-ranks.md). Rank 0
+talks to the mesh; `train_round` broadcasts rank 0's arguments, so the other ranks may pass None.
+Every inner step consumes `batch_size` samples for the whole site, split across ranks by stride,
+so the samples trained (and the global batch) do not depend on the world size.
 
 Try it (one site, shipped corpus, a few steps):
     .venv/bin/python -c "from peer.trainer.inner import demo; demo()"
@@ -81,9 +84,10 @@ class Trainer:
         self.accum = inner.batch_size // (self.world * inner.micro_batch_size)
         self.device = pick_device(inner.device)
         if self.device.type == "cuda" and self.world > 1:
-            # torchrun/srun launch one rank per accelerator of a node; LOCAL_RANK names it.
-            local = int(os.environ.get("LOCAL_RANK", self.rank % torch.cuda.device_count()))
-            self.device = torch.device("cuda", local)
+            # torchrun/srun launch one rank per accelerator of a node; LOCAL_RANK names it. Where
+            # srun binds one device per task (--gpus-per-task=1) each rank sees only its own.
+            local = int(os.environ.get("LOCAL_RANK", self.rank))
+            self.device = torch.device("cuda", local % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         self.index = index or BlockIndex(cfg.data)
         if self.index.cfg != cfg.data:
@@ -94,16 +98,21 @@ class Trainer:
         self.module = build_model(cfg.model, self.device, seed=inner.seed)
         self.module.train()
         self.ddp: DistributedDataParallel | None = None
-        if self.world > 1:
+        self.fsdp = self.world > 1 and cfg.ranks.parallel == "fsdp"
+        self._shapes = {n: p.shape for n, p in self.module.named_parameters()}
+        if self.fsdp:
+            _fully_shard(self.module, self.device, inner.autocast_bf16)
+        elif self.world > 1:
             self.ddp = DistributedDataParallel(
                 self.module, device_ids=[self.device] if self.device.type == "cuda" else None)
         net: torch.nn.Module = self.ddp or self.module
         self.net = torch.compile(net) if inner.compile else net
+        # fp32 master weights and AdamW state; bf16 only inside autocast (or FSDP's param_dtype).
         decay = [p for p in self.module.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.module.parameters() if p.ndim < 2]  # norms: decay would only shrink them
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": inner.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=inner.lr, betas=inner.betas, eps=inner.eps, fused=self.device.type == "cuda",
+            lr=inner.lr, betas=inner.betas, eps=inner.eps, fused=self.device.type == "cuda" and not self.fsdp,
         )
         self.step = 0
         """Inner steps this site has taken over the run (drives the LR schedule)."""
@@ -111,19 +120,40 @@ class Trainer:
 
     # -- weights ---------------------------------------------------------------------------------
     def model_weights(self) -> dict[str, torch.Tensor]:
-        """The model's current weights as a weight dict (fp32, CPU): θ_0 before the first round."""
+        """The model's current weights as a weight dict (fp32, CPU): θ_0 before the first round.
+        Under FSDP a collective (every rank gathers the full tensors)."""
+        if self.fsdp:
+            return {n: p.full_tensor().detach().to("cpu", torch.float32, copy=True)  # type: ignore[attr-defined]
+                    for n, p in self.module.named_parameters()}
         return weights(self.module)
 
+    def full_shapes(self) -> dict[str, torch.Size]:
+        """Every parameter's full (unsharded) shape, by weight-dict name."""
+        return dict(self._shapes)
+
     def load_global(self, state: dict[str, torch.Tensor]) -> None:
-        """Set the model to the global weights θ (every rank must pass the same state)."""
+        """Set the model to the global weights θ (every rank must pass the same state; not FSDP)."""
         load_weights(self.module, state)
 
     def inner_state(self) -> dict[str, Any]:
-        """Site-local state to checkpoint: AdamW moments and the inner step count."""
+        """Site-local state to checkpoint: AdamW moments and the inner step count. Under FSDP a
+        collective that gathers the full optimizer state (on CPU)."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            full = get_optimizer_state_dict(self.module, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {"optimizer": full, "step": self.step}
         return {"optimizer": self.optimizer.state_dict(), "step": self.step}
 
     def load_inner_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
 
     # -- training --------------------------------------------------------------------------------
@@ -140,6 +170,18 @@ class Trainer:
         """Rank 0 loads `state`; the weights then go to the other ranks tensor by tensor (no pickling)."""
         if self.rank == 0:
             assert state is not None, "rank 0 must pass the weights"
+        if self.fsdp:
+            from torch.distributed.tensor import distribute_tensor
+
+            # Rank 0 scatters each full tensor; every rank keeps its own shard.
+            for n, p in self.module.named_parameters():
+                full = (state[n] if state is not None and self.rank == 0
+                        else torch.empty(self._shapes[n])).to(self.device, torch.float32)
+                shard = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=0)  # type: ignore[attr-defined]
+                p.to_local().copy_(shard.to_local())  # type: ignore[attr-defined]
+            return
+        if self.rank == 0:
+            assert state is not None
             self.load_global(state)
         if self.world > 1:
             for p in self.module.parameters():
@@ -168,7 +210,7 @@ class Trainer:
             self.step = start_step
         t0 = time.perf_counter()
         self._load_from_rank0(global_state)
-        start = weights(self.module)  # bit-equal to global_state on rank 0; the broadcast copy elsewhere
+        start = self.model_weights()  # bit-equal to global_state on rank 0; the broadcast copy elsewhere
         inner, L = self.cfg.inner, self.cfg.data.seq_len
         queue, trained, losses = list(ranges), [], []
         for _ in range(inner_steps):
@@ -180,7 +222,7 @@ class Trainer:
                 break
             losses.append(self._step(self.index.read_ranges(batch_ranges)))
             trained.extend(batch_ranges)
-        local = weights(self.module)
+        local = self.model_weights()
         delta = {n: torch.sub(start[n], local[n]) for n in local}
         samples = sum(r.num_samples for r in trained)
         return RoundResult(
@@ -197,14 +239,25 @@ class Trainer:
         mine = batch[self.rank::self.world].to(self.device, non_blocking=True)
         total = torch.zeros((), device=self.device)
         micro = list(mine.split(inner.micro_batch_size))  # fewer than accum only in a short last batch
+        if self.fsdp:
+            # Every forward is a collective under FSDP, so every rank runs as many micro-steps as the
+            # rank with the most samples, also in an uneven short last batch (an empty one below).
+            most = -(-len(batch) // self.world)
+            micro = list(mine.tensor_split(-(-most // inner.micro_batch_size)))
         for i, x in enumerate(micro):
             last = i == len(micro) - 1
-            # DDP all-reduces on every backward unless told not to: only the last micro-step syncs.
+            # DDP all-reduces (FSDP reduce-scatters) on every backward unless told not to: only
+            # the last micro-step syncs.
             sync = self.ddp.no_sync() if self.ddp is not None and not last else nullcontext()
+            if self.fsdp:
+                self.module.set_requires_gradient_sync(last)  # type: ignore[operator]
             with sync:
                 with autocast(self.device, inner.autocast_bf16):
-                    # Each micro-batch weighs by its share of this rank's samples (1/accum when full).
-                    loss = self.net(input_ids=x, labels=x).loss / (len(mine) / len(x))
+                    if len(x):
+                        # Each micro-batch weighs by its share of this rank's samples (1/accum when full).
+                        loss = self.net(input_ids=x, labels=x).loss / (len(mine) / len(x))
+                    else:  # FSDP's padding step: a forward that counts for nothing
+                        loss = self.net(input_ids=mine[:1], labels=mine[:1]).loss * 0.0
                 loss.backward()
             total += loss.detach()
         if inner.grad_clip > 0:
@@ -229,8 +282,25 @@ class Trainer:
             self._load_from_rank0(state)
         if self._heldout is None:
             self._heldout = self.index.corpus.heldout(self.cfg.eval_samples)
+        if self.fsdp:
+            # Every forward is a collective under FSDP: all ranks evaluate the whole set together
+            # (each its own copy of it), so their forward counts agree.
+            return perplexity(self.module, self._heldout, self.device, self.cfg.inner.autocast_bf16, batch_size)
         return perplexity(self.module, self._heldout[self.rank::self.world], self.device,
                           self.cfg.inner.autocast_bf16, batch_size, self.world)
+
+
+def _fully_shard(model: torch.nn.Module, device: torch.device, bf16: bool) -> None:
+    """FSDP2 over the default process group: one unit per decoder layer, then the root (embeddings,
+    final norm, the tied head). On accelerators the layers compute in bf16 and reduce gradients in
+    fp32 over fp32 sharded master weights; CPU stays fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if bf16 and device.type != "cpu" else MixedPrecisionPolicy())
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
 
 
 def demo(steps: int = 20) -> None:

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from peer.trainer import launch
 from peer.trainer.config import TrainerConfig
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +51,12 @@ _EXIT_POLL_S = 0.2
 class TrainerError(RuntimeError):
     """The worker refused a command (its error text) or is gone (exit status and log tail)."""
 
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+        """The trainer is gone or going (dead, or its ranks out of step and exiting): a new
+        TrainerProcess must be started; otherwise the worker refused one command and serves on."""
+
 
 @dataclass(frozen=True)
 class Hello:
@@ -65,7 +71,11 @@ class Hello:
     """`state_dict_hash(θ_0)`: sites compare it before round 1."""
     seq_len: int
     device: str
-    """Where the worker trains (cuda:0, cpu, ...)."""
+    """Where the worker trains (cuda:0, cpu, ...); rank 0's device with several ranks."""
+    ranks: tuple[dict[str, Any], ...] = ()
+    """Every rank of the site's job: {"rank", "host", "pid", "device"} (one entry with one rank)."""
+    parallel: str = "none"
+    """How the ranks share the model: "ddp", "fsdp", or "none" with one rank."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,11 @@ class TrainerProcess:
     def log_path(self) -> Path | None:
         return self._log_path
 
+    async def exited(self) -> int:
+        """Wait until the worker (the launcher, with several ranks) has exited; its exit status."""
+        assert self._proc is not None, "not started"
+        return await _exit_status(self._proc)
+
     async def start(self, config: TrainerConfig, workdir: Path, shm_dir: Path | None = None) -> Hello:
         """Spawn the worker with `config` and wait until its `Trainer` is built (tokenizing the
         corpus on first use may take a while). The config and the log go to `workdir`; tensor files
@@ -183,10 +198,11 @@ class TrainerProcess:
         config_path = workdir / "trainer-config.json"
         config_path.write_text(config.to_json())
         self._log_path = workdir / LOG_FILE
-        args = [sys.executable, "-m", "peer.trainer.worker", "--config", str(config_path),
-                "--shm-dir", str(self.shm_dir)]
+        worker_args = ["--config", str(config_path), "--shm-dir", str(self.shm_dir)]
         if self._threads is not None:
-            args += ["--threads", str(self._threads)]
+            worker_args += ["--threads", str(self._threads)]
+        # One rank: the worker itself; more: the launcher, which starts one worker per rank.
+        args = launch.command(config.ranks, worker_args)
         env = {**os.environ, **self._env}
         # This very `peer` package, even when sitemesh is not installed in sys.executable's environment.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
@@ -203,7 +219,7 @@ class TrainerProcess:
         return Hello(
             blocks=tuple((int(b), int(n)) for b, n in r["blocks"]), parameters=int(r["parameters"]),
             weights=Path(r["weights"]), weights_hash=str(r["weights_hash"]), seq_len=int(r["seq_len"]),
-            device=str(r["device"]),
+            device=str(r["device"]), ranks=tuple(r.get("ranks", ())), parallel=str(r.get("parallel", "none")),
         )
 
     async def train(
@@ -270,7 +286,7 @@ class TrainerProcess:
             proc.kill()
             await _exit_status(proc)
         if self._dead is None:
-            self._dead = TrainerError(f"trainer worker (pid {proc.pid}) was stopped")
+            self._dead = TrainerError(f"trainer worker (pid {proc.pid}) was stopped", fatal=True)
         if self._owns_shm and self.shm_dir is not None:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
         return proc.returncode
@@ -307,7 +323,7 @@ class TrainerProcess:
                 if reply.get("id") == cid:
                     break
             if not reply.get("ok"):
-                raise TrainerError(str(reply.get("error", reply)))
+                raise TrainerError(str(reply.get("error", reply)), fatal=bool(reply.get("fatal")))
             return reply
 
     @staticmethod
@@ -332,7 +348,7 @@ class TrainerProcess:
         code = await _exit_status(self._proc)
         self._dead = TrainerError(
             f"trainer worker (pid {self._proc.pid}) died during {during!r}: {_describe_exit(code)}. "
-            f"Last lines of {self._log_path}:\n{self._log_tail()}")
+            f"Last lines of {self._log_path}:\n{self._log_tail()}", fatal=True)
         return self._dead
 
     def _log_tail(self) -> str:

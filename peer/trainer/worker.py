@@ -28,6 +28,16 @@ The `Trainer` lives as long as the process, so the inner AdamW state carries ove
 (DiLoCo keeps it site-local). A failed build (bad config, unreadable corpus) exits with status 2
 after logging why; the node reports the log tail.
 
+A site of several ranks (peer/trainer/launch.py) runs this worker on every rank. Rank 0 serves the
+pipes as above; before a collective command (train, evaluate, checkpoint) it tells the other ranks
+its name over the control group (peer/trainer/ranks.py) and they join it; `stop` and the end of
+stdin stop them too. A refused command is refused on rank 0 before anyone is told, so the ranks
+stay in step. A command that fails once the ranks have started it leaves them out of step: rank 0
+replies with the error and "fatal": true, and every rank exits with status 3 (the node restarts
+the job). "hello"
+also lists the ranks: "ranks": [{"rank": r, "host": h, "pid": p, "device": d}, ...], and
+"parallel": "ddp", "fsdp" or "none" (one rank).
+
 Try it (by hand; θ_0's path comes back in the hello reply):
     .venv/bin/python -c "from peer.trainer.config import *; print(TrainerConfig(MODEL_PRESETS['micro'], \
 DataConfig.shipped(max_documents=40, seq_len=32, block_samples=16)).to_json())" > /tmp/tc.json
@@ -52,18 +62,26 @@ from typing import IO, Any
 import torch
 
 from peer.outer import state_dict_hash
-from peer.trainer.blocks import SampleRange, merge_ranges
+from peer.trainer.blocks import BlockIndex, SampleRange, merge_ranges
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
 from peer.trainer.inner import Trainer
-from peer.trainer.model import count_parameters, weights
+from peer.trainer.model import count_parameters
 from peer.trainer.process import read_state, write_state
+from peer.trainer.ranks import MISSING_RANKS_TIMEOUT_S, Rank, join, leave
+
+EXIT_OUT_OF_STEP = 3
+"""A command failed after the ranks started it: they are out of step and the job must restart."""
 
 log = logging.getLogger("peer.trainer.worker")
 
 
 class CommandError(Exception):
     """A command the worker refuses; the message goes back to the node as is."""
+
+
+class OutOfStep(Exception):
+    """A collective command failed part way: the ranks disagree on where they are; exit."""
 
 
 def _get(msg: dict[str, Any], name: str, kind: type | tuple[type, ...], hint: str) -> Any:
@@ -108,15 +126,26 @@ def _ranges(value: Any, name: str) -> list[SampleRange]:
 class Worker:
     """The command handlers around one `Trainer`; `serve` drives them from the pipes."""
 
-    def __init__(self, trainer: Trainer, shm_dir: Path) -> None:
+    def __init__(self, trainer: Trainer, shm_dir: Path, rank: Rank | None = None) -> None:
         self.trainer = trainer
         self.shm_dir = shm_dir
-        self.shapes = {n: tuple(p.shape) for n, p in trainer.module.named_parameters()}
+        self.rank = rank or Rank(0, 1, 0, "localhost")
+        self.shapes = {n: tuple(shape) for n, shape in trainer.full_shapes().items()}
         # θ_0 is taken once, before any training: hello must name the seeded init however often it
-        # is asked, while the live model moves on.
-        theta0 = weights(trainer.module)
-        self.theta0 = write_state(shm_dir / "theta0.safetensors", theta0)
-        self.theta0_hash = state_dict_hash(theta0)
+        # is asked, while the live model moves on. (A collective under FSDP: every rank takes it.)
+        theta0 = trainer.model_weights()
+        self.ranks = self.rank.gather({"rank": self.rank.rank, "host": self.rank.host, "pid": os.getpid(),
+                                       "device": str(trainer.device)})
+        if self.rank.rank == 0:
+            self.theta0 = write_state(shm_dir / "theta0.safetensors", theta0)
+            self.theta0_hash = state_dict_hash(theta0)
+        del theta0
+        self.followers: dict[str, Callable[[], object]] = {
+            "train": lambda: trainer.train_round(None, None, None),
+            "evaluate": lambda: trainer.evaluate(None),
+            "checkpoint": trainer.inner_state,
+        }
+        """What the other ranks run when rank 0 tells them a command (their part of its collective)."""
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "hello": self.hello, "train": self.train, "evaluate": self.evaluate,
             "checkpoint": self.checkpoint,
@@ -131,6 +160,54 @@ class Worker:
             return handler(msg)
         except CommandError as e:
             raise CommandError(f"{cmd}: {e}") from None
+
+    def _collective(self, cmd: str, run: Callable[[], Any]) -> Any:
+        """Tell the other ranks `cmd`, then run rank 0's part. From here on a failure leaves the
+        ranks out of step (with one rank, the worker keeps serving as before)."""
+        if self.rank.world == 1:
+            return run()
+        self.rank.tell(cmd)
+        try:
+            return run()
+        except Exception as e:
+            raise OutOfStep(self._failed(cmd, e)) from e
+
+    def _failed(self, cmd: str, e: BaseException) -> str:
+        """Log (and return) a failed collective command, naming this rank and any absent ones."""
+        log.exception("%s: %s failed", self.rank.label, cmd)
+        why = f"{self.rank.label}: {cmd} failed: {type(e).__name__}: {str(e)[:300]}"
+        missing = self.rank.missing_ranks(min(MISSING_RANKS_TIMEOUT_S, self.trainer.cfg.ranks.collective_timeout_s))
+        if missing and "monitoredBarrier" not in missing:
+            missing = "some rank is gone (" + missing[:120] + ")"
+        if missing:
+            log.error("%s: ranks that did not answer: %s", self.rank.label, missing)
+            why += f"; ranks that did not answer: {missing}"
+        return why
+
+    def follow(self) -> int:
+        """The other ranks' loop: run what rank 0 says until it says stop; the exit status."""
+        while True:
+            try:
+                cmd = self.rank.tell(None)
+            except Exception as e:  # noqa: BLE001 - rank 0 is gone (or the job is torn down)
+                log.error("%s: lost rank 0 (%s: %s); exiting", self.rank.label, type(e).__name__, e)
+                return EXIT_OUT_OF_STEP
+            if cmd == "stop":
+                log.info("%s: stop", self.rank.label)
+                return 0
+            try:
+                self.followers[cmd]()
+            except Exception as e:  # noqa: BLE001 - logged with this rank's name
+                self._failed(cmd, e)
+                return EXIT_OUT_OF_STEP
+
+    def release_followers(self) -> None:
+        """Rank 0 is done (stop, end of stdin): let the other ranks exit too."""
+        if self.rank.world > 1:
+            try:
+                self.rank.tell("stop")
+            except Exception as e:  # noqa: BLE001 - they are gone already
+                log.warning("could not tell the other ranks to stop: %s", e)
 
     # -- files -------------------------------------------------------------------------------------
     def _read_weights(self, msg: dict[str, Any], name: str) -> dict[str, torch.Tensor]:
@@ -162,6 +239,7 @@ class Worker:
             "blocks": [[b.block_id, b.num_samples] for b in t.index.epoch_order()],
             "parameters": count_parameters(t.module), "weights": str(self.theta0),
             "weights_hash": self.theta0_hash, "seq_len": t.cfg.data.seq_len, "device": str(t.device),
+            "ranks": self.ranks, "parallel": "fsdp" if t.fsdp else "ddp" if t.ddp is not None else "none",
         }
 
     def train(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +251,7 @@ class Worker:
         ranges = self._check_ranges(_ranges(_get(msg, "ranges", list, "[[block_id, start, end], ...]"),
                                             "ranges"))
         theta = self._read_weights(msg, "weights")
-        r = self.trainer.train_round(theta, ranges, steps, start_step)
+        r = self._collective("train", lambda: self.trainer.train_round(theta, ranges, steps, start_step))
         out = write_state(self.shm_dir / f"pseudo_gradient-r{rnd}.safetensors", r.pseudo_gradient)
         log.info("round %d: %d steps, %d tokens, mean loss %.4f, %.1fs", rnd, r.steps, r.tokens,
                  r.mean_loss, r.seconds)
@@ -200,7 +278,8 @@ class Worker:
         return ranges
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        ppl = self.trainer.evaluate(self._read_weights(msg, "weights"))
+        state = self._read_weights(msg, "weights")
+        ppl = self._collective("evaluate", lambda: self.trainer.evaluate(state))
         if not math.isfinite(ppl):
             raise CommandError(f"perplexity is {ppl}: the weights hold NaN or inf")
         return {"perplexity": ppl}
@@ -217,9 +296,9 @@ class Worker:
         digest = state_dict_hash(theta)
         # round and hash last: extra cannot mislabel the checkpoint.
         meta = {**extra, "round": rnd, "weights_hash": digest}
+        inner_state = self._collective("checkpoint", self.trainer.inner_state)
         save_checkpoint(directory, self.trainer.cfg.model, Checkpoint(
-            weights=theta, momentum=momentum, inner_state=self.trainer.inner_state(), cursor=cursor,
-            meta=meta))
+            weights=theta, momentum=momentum, inner_state=inner_state, cursor=cursor, meta=meta))
         return {"dir": str(directory), "weights_hash": digest}
 
 
@@ -229,6 +308,7 @@ def serve(worker: Worker, commands: IO[str], replies: IO[str]) -> int:
         if not line.strip():
             continue
         msg: Any = None
+        out_of_step = False
         t0 = time.perf_counter()
         try:
             msg = json.loads(line)
@@ -242,6 +322,9 @@ def serve(worker: Worker, commands: IO[str], replies: IO[str]) -> int:
             reply = {"ok": False, "error": f"not JSON ({e}): {line.strip()[:80]!r}"}
         except CommandError as e:
             reply = {"ok": False, "error": str(e)}
+        except OutOfStep as e:
+            reply = {"ok": False, "error": f"{e} (the site's ranks are out of step: restart them)", "fatal": True}
+            out_of_step = True
         except Exception as e:  # the trainer's own failure (e.g. CUDA OOM): report it, keep serving
             log.exception("command failed")
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -253,6 +336,8 @@ def serve(worker: Worker, commands: IO[str], replies: IO[str]) -> int:
         replies.flush()
         if cmd == "stop":
             return 0
+        if out_of_step:
+            return EXIT_OUT_OF_STEP
     log.info("stdin closed (the node is gone): exiting")
     return 0
 
@@ -289,16 +374,32 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         cfg = TrainerConfig.from_json(args.config.read_text())
-        args.shm_dir.mkdir(parents=True, exist_ok=True)
-        worker = Worker(Trainer(cfg), args.shm_dir)
-        blocks = len(worker.trainer.index.blocks)  # tokenizes the corpus now, not in the first command
+        rank, _ = join(cfg.ranks, cfg.inner.device)
     except Exception:
-        log.exception("cannot build the trainer from %s", args.config)
+        log.exception("cannot join the site's ranks with %s", args.config)
         return 2
-    log.info("trainer ready in %.1fs: model %s on %s, %d blocks, shm %s", time.perf_counter() - t0,
-             cfg.model.name, worker.trainer.device, blocks, args.shm_dir)
-    return serve(worker, sys.stdin, replies)
-
+    try:
+        index = BlockIndex(cfg.data)
+        if rank.rank == 0:
+            args.shm_dir.mkdir(parents=True, exist_ok=True)
+            _ = index.blocks  # tokenizes the corpus now (once per machine), not in the first command
+        rank.gather(None)  # the other ranks read rank 0's token cache rather than tokenize again
+        worker = Worker(Trainer(cfg, index), args.shm_dir, rank)
+        blocks = len(index.blocks)
+    except Exception:
+        log.exception("%s: cannot build the trainer from %s", rank.label, args.config)
+        return 2
+    log.info("%s: trainer ready in %.1fs: model %s on %s, %d blocks, shm %s", rank.label,
+             time.perf_counter() - t0, cfg.model.name, worker.trainer.device, blocks, args.shm_dir)
+    try:
+        if rank.rank != 0:
+            return worker.follow()
+        code = serve(worker, sys.stdin, replies)
+        if code == 0:
+            worker.release_followers()
+        return code
+    finally:
+        leave(rank)
 
 if __name__ == "__main__":
     code = main()
