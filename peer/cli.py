@@ -1,7 +1,8 @@
 """`peer`: the per-site daemon.
 
-    peer serve --site a --listen 127.0.0.1:7001
-    peer serve --site b --listen 127.0.0.1:7002 --join 127.0.0.1:7001
+    peer serve --site a --listen 127.0.0.1:7001 --certs certs/
+    peer serve --site b --listen 127.0.0.1:7002 --join 127.0.0.1:7001 --certs certs/
+    peer serve --site c --listen 127.0.0.1:7003 --insecure      # plaintext, explicitly
     peer serve --config examples/run.toml --site lumi
 
 SIGTERM (Slurm's end-of-job signal) and SIGINT mean a graceful leave. Errors a user can fix
@@ -48,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--round-interval", type=float,
                        help="leader commits an empty round this often, in seconds (no trainer; 0 = off)")
     serve.add_argument("--join-timeout", type=float, help="seconds to retry unreachable seeds before giving up")
+    serve.add_argument("--certs", type=Path, metavar="DIR",
+                       help="ca.crt, SITE.crt, SITE.key from `ops certs`: serve and dial with mutual TLS")
+    serve.add_argument("--insecure", action="store_true", default=None,
+                       help="plaintext gRPC, no identities: anyone who reaches the port is a member")
     train = serve.add_argument_group("training (this site trains when --train is given)")
     train.add_argument("--train", metavar="MODEL", choices=sorted(MODEL_PRESETS),
                        help=f"train a Qwen3 preset from random init: {', '.join(sorted(MODEL_PRESETS))}")
@@ -102,6 +107,8 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "election": getattr(ElectionConfig, args.preset)() if args.preset else None,
         "leases": getattr(LeaseConfig, args.preset)() if args.preset else None,
         "round_interval_s": args.round_interval,
+        "certs": args.certs,
+        "insecure": args.insecure,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)
@@ -109,7 +116,11 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
 
 
 async def _run(config: cfg.PeerConfig) -> int:
-    node = Node(config)
+    try:
+        node = Node(config)
+    except OSError as err:  # certificates missing or not this site's
+        print(f"peer: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         address = await node.start()
     except OSError as err:
