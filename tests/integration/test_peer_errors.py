@@ -11,8 +11,8 @@ from tests.integration.peers import REPO, _env
 
 
 def _serve(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "peer.cli", "serve", *args], capture_output=True, text=True,
-                          env=_env(), cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "peer.cli", "serve", "--insecure", *args], capture_output=True,
+                          text=True, env=_env(), cwd=REPO, timeout=timeout)
 
 
 def test_port_in_use() -> None:
