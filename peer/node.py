@@ -156,10 +156,11 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._store = FileStore(self.data_dir / "consensus")
         founders = None if self.config.join else {SiteId(self.config.site): self.address}
-        durable = self._store.load_or_init(c.DurableState.fresh(founders))
+        # What this peer applied is fsynced apart from the log: the log must still reach it.
+        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._load_applied()
+        durable = self._store.load_or_init(c.DurableState.fresh(founders), keep_through=applied[0])
         if self._store.recovered:
             log.warning("commit log repaired at start-up: %s", self._store.recovered)
-        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._load_applied()
         log.info("state in %s: log up to index %d, applied %d (round %d)",
                  self.data_dir, len(durable.entries) + durable.snapshot.last_index, applied[0], applied[1])
         self.applied_round = applied[1]
@@ -185,7 +186,7 @@ class Node:
             raise JoinFailed(
                 f"no seed of {', '.join(seeds)} answered within {self.config.join_timeout_s:.0f} s "
                 f"({err.last_attempt.attempt_number} attempts): check the addresses, that a peer "
-                "runs there, that it serves this run (certificates of the same run CA) and that this "
+                "runs there, that it serves this run, with certificates of the same run CA, and that this "
                 f"host can reach it; last error: {self._gossip.last_error or 'none'}"
             ) from None
         return len(self.members())

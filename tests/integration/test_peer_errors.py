@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -52,5 +53,5 @@ def test_unreachable_seeds_give_up_after_backoff() -> None:
                     "--join", "127.0.0.1:1", "--join-timeout", "3")
     assert result.returncode == 2
     assert "no seed of 127.0.0.1:1 answered within 3 s" in result.stderr
-    attempts = int(result.stderr.split("(")[-1].split(" attempts")[0])
+    attempts = int(re.search(r"\((\d+) attempts\)", result.stderr).group(1))  # type: ignore[union-attr]
     assert attempts >= 2, "must retry before giving up"
