@@ -43,6 +43,7 @@ from peer.transport.guard import site_security
 from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
 from peer.transport.oneway import OneWaySender
+from peer.transport.wire import MAX_MEMBERS
 from peer.transport.leases_rpc import LEASES
 from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
@@ -245,11 +246,20 @@ class Node:
         is refused, if it is."""
         if self._stopped.is_set():
             return None
-        refused = self._duplicate_site(msg)
+        refused = self._duplicate_site(msg) or self._table_full(msg)
         if refused is not None:
             return refused
         self._spawn(self._execute(self._core().receive(msg, self._clock())))
         self._wake.set()
+        return None
+
+    def _table_full(self, msg: m.Message) -> str | None:
+        """At most MAX_MEMBERS members are held: rumours of more new sites are refused whole."""
+        rumours = msg.members if isinstance(msg, m.PushPull) else getattr(msg, "updates", ())
+        known = {view.site for view in self._core().members()}
+        new = {u.site for u in rumours} - known
+        if new and len(known) + len(new) > MAX_MEMBERS:
+            return f"{len(new)} new members would pass the limit of {MAX_MEMBERS} members this peer holds"
         return None
 
     def _duplicate_site(self, msg: m.Message) -> str | None:

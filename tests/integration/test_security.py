@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from ops.certs import LOOPBACK, init_ca, issue
-from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
+from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, consensus_pb2, membership_pb2
 from peer.transport.channels import PLAINTEXT, Credentials, open_blocking_channel
 from tests.integration.peers import REPO, Cluster, _env, wait_for
 
@@ -186,3 +186,51 @@ def test_a_certificate_must_be_the_sites_own(tls: Cluster) -> None:
         capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)
     assert result.returncode == 2
     assert "is the operator certificate of 'operator', not the site certificate of 'b'" in result.stderr
+
+
+def _raw(address: str, creds: Credentials, method: str, payload: bytes) -> grpc.RpcError | None:
+    with open_blocking_channel(address, creds) as channel:
+        try:
+            channel.unary_unary(method)(payload, timeout=10)
+        except grpc.RpcError as err:
+            return err
+    return None
+
+
+def test_hostile_messages_of_an_authenticated_site_are_refused(tls: Cluster) -> None:
+    """c holds a real site certificate of the run and sends what the issue's attacker sent."""
+    a = tls.start("a", extra=["--round-interval", "0.5"])
+    b = tls.start("b", join=[a.address], extra=["--round-interval", "0.5"])
+    wait_for(lambda: tls.status(a.address)["committed_round"] >= 2 and tls.status(b.address)["leader"], SETTLE_S,
+             "rounds to commit")
+    issue(tls.certs, "c", "site", tls.certs, LOOPBACK)
+    c = Credentials.from_dir(tls.certs, "c")
+    header = consensus_pb2.ConsensusHeader(from_site="c", from_address="127.0.0.1:1", epoch=2**64 - 1)
+    fake = [membership_pb2.MemberUpdate(site=f"fake{i}", state=membership_pb2.MEMBER_STATE_ALIVE, incarnation=1,
+                                        from_site="c") for i in range(2000)]
+    snapshot = consensus_pb2.InstallSnapshot(
+        header=consensus_pb2.ConsensusHeader(from_site="b", from_address=b.address, epoch=99),
+        snapshot=consensus_pb2.Snapshot(last_index=1_000_000, last_epoch=99))
+    attacks = {
+        "/sitemesh.v1.Consensus/SendAppendEntries":
+            (consensus_pb2.AppendEntries(header=header).SerializeToString(), grpc.StatusCode.INVALID_ARGUMENT),
+        "/sitemesh.v1.Membership/SendPushPull":
+            (membership_pb2.PushPull(from_site="c", from_address="127.0.0.1:1", members=fake).SerializeToString(),
+             grpc.StatusCode.INVALID_ARGUMENT),
+        "/sitemesh.v1.Consensus/SendInstallSnapshot":
+            (snapshot.SerializeToString(), grpc.StatusCode.PERMISSION_DENIED),
+        "/sitemesh.v1.Consensus/SendRequestVote": (b"\xff\x00garbage" * 50, grpc.StatusCode.INVALID_ARGUMENT),
+    }
+    before = {p.site: tls.status(p.address) for p in (a, b)}
+    for method, (payload, code) in attacks.items():
+        for target in (a, b):
+            err = _raw(target.address, c, method, payload)
+            assert err is not None and err.code() == code, (method, err)
+    # Everyone keeps serving and agrees on an honest leader at a small epoch; rounds keep committing.
+    wait_for(lambda: tls.status(a.address)["committed_round"] >= before["a"]["committed_round"] + 2, SETTLE_S,
+             "rounds to go on committing")
+    for p in (a, b):
+        now = tls.status(p.address)
+        assert now["epoch"] < before[p.site]["epoch"] + 10 and now["leader"] in ("a", "b")
+        assert {m["site"] for m in now["members"]} == {"a", "b"}
+        assert "Traceback" not in p.log(), p.log()[-3000:]
