@@ -24,8 +24,8 @@ from peer import config as cfg
 from peer.dirlock import lock_dir
 from peer.election import ElectionConfig
 from peer.leases import LeaseConfig
-from peer.membership import MembershipConfig
 from peer.logstore import CorruptStore
+from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 from peer.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig

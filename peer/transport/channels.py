@@ -13,6 +13,8 @@ from pathlib import Path
 
 import grpc
 
+from peer.transport.intercept import SafeDecode
+
 # Chunked transfers keep messages far below this; it is a guard against garbage, not a tuning knob.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
@@ -103,7 +105,10 @@ _SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
-    return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS, interceptors=tuple(interceptors))
+    """A server whose every method refuses unparsable requests with INVALID_ARGUMENT (SafeDecode)
+    before `interceptors` (e.g. peer/transport/guard.py) and the servicer see them."""
+    return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS,
+                           interceptors=(SafeDecode(), *interceptors))
 
 
 def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) -> int:

@@ -6,14 +6,13 @@ identity may not do with PERMISSION_DENIED and a one-line reason. Each refusal i
 `Guard.denied` (by method and peer) and logged once per (peer, method), so a misbehaving client
 cannot flood the log.
 
-gRPC's aio interceptors see the method name but neither the request nor the peer's certificate, so
-the guard wraps each method's handler and checks inside it, before the servicer runs.
+It wraps each method's handler (peer/transport/intercept.py) and checks inside it, before the
+servicer runs.
 """
 
 from __future__ import annotations
 
 import collections
-import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ import grpc
 
 from peer.transport.auth import BadCertificate, Identity, Role, authorize, identity_of, run_id_of
 from peer.transport.channels import PLAINTEXT, Credentials
+from peer.transport.intercept import wrapped
 
 log = logging.getLogger("sitemesh.guard")
 
@@ -41,7 +41,7 @@ class Guard(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        return _wrapped(handler, details.method, self._check)
+        return wrapped(handler, details.method, self._check)
 
     def identity(self, context: grpc.aio.ServicerContext) -> Identity | str:
         """The caller's identity, or why it has none."""
@@ -66,55 +66,6 @@ class Guard(grpc.aio.ServerInterceptor):
         self.denied[key] += 1
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
 
-
-Check = Callable[[str, Any, grpc.aio.ServicerContext], Any]
-
-
-def _wrapped(handler: grpc.RpcMethodHandler, method: str, check: Check) -> grpc.RpcMethodHandler:
-    """`handler` with `check(method, request, context)` run before its behaviour."""
-    if handler.unary_unary is not None:
-        inner = handler.unary_unary
-
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(method, request, context)
-            return await inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(
-            unary_unary, handler.request_deserializer, handler.response_serializer)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            _streaming(handler.unary_stream, lambda req: req, method, check),
-            handler.request_deserializer, handler.response_serializer)
-    if handler.stream_unary is not None:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(method, None, context)
-            return await inner_su(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(
-            stream_unary, handler.request_deserializer, handler.response_serializer)
-    return grpc.stream_stream_rpc_method_handler(
-        _streaming(handler.stream_stream, lambda _: None, method, check),
-        handler.request_deserializer, handler.response_serializer)
-
-
-def _streaming(inner: Any, checked: Callable[[Any], Any], method: str, check: Check) -> Any:
-    """A streaming-response behaviour in the same style as `inner`: an async generator, or a
-    coroutine that writes with context.write (gRPC refuses a mix of the two)."""
-    if inspect.isasyncgenfunction(inner):
-        async def generator(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(method, checked(request), context)
-            async for item in inner(request, context):
-                yield item
-
-        return generator
-
-    async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await check(method, checked(request), context)
-        return await inner(request, context)
-
-    return coroutine
 
 
 def site_security(certs: Path | None, site: str) -> tuple[Credentials, Guard | None]:

@@ -143,7 +143,7 @@ def test_duplicate_site_and_other_run_are_refused(tls: Cluster, tmp_path: Path) 
     dup = subprocess.run(
         [sys.executable, "-m", "peer.cli", "serve", "--site", "b", "--listen", "127.0.0.1:0", "--preset",
          "local_test", "--data-dir", str(tmp_path / "b2"), "--certs", str(tls.certs), "--join", a.address,
-         "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)
+         "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
     assert dup.returncode == 2
     assert "site b is live at" in dup.stderr and "a second process with its name" in dup.stderr, dup.stderr
     # A peer of another run (its own CA) cannot even connect.
@@ -153,7 +153,7 @@ def test_duplicate_site_and_other_run_are_refused(tls: Cluster, tmp_path: Path) 
     alien = subprocess.run(
         [sys.executable, "-m", "peer.cli", "serve", "--site", "z", "--listen", "127.0.0.1:0", "--preset",
          "local_test", "--data-dir", str(tmp_path / "z"), "--certs", str(other), "--join", a.address,
-         "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)
+         "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
     assert alien.returncode == 2 and "certificates of the same run CA" in alien.stderr, alien.stderr
     members = {m["site"]: (m["state"], m["address"]) for m in tls.status(a.address)["members"]}
     assert members == {"a": ("alive", a.address), "b": ("alive", tls.peers["b"].address)}
@@ -167,7 +167,7 @@ def test_one_process_per_data_dir_and_port(tls: Cluster) -> None:
         return subprocess.run(
             [sys.executable, "-m", "peer.cli", "serve", "--site", "a", "--listen", listen, "--data-dir",
              str(data_dir), "--certs", str(tls.certs)],
-            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)
+            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
 
     same_dir = second("127.0.0.1:0", tls.workdir / "a")
     assert same_dir.returncode == 2
@@ -183,7 +183,7 @@ def test_a_certificate_must_be_the_sites_own(tls: Cluster) -> None:
     shutil.copy(tls.certs / "operator.key", tls.certs / "b.key")
     result = subprocess.run(
         [sys.executable, "-m", "peer.cli", "serve", "--site", "b", "--certs", str(tls.certs)],
-        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)
+        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
     assert result.returncode == 2
     assert "is the operator certificate of 'operator', not the site certificate of 'b'" in result.stderr
 
