@@ -81,7 +81,21 @@ def test_tls_mesh_forms_and_roles_are_enforced(tls: Cluster) -> None:
     # Logged once per (peer, method), however often it is tried.
     _leave_call(a.address, reader)
     assert a.log().count("refused /sitemesh.v1.Admin/Leave from bob") == 1
-    # `ops` as a reader says why, in one line.
+    # grpcurl with the run's certificates (README, Security), and consensus.proto's example.
+    grpcurl = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+
+    def curl(who: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([grpcurl, "-cacert", str(tls.certs / "ca.crt"), "-cert", str(tls.certs / f"{who}.crt"),
+                               "-key", str(tls.certs / f"{who}.key"), *args], capture_output=True, text=True,
+                              timeout=30, check=False)
+
+    assert "sitemesh.v1.Admin" in curl("bob", a.address, "list").stdout
+    assert '"self": "a"' in curl("bob", a.address, "sitemesh.v1.Admin/Status").stdout
+    vote = curl("b", "-d", '{"header": {"from_site": "b", "epoch": 1}, "proposed_epoch": 2, "pre_vote": true}',
+                a.address, "sitemesh.v1.Consensus/SendRequestVote")
+    assert vote.returncode == 0, vote.stderr
+    refused = curl("bob", "-d", "{}", a.address, "sitemesh.v1.Consensus/SendRequestVote")
+    assert "PermissionDenied" in refused.stderr and "reader bob may not call" in refused.stderr, refused.stderr
     result = tls.ops("leave", "--peer", a.address)  # the operator's: accepted
     assert result.returncode == 0, result.stderr
     wait_for(lambda: a.proc.poll() is not None, SETTLE_S, "a to leave on the operator's request")
