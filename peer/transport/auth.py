@@ -52,7 +52,9 @@ def run_id_of(ca: x509.Certificate | bytes) -> str:
     names = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
     if not names:
         raise BadCertificate("the CA certificate has no organisation (O) naming the run: make it with `ops certs init`")
-    return f"{names[0].value}-{hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()[:12]}"
+    value = names[0].value
+    run = value.decode() if isinstance(value, bytes) else value
+    return f"{run}-{hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()[:12]}"
 
 
 def _one(cert: x509.Certificate, oid: x509.ObjectIdentifier, what: str) -> str:
