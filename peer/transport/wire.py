@@ -9,8 +9,9 @@ the same name whose member is chosen by message type name. Anything that does no
 which servicers turn into INVALID_ARGUMENT: a malformed message is refused, never half-applied.
 
 Decoding is also where hostile values stop (docs/decisions/security-bounds.md), so the cores never
-see them: an integer beyond `MAX_COUNTER` (an epoch, incarnation, round or index no honest peer
-reaches, and one that could not be incremented without overflowing uint64), a non-finite float,
+see them: a counter beyond `MAX_COUNTER` (an epoch, incarnation, round, index or sequence number no
+honest peer reaches, and one that could not be incremented without overflowing uint64; identifiers
+such as block ids use all 64 bits and are not bounded), a non-finite float,
 a string longer than `MAX_STRING`, or more than `MAX_MEMBERS` members, rumours or voters in one
 message.
 """
@@ -39,6 +40,7 @@ MAX_STRING = 1024
 MAX_MEMBERS = 256
 """Most members, rumours or voters one message may list: far above any real run's site count."""
 _MEMBER_LISTS = frozenset({"members", "updates", "voters"})
+_COUNTERS = frozenset({"epoch", "incarnation", "round", "index", "seq"})
 
 
 class WireError(ValueError):
@@ -188,11 +190,17 @@ def _value_in(value: Any, tp: Any, fd: FieldDescriptor) -> Any:
     return _bounded(value, fd)
 
 
+def _is_counter(name: str) -> bool:
+    """Fields that count events (epochs, incarnations, rounds, log indexes, sequence numbers), as
+    opposed to identifiers such as 64-bit block ids, which use the whole range."""
+    return name in _COUNTERS or name.endswith(("_epoch", "_round", "_index"))
+
+
 def _bounded(value: Any, fd: FieldDescriptor) -> Any:
     """`value` if it is within the bounds any honest peer stays in, else WireError."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and not -MAX_COUNTER <= value <= MAX_COUNTER:
+    if isinstance(value, int) and _is_counter(fd.name) and not -MAX_COUNTER <= value <= MAX_COUNTER:
         raise WireError(f"{fd.full_name} = {value} is beyond 2^62: no honest peer counts that far")
     if isinstance(value, float) and not math.isfinite(value):
         raise WireError(f"{fd.full_name} = {value} is not a finite number")

@@ -58,3 +58,13 @@ def test_a_forged_snapshot_with_too_many_voters_is_refused() -> None:
                                                                              epoch=1), snapshot=snap)
     with pytest.raises(WireError, match="items, at most"):
         from_proto(msg, commitlog.InstallSnapshot)
+
+
+def test_identifiers_may_use_all_64_bits() -> None:
+    """Block ids are 64-bit hashes: only counters are bounded (a real demo run found this)."""
+    from peer import lease_types as lt
+    from peer.gen.sitemesh.v1 import leases_pb2
+
+    msg = leases_pb2.Release(header=leases_pb2.LeaseHeader(site="a"),
+                             leases=[leases_pb2.LeaseRef(block_id=8590897764185931777, generation=12884901932)])
+    assert from_proto(msg, lt.Release).leases[0].block_id == 8590897764185931777
