@@ -1,6 +1,6 @@
 # A sitemesh peer image. Pass --build-arg TORCH="torch==X" (or a ROCm/CUDA wheel spec) for your site.
 #   docker build -t sitemesh .
-#   docker run --rm -p 7001:7001 sitemesh peer serve --site a --listen 0.0.0.0:7001
+#   docker run --rm -p 7001:7001 -v $PWD/certs:/certs sitemesh peer serve --site a --listen 0.0.0.0:7001 --certs /certs
 FROM python:3.11-slim
 ARG TORCH="torch"
 WORKDIR /opt/sitemesh

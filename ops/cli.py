@@ -18,6 +18,7 @@ from collections.abc import Sequence
 # adds sets `func(args) -> int`).
 COMMAND_MODULES: tuple[str, ...] = (
     "ops.mesh",
+    "ops.certs",
     "ops.demo",
     "ops.audit",
     "ops.placement.commands",

@@ -23,9 +23,10 @@ from typing import Any
 
 import grpc
 
+from ops.certs import make_run
 from ops.mesh import status_document
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
-from peer.transport.channels import open_blocking_channel
+from peer.transport.channels import Credentials, open_blocking_channel
 
 SITE_NAMES = ("snellius", "lumi", "frontier", "leonardo", "mareNostrum", "jupiter")
 
@@ -46,12 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _status(address: str) -> dict[str, Any] | None:
+def _status(address: str, creds: Credentials) -> dict[str, Any] | None:
     try:
-        with open_blocking_channel(address) as channel:
+        with open_blocking_channel(address, creds) as channel:
             return status_document(admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=5))
     except grpc.RpcError:
         return None
+
+
+def _run_certificates(certs: Path, sites: list[str]) -> Credentials:
+    """The demo's own run CA, a certificate per site and one for the demo as operator: the sites
+    talk mutual TLS as a real run does (README, Security)."""
+    make_run("demo", certs, sites, operators=("operator",))
+    return Credentials.from_dir(certs, "operator")
 
 
 def _start(workdir: Path, site: str, join: str | None, args: argparse.Namespace, total_steps: int) -> tuple[
@@ -60,7 +68,7 @@ def _start(workdir: Path, site: str, join: str | None, args: argparse.Namespace,
            "--data-dir", str(workdir / site), "--preset", "lan", "--train", args.model,
            "--max-documents", str(args.max_documents), "--inner-steps", str(args.inner_steps),
            "--batch-size", str(args.batch_size), "--total-steps", str(total_steps), "--round-deadline", "600",
-           "--checkpoint-every", "1"]
+           "--checkpoint-every", "1", "--certs", str(workdir / "certs")]
     if join:
         cmd += ["--join", join]
     log = open(workdir / f"{site}.log", "a")
@@ -79,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
     sites = list(SITE_NAMES[:args.sites])
+    args.creds = _run_certificates(workdir / "certs", sites)
     print(f"sitemesh demo: {args.sites} sites ({', '.join(sites)}), model {args.model}, H={args.inner_steps}; "
           f"state and logs in {workdir}")
     # SIGTERM must unwind through `finally` below, or the site processes outlive the demo.
@@ -111,7 +120,7 @@ def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dic
     ok = True
     while time.monotonic() - start < args.timeout:
         time.sleep(1.0)
-        docs = {s: d for s in live if (d := _status(addresses[s])) is not None}
+        docs = {s: d for s in live if (d := _status(addresses[s], args.creds)) is not None}
         if not docs or any(d["training"] is None for d in docs.values()):
             continue
         rounds = {d["training"]["applied_round"] for d in docs.values()}
@@ -133,7 +142,7 @@ def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dic
                 leave_at = max(1, t["samples_total"] // per_round // 2) if len(sites) > 1 else 0
             if leave_at and applied >= leave_at and not left and len(live) > 1:
                 gone = live.pop()
-                with open_blocking_channel(addresses[gone]) as channel:
+                with open_blocking_channel(addresses[gone], args.creds) as channel:
                     admin_pb2_grpc.AdminStub(channel).Leave(admin_pb2.LeaveRequest(), timeout=10)
                 procs[gone].wait(timeout=120)
                 left = True

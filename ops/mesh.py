@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from ops.certs import CertError, add_client_flags, client_credentials
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, membership_pb2
 from peer.transport.channels import open_blocking_channel
 
@@ -36,24 +37,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--peer", required=True, metavar="HOST:PORT", help="address of any running peer")
     status.add_argument("--json", action="store_true", help="machine-readable output (stable keys)")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the peer")
+    add_client_flags(status)
     status.set_defaults(func=_status)
 
     leave = sub.add_parser("leave", help="make a peer leave the mesh gracefully and exit")
     leave.add_argument("--peer", required=True, metavar="HOST:PORT", help="address of the peer that leaves")
     leave.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the peer")
+    add_client_flags(leave)
     leave.set_defaults(func=_leave)
 
     join = sub.add_parser("join", help="make a lone running peer join a mesh")
     join.add_argument("--peer", required=True, metavar="HOST:PORT", help="address of the peer that joins")
     join.add_argument("--seed", required=True, action="append", metavar="HOST:PORT", help="any member (repeatable)")
     join.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the join")
+    add_client_flags(join)
     join.set_defaults(func=_join)
 
 
-def _call(address: str, method: str, request: Any, timeout: float) -> Any:
-    with open_blocking_channel(address) as channel:
+def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
+    try:
+        creds = client_credentials(args)
+    except CertError as err:
+        raise SystemExit(f"ops: error: {err}") from None
+    with open_blocking_channel(args.peer, creds) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
-        return getattr(stub, method)(request, timeout=timeout)
+        return getattr(stub, method)(request, timeout=args.timeout)
 
 
 def _fail(address: str, err: grpc.RpcError) -> int:
@@ -144,7 +152,7 @@ def _table(doc: dict[str, Any]) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     try:
-        reply = _call(args.peer, "Status", admin_pb2.StatusRequest(), args.timeout)
+        reply = _call(args, "Status", admin_pb2.StatusRequest())
     except grpc.RpcError as err:
         return _fail(args.peer, err)
     doc = status_document(reply)
@@ -154,7 +162,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _leave(args: argparse.Namespace) -> int:
     try:
-        reply = _call(args.peer, "Leave", admin_pb2.LeaveRequest(), args.timeout)
+        reply = _call(args, "Leave", admin_pb2.LeaveRequest())
     except grpc.RpcError as err:
         return _fail(args.peer, err)
     print(f"{args.peer} is leaving; {reply.notified} members to notify")
@@ -163,7 +171,7 @@ def _leave(args: argparse.Namespace) -> int:
 
 def _join(args: argparse.Namespace) -> int:
     try:
-        reply = _call(args.peer, "Join", admin_pb2.JoinRequest(seeds=args.seed), args.timeout)
+        reply = _call(args, "Join", admin_pb2.JoinRequest(seeds=args.seed))
     except grpc.RpcError as err:
         return _fail(args.peer, err)
     print(f"{args.peer} joined; it knows {reply.members} members")

@@ -1,7 +1,8 @@
 """`peer`: the per-site daemon.
 
-    peer serve --site a --listen 127.0.0.1:7001
-    peer serve --site b --listen 127.0.0.1:7002 --join 127.0.0.1:7001
+    peer serve --site a --listen 127.0.0.1:7001 --certs certs/
+    peer serve --site b --listen 127.0.0.1:7002 --join 127.0.0.1:7001 --certs certs/
+    peer serve --site c --listen 127.0.0.1:7003 --insecure      # plaintext, explicitly
     peer serve --config examples/run.toml --site lumi
 
 SIGTERM (Slurm's end-of-job signal) and SIGINT mean a graceful leave. Errors a user can fix
@@ -15,12 +16,15 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from peer import config as cfg
+from peer.dirlock import lock_dir
 from peer.election import ElectionConfig
 from peer.leases import LeaseConfig
+from peer.logstore import CorruptStore
 from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 from peer.rounds import RoundsConfig
@@ -48,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--round-interval", type=float,
                        help="leader commits an empty round this often, in seconds (no trainer; 0 = off)")
     serve.add_argument("--join-timeout", type=float, help="seconds to retry unreachable seeds before giving up")
+    serve.add_argument("--certs", type=Path, metavar="DIR",
+                       help="ca.crt, SITE.crt, SITE.key from `ops certs`: serve and dial with mutual TLS")
+    serve.add_argument("--insecure", action="store_true", default=None,
+                       help="plaintext gRPC, no identities: anyone who reaches the port is a member")
     train = serve.add_argument_group("training (this site trains when --train is given)")
     train.add_argument("--train", metavar="MODEL", choices=sorted(MODEL_PRESETS),
                        help=f"train a Qwen3 preset from random init: {', '.join(sorted(MODEL_PRESETS))}")
@@ -80,7 +88,42 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.set_defaults(func=_serve)
+
+    repair = sub.add_parser("repair", help="set a damaged data dir aside so the site rebuilds from the run")
+    repair.add_argument("--data-dir", type=Path, required=True, help="the site's data dir (no peer may run on it)")
+    repair.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    repair.set_defaults(func=_repair)
     return parser
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Moves the contents of a damaged data dir to `<dir>.damaged-<time>`; the next `peer serve --join`
+    starts empty and receives the log and θ from the leader, as a joining site does."""
+    data_dir: Path = args.data_dir
+    if not data_dir.is_dir():
+        print(f"peer: error: {data_dir} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        lock = lock_dir(data_dir)  # refuses while a peer runs on it
+    except OSError as err:
+        print(f"peer: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    with lock:
+        entries = sorted(p for p in data_dir.iterdir() if p.name != "LOCK")
+        if not entries:
+            print(f"{data_dir} is empty: nothing to repair; start the peer with --join MEMBER")
+            return 0
+        aside = data_dir.with_name(f"{data_dir.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        print(f"will move {', '.join(p.name for p in entries)} from {data_dir} to {aside}")
+        if not args.yes and input("proceed? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing changed")
+            return 1
+        aside.mkdir()
+        for path in entries:
+            path.rename(aside / path.name)
+        print(f"done: now start this site with `peer serve ... --data-dir {data_dir} --join MEMBER`; it receives "
+              f"the log and θ from the run's leader. The old state stays in {aside}.")
+    return 0
 
 
 def _training_from(args: argparse.Namespace) -> dict[str, object]:
@@ -118,6 +161,8 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "election": getattr(ElectionConfig, args.preset)() if args.preset else None,
         "leases": getattr(LeaseConfig, args.preset)() if args.preset else None,
         "round_interval_s": args.round_interval,
+        "certs": args.certs,
+        "insecure": args.insecure,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)
@@ -125,10 +170,14 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
 
 
 async def _run(config: cfg.PeerConfig) -> int:
-    node = Node(config)
+    try:
+        node = Node(config)
+    except OSError as err:  # certificates missing or not this site's
+        print(f"peer: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         address = await node.start()
-    except OSError as err:
+    except (OSError, CorruptStore) as err:
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except TrainerError as err:

@@ -6,6 +6,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
 
     [run]
     name = "c4-qwen3"                 # run name, shown in status and logs
+    insecure = false                  # true: plaintext gRPC, no certificates (loopback experiments)
 
     [membership]
     preset = "wan"                    # lan | wan | local_test (peer.membership.MembershipConfig)
@@ -18,6 +19,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     data_dir = "/scratch/project_x/sitemesh"
     accelerator = "4x MI250X"
     tokens_per_s = 0.0
+    certs = "/scratch/project_x/certs"  # ca.crt, lumi.crt, lumi.key from `ops certs` (mutual TLS)
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.
@@ -104,6 +106,11 @@ class PeerConfig:
     """Outer Nesterov step and checkpoint cadence."""
     join_timeout_s: float = 30.0
     """How long to keep retrying unreachable seeds (exponential backoff) before giving up."""
+    certs: Path | None = None
+    """Directory with `ca.crt`, `<site>.crt`, `<site>.key` (ops certs): serve and dial with mutual TLS."""
+    insecure: bool = False
+    """Plaintext gRPC with no peer identity: anyone who reaches the port is a member. Must be asked
+    for explicitly; exactly one of `certs` and `insecure` is set."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.site):
@@ -119,6 +126,11 @@ class PeerConfig:
             raise ConfigError("trainer and rounds must be set together")
         if self.round_interval_s < 0:
             raise ConfigError(f"round_interval_s must be >= 0, got {self.round_interval_s}")
+        if (self.certs is None) == (not self.insecure):
+            raise ConfigError(
+                "give certificates (--certs DIR, made by `ops certs init/issue`) or ask for plaintext "
+                "explicitly with --insecure" if self.certs is None else "--certs and --insecure exclude each other"
+            )
         if self.join_timeout_s <= 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
 
@@ -145,7 +157,7 @@ def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
         raise ConfigError(f"{path}: [membership]: {err}") from err
 
 
-_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s"}
+_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs"}
 
 
 def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
@@ -158,7 +170,7 @@ def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
         raise ConfigError(f"{path}: not valid TOML: {err}") from err
     _check_keys(doc, {"run", "membership", "sites"} | _FOREIGN_TOP, "the top level", path)
     run = doc.get("run", {})
-    _check_keys(run, {"name"}, "[run]", path)
+    _check_keys(run, {"name", "insecure"}, "[run]", path)
     sites = doc.get("sites", {})
     if site not in sites:
         known = ", ".join(sorted(sites)) or "none"
@@ -171,6 +183,7 @@ def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
     values: dict[str, Any] = {
         "site": site,
         "run_name": run.get("name", "sitemesh"),
+        "insecure": bool(run.get("insecure", False)),
         "membership": _membership_from(doc.get("membership", {}), path),
         "election": getattr(ElectionConfig, preset)(),
         "leases": getattr(LeaseConfig, preset)(),
@@ -187,8 +200,9 @@ def from_values(values: dict[str, Any]) -> PeerConfig:
     values = dict(values)
     if "join" in values:
         values["join"] = tuple(values["join"])
-    if values.get("data_dir") is not None:
-        values["data_dir"] = Path(values["data_dir"])
+    for key in ("data_dir", "certs"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
     try:
         return PeerConfig(**values)
     except TypeError as err:

@@ -12,7 +12,11 @@ Format (docs/decisions/consensus-storage.md), in one directory per peer:
 
 At start-up a bad record that reaches the end of the file is a torn write of an append that was never
 acknowledged (acks follow the fsync), so it is cut off; a bad record followed by more data is
-corruption of acknowledged data and raises `CorruptStore` instead of silently losing entries.
+corruption of acknowledged data and raises `CorruptStore` instead of silently losing entries. So do
+a log that ends before an index the caller knows was applied (`keep_through`: a cut there would
+drop committed entries), a log missing beside a hardstate that has voted, and a hardstate missing
+beside a log (the peer would forget its epoch and lead an old one again). Every `CorruptStore`
+names the file and the repair (REPAIR).
 
 `MemoryStore` has the same semantics in memory; the simulator uses it as the "disk" that survives a
 crash. Both execute the Persist* effects of `peer/consensus.py` via `persist(effect)`.
@@ -54,6 +58,10 @@ _HEADER = struct.Struct(">4sII")  # magic, payload length, crc32 of (length, pay
 
 class CorruptStore(RuntimeError):
     """Acknowledged data is damaged (not a torn tail): refuse to start rather than lose entries."""
+
+
+REPAIR = ("repair: `peer repair --data-dir DIR` sets the damaged state aside, then `peer serve ... --join "
+          "MEMBER` rebuilds it from the run's leader (log and θ by state transfer)")
 
 
 class Store:
@@ -155,38 +163,55 @@ class FileStore(Store):
     def exists(self) -> bool:
         return (self.dir / "hardstate").exists() or self._log_path.exists()
 
-    def load_or_init(self, fresh: DurableState) -> DurableState:
-        """The stored state, or `fresh` written to disk first if this directory is new."""
-        if not self.exists():
+    def load_or_init(self, fresh: DurableState, keep_through: int = 0) -> DurableState:
+        """The stored state, or `fresh` written to disk first if this directory is new.
+
+        `keep_through`: an index known applied (fsynced elsewhere); a log that no longer reaches it
+        lost committed entries and is refused, never cut."""
+        if not self.exists() and keep_through == 0:
             self.save_hard_state(fresh.hard)
             if fresh.snapshot != EMPTY_SNAPSHOT:
                 self.save_snapshot(fresh.snapshot)
             self.write_log(fresh.snapshot.last_index + 1, tuple(fresh.entries))
             return self.load()
-        return self.reload()
+        return self.reload(keep_through)
 
-    def reload(self) -> DurableState:
+    def reload(self, keep_through: int = 0) -> DurableState:
         commit_raw = _read_whole(self.dir / "commit")
         self.commit_index = int(json.loads(commit_raw)["index"]) if commit_raw is not None else 0
-        hard_raw = _read_whole(self.dir / "hardstate")
+        # The fsynced commit index is a floor too: a log that no longer reaches it lost committed entries.
+        keep_through = max(keep_through, self.commit_index)
+        hard_path = self.dir / "hardstate"
+        hard_raw = _read_whole(hard_path)
         if hard_raw is not None:
             obj = json.loads(hard_raw)
             self.hard = HardState(Epoch(obj["epoch"]), SiteId(obj["voted_for"]) if obj["voted_for"] else None)
         snap_raw = _read_whole(self.dir / "snapshot")
         snap = decode_snapshot(snap_raw) if snap_raw is not None else EMPTY_SNAPSHOT
+        # The hardstate is written before the log is created: a log without one lost the epoch.
+        if hard_raw is None and (self._log_path.exists() or snap_raw is not None):
+            raise CorruptStore(f"{hard_path} is missing beside {self._log_path}: this peer's epoch and vote are lost "
+                               f"and it could lead an old epoch again; {REPAIR}")
+        if not self._log_path.exists() and (self.hard.epoch > 0 or snap_raw is not None):
+            raise CorruptStore(f"{self._log_path} is missing beside {hard_path} at epoch {self.hard.epoch}: "
+                               f"the voters and committed rounds are lost; {REPAIR}")
         data = self._log_path.read_bytes() if self._log_path.exists() else b""
         records, end = _parse(data)
+        entries = [decode_entry(p) for _, p in records]
+        for a, b in zip(entries, entries[1:]):
+            if b.index != a.index + 1:
+                raise CorruptStore(f"{self._log_path}: index {b.index} follows {a.index}; {REPAIR}")
+        last = entries[-1].index if entries else snap.last_index
+        if max(last, snap.last_index) < keep_through:
+            raise CorruptStore(f"{self._log_path} ends at index {max(last, snap.last_index)} but index {keep_through} "
+                               f"was applied: committed entries were lost (truncated or replaced file); {REPAIR}")
         if end < len(data):
             if self._more_records_after(data, end):
-                raise CorruptStore(f"{self._log_path}: bad record at byte {end} followed by valid records")
+                raise CorruptStore(f"{self._log_path}: bad record at byte {end} followed by valid records; {REPAIR}")
             self.recovered = f"cut torn tail of {len(data) - end} bytes at offset {end}"
             with open(self._log_path, "r+b") as f:
                 f.truncate(end)
                 os.fsync(f.fileno())
-        entries = [decode_entry(p) for _, p in records]
-        for a, b in zip(entries, entries[1:]):
-            if b.index != a.index + 1:
-                raise CorruptStore(f"{self._log_path}: index {b.index} follows {a.index}")
         self.log = self._reconcile(snap, entries)
         if self.log.entries != entries:
             self._rewrite_log()

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import IO
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -36,10 +37,13 @@ from peer.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
 from peer.transport.admin_rpc import AdminServicer
+from peer.dirlock import lock_dir
 from peer.transport.channels import ChannelPool, bind, new_server
+from peer.transport.guard import site_security
 from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
 from peer.transport.oneway import OneWaySender
+from peer.transport.wire import MAX_MEMBERS
 from peer.transport.leases_rpc import LEASES
 from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
@@ -77,8 +81,10 @@ class Node:
         self.config = config
         self._clock = clock
         self._rng = rng or random.Random()
-        self._server = new_server()
-        self._pool = ChannelPool()
+        # Certificates are read here, so a missing or wrong one stops the peer before it binds.
+        self.creds, self.guard = site_security(config.certs, config.site)
+        self._server = new_server(() if self.guard is None else (self.guard,))
+        self._pool = ChannelPool(self.creds)
         delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
         self._raft = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
@@ -97,17 +103,19 @@ class Node:
         self.core: m.Membership | None = None
         self.consensus: c.ConsensusCore | None = None
         self._store: FileStore | None = None
+        self._lock: IO[str] | None = None
         self.applied_round = 0
         self.coordinator: Coordinator | None = None
         if config.trainer is not None and config.rounds is not None:
-            training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer)
+            training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds)
             self.coordinator = Coordinator(self, training, config.rounds, config.leases)
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
         """Binds the server, loads durable state and starts the cores; returns the dial address."""
         host, _ = self.config.listen.rsplit(":", 1)
-        port = bind(self._server, self.config.listen)
+        self._lock = lock_dir(self.data_dir)
+        port = bind(self._server, self.config.listen, self.creds)
         self.address = self.config.advertise or f"{host}:{port}"
         now = self._clock()
         meta = m.MemberMeta(
@@ -149,10 +157,11 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._store = FileStore(self.data_dir / "consensus")
         founders = None if self.config.join else {SiteId(self.config.site): self.address}
-        durable = self._store.load_or_init(c.DurableState.fresh(founders))
+        # What this peer applied is fsynced apart from the log: the log must still reach it.
+        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._load_applied()
+        durable = self._store.load_or_init(c.DurableState.fresh(founders), keep_through=applied[0])
         if self._store.recovered:
             log.warning("commit log repaired at start-up: %s", self._store.recovered)
-        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._load_applied()
         log.info("state in %s: log up to index %d, applied %d (round %d)",
                  self.data_dir, len(durable.entries) + durable.snapshot.last_index, applied[0], applied[1])
         self.applied_round = applied[1]
@@ -178,7 +187,8 @@ class Node:
             raise JoinFailed(
                 f"no seed of {', '.join(seeds)} answered within {self.config.join_timeout_s:.0f} s "
                 f"({err.last_attempt.attempt_number} attempts): check the addresses, that a peer "
-                "runs there, and that this host can reach it"
+                "runs there, that it serves this run, with certificates of the same run CA, and that this "
+                f"host can reach it; last error: {self._gossip.last_error or 'none'}"
             ) from None
         return len(self.members())
 
@@ -225,16 +235,50 @@ class Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._pool.close()
+        if self._lock is not None:
+            self._lock.close()
         if self.coordinator is not None:
             await self.coordinator.training.close()
 
     # ----- events --------------------------------------------------------------------------
-    def deliver(self, msg: m.Message) -> None:
-        """A membership message arrived (called on the event loop by the servicer)."""
+    def deliver(self, msg: m.Message) -> str | None:
+        """A membership message arrived (called on the event loop by the servicer); returns why it
+        is refused, if it is."""
         if self._stopped.is_set():
-            return
+            return None
+        refused = self._duplicate_site(msg) or self._table_full(msg)
+        if refused is not None:
+            return refused
         self._spawn(self._execute(self._core().receive(msg, self._clock())))
         self._wake.set()
+        return None
+
+    def _table_full(self, msg: m.Message) -> str | None:
+        """At most MAX_MEMBERS members are held: rumours of more new sites are refused whole."""
+        rumours = msg.members if isinstance(msg, m.PushPull) else getattr(msg, "updates", ())
+        known = {view.site for view in self._core().members()}
+        new = {u.site for u in rumours} - known
+        if new and len(known) + len(new) > MAX_MEMBERS:
+            return f"{len(new)} new members would pass the limit of {MAX_MEMBERS} members this peer holds"
+        return None
+
+    def _duplicate_site(self, msg: m.Message) -> str | None:
+        """A second live process under a site name already in the run is refused: it would take over
+        the site's gossip, and its leave would evict the real one. A restarted site (the old process
+        silent for a few probe periods) is welcome."""
+        sender = getattr(msg, "from_address", None)
+        if sender is None:
+            return None
+        if msg.from_site == self.config.site and sender != self.address:
+            return f"site {msg.from_site} is this peer ({self.address}); a second process with its name is refused"
+        view = self._core().member(msg.from_site)
+        if view is None or view.state is not m.MemberState.ALIVE or view.address == sender:
+            return None
+        quiet = self._clock() - view.last_heard
+        if quiet < self.config.membership.probe_interval_s * 3:
+            return (f"site {msg.from_site} is live at {view.address} (heard {quiet:.1f} s ago); a second "
+                    f"process with its name at {sender} is refused: stop one of them")
+        return None
 
     def deliver_consensus(self, msg: c.Message) -> None:
         """A consensus message arrived; its effects run in order (persist before send)."""

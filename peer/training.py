@@ -40,6 +40,7 @@ from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
 from peer.trainer.process import TrainerError, TrainerProcess, read_state, write_state
+from peer.transport.channels import PLAINTEXT, Credentials
 
 log = logging.getLogger("sitemesh.training")
 
@@ -117,7 +118,10 @@ def check_weights(round_: int, named: dict[str, int], served: dict[str, int]) ->
 
 
 class SiteTraining:
-    def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig) -> None:
+    def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig,
+                 creds: Credentials = PLAINTEXT) -> None:
+        self._creds = creds
+        """How this site dials other sites' exchange services (mutual TLS, or plaintext)."""
         self.site = site
         self.dir = data_dir / "state"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -345,7 +349,7 @@ class SiteTraining:
 
     def _client(self, address: str) -> ExchangeClient:
         if address not in self._clients:
-            self._clients[address] = ExchangeClient(address)
+            self._clients[address] = ExchangeClient(address, self._creds)
         return self._clients[address]
 
     async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:

@@ -54,7 +54,7 @@ from peer.commitlog import (
 )
 from peer.consensus import Committed, ConsensusCore, DurableState, LeaderChanged
 from peer.consensus import Message as ConsensusMessage
-from peer.election import ElectionConfig, Epoch, Role, SiteId
+from peer.election import ElectionConfig, Epoch, HardState, Role, SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
 from peer.leases import LeaseConfig, LeaseOwner
@@ -723,6 +723,7 @@ def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, lis
                               for site, rs in sorted(contributors)), b""))
         for i, (rnd, contributors) in enumerate(log, start=1))
     store = FileStore(out / "consensus")
+    store.save_hard_state(HardState(Epoch(1), None))  # a real store writes its hardstate before its log
     store.write_log(1, entries)
     store.save_commit_index(len(entries))  # a finished run: every entry written is committed
     (out / "leases").mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,19 @@
 """The one place where gRPC channels and server ports are opened.
 
 Every client (peer-to-peer transport, `ops`, the exchange) calls `open_channel`, every server calls
-`bind`, so switching on mutual TLS later is a change here (a `Credentials` with certificate paths)
-and nowhere in the protocol code.
+`bind`, so mutual TLS (a `Credentials` from `ops certs`) is decided here and nowhere in the
+protocol code. Who may call what over those channels is peer/transport/guard.py's business.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
+
+from peer.transport.intercept import SafeDecode
 
 # Chunked transfers keep messages far below this; it is a guard against garbage, not a tuning knob.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -28,13 +32,45 @@ _OPTIONS: list[tuple[str, int]] = [
 
 @dataclass(frozen=True)
 class Credentials:
-    """Transport security for a run. Plaintext today (loopback, site-internal tunnels)."""
+    """Transport security: mutual TLS against the run CA, or plaintext (`--insecure`, unit tests).
 
-    plaintext: bool = True
+    `cert`/`key` are this process's own certificate (a site's, or an operator's for `ops`), `ca`
+    the run CA every peer's certificate must chain to (ops/certs.py makes all three).
+    """
+
+    ca: bytes = b""
+    cert: bytes = b""
+    key: bytes = b""
+    name: str = ""
+    """Whose certificate this is (the file stem), for messages."""
 
     def __post_init__(self) -> None:
-        if not self.plaintext:
-            raise ValueError("TLS is not implemented yet: set plaintext = true (see docs/decisions/)")
+        if bool(self.ca) != bool(self.cert) or bool(self.cert) != bool(self.key):
+            raise ValueError("TLS credentials need all of ca, cert and key (or none for plaintext)")
+
+    @property
+    def plaintext(self) -> bool:
+        return not self.ca
+
+    @classmethod
+    def from_dir(cls, directory: Path, name: str) -> Credentials:
+        """`ca.crt`, `NAME.crt` and `NAME.key` from `directory`; OSError naming the missing file."""
+        paths = (directory / "ca.crt", directory / f"{name}.crt", directory / f"{name}.key")
+        for path in paths:
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} does not exist: make it with `ops certs init` / `ops certs issue` (see README, Security)")
+        ca, cert, key = (p.read_bytes() for p in paths)
+        return cls(ca, cert, key, name)
+
+    def server(self) -> grpc.ServerCredentials:
+        # require_client_auth: a client without a certificate of this run's CA never gets a stream.
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
+                                           require_client_auth=True)
+
+    def client(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                            certificate_chain=self.cert)
 
 
 PLAINTEXT = Credentials()
@@ -46,12 +82,16 @@ def channel_options() -> list[tuple[str, int]]:
 
 def open_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.aio.Channel:
     """An asyncio channel to `host:port`."""
-    return grpc.aio.insecure_channel(address, options=channel_options())
+    if creds.plaintext:
+        return grpc.aio.insecure_channel(address, options=channel_options())
+    return grpc.aio.secure_channel(address, creds.client(), options=channel_options())
 
 
 def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.Channel:
     """A blocking channel, for command-line tools that make one call and exit."""
-    return grpc.insecure_channel(address, options=channel_options())
+    if creds.plaintext:
+        return grpc.insecure_channel(address, options=channel_options())
+    return grpc.secure_channel(address, creds.client(), options=channel_options())
 
 
 # Servers must accept the clients' keepalive pings, or gRPC's default policy (one ping per 5 min)
@@ -59,11 +99,16 @@ def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.
 _SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.max_ping_strikes", 0),
+    # Off, so a second peer cannot bind a running peer's port beside it and take its connections.
+    ("grpc.so_reuseport", 0),
 ]
 
 
-def new_server(creds: Credentials = PLAINTEXT) -> grpc.aio.Server:
-    return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS)
+def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+    """A server whose every method refuses unparsable requests with INVALID_ARGUMENT (SafeDecode)
+    before `interceptors` (e.g. peer/transport/guard.py) and the servicer see them."""
+    return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS,
+                           interceptors=(SafeDecode(), *interceptors))
 
 
 def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) -> int:
@@ -72,7 +117,7 @@ def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) 
     Raises OSError with a readable message when the port is taken or the address is malformed.
     """
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_insecure_port(address) if creds.plaintext else server.add_secure_port(address, creds.server())
     except RuntimeError as err:  # grpc raises RuntimeError("Failed to bind to address ...")
         raise OSError(f"cannot listen on {address}: {err} (is the port in use?)") from err
     if port == 0:

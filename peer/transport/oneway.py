@@ -44,8 +44,9 @@ class OneWayService:
                 return route
         raise TypeError(f"{type(msg).__name__} is not a message of {self.full_name}")
 
-    def handler(self, deliver: Callable[[Any], None]) -> grpc.GenericRpcHandler:
-        """The server side: every RPC decodes, calls `deliver(core_msg)` and answers Accepted."""
+    def handler(self, deliver: Callable[[Any], str | None]) -> grpc.GenericRpcHandler:
+        """The server side: every RPC decodes, calls `deliver(core_msg)` and answers Accepted, or
+        PERMISSION_DENIED with the reason `deliver` returns for a message it refuses."""
 
         def make(route: Route) -> grpc.RpcMethodHandler:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> common_pb2.Accepted:
@@ -53,7 +54,9 @@ class OneWayService:
                     msg = from_proto(request, route.core_cls)
                 except WireError as err:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-                deliver(msg)
+                refused = deliver(msg)
+                if refused is not None:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
                 return common_pb2.Accepted()
 
             return grpc.unary_unary_rpc_method_handler(
@@ -73,6 +76,8 @@ class OneWaySender:
         self._pool = pool
         self._timeout_s = timeout_s
         self.failures = 0
+        self.last_error = ""
+        """Code and details of the last lost message, for error messages (e.g. a failed join)."""
         self.in_flight = 0
         """Messages handed to gRPC and not yet answered or failed (a leaving peer drains them)."""
 
@@ -89,6 +94,7 @@ class OneWaySender:
             return True
         except grpc.aio.AioRpcError as err:
             self.failures += 1
+            self.last_error = f"{err.code().name}: {err.details()}"
             log.debug("%s to %s lost: %s", type(msg).__name__, address, err.code().name)
             return False
         finally:

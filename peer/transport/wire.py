@@ -7,6 +7,13 @@ a `tuple[tuple[str, str], ...]` a proto map (or, for a repeated message, one mes
 with its fields in declaration order), and a field typed as a union of dataclasses a `oneof` of
 the same name whose member is chosen by message type name. Anything that does not fit raises `WireError`,
 which servicers turn into INVALID_ARGUMENT: a malformed message is refused, never half-applied.
+
+Decoding is also where hostile values stop (docs/decisions/security-bounds.md), so the cores never
+see them: a counter beyond `MAX_COUNTER` (an epoch, incarnation, round, index or sequence number no
+honest peer reaches, and one that could not be incremented without overflowing uint64; identifiers
+such as block ids use all 64 bits and are not bounded), a non-finite float,
+a string longer than `MAX_STRING`, or more than `MAX_MEMBERS` members, rumours or voters in one
+message.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 import re
 import types
 import typing
@@ -23,6 +31,16 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 
 T = TypeVar("T")
+
+MAX_COUNTER = 2**62
+"""Largest integer accepted from the wire. Honest counters grow by one per event (a year of one
+election a second is 2^25); refusing the top of uint64 keeps `+ 1` in range everywhere."""
+MAX_STRING = 1024
+"""Longest string accepted: site names (63), host:port addresses, reasons."""
+MAX_MEMBERS = 256
+"""Most members, rumours or voters one message may list: far above any real run's site count."""
+_MEMBER_LISTS = frozenset({"members", "updates", "voters"})
+_COUNTERS = frozenset({"epoch", "incarnation", "round", "index", "seq"})
 
 
 class WireError(ValueError):
@@ -121,8 +139,14 @@ def from_proto(msg: ProtoMessage, cls: type[T]) -> T:
         tp, optional = _strip_optional(hints[f.name])
         value = getattr(msg, f.name)
         if _is_map(fd):
-            kwargs[f.name] = tuple(sorted(value.items()))
+            if len(value) > MAX_MEMBERS:
+                raise WireError(f"{fd.full_name}: {len(value)} entries, at most {MAX_MEMBERS} accepted")
+            entry = fd.message_type.fields_by_name
+            kwargs[f.name] = tuple(sorted((_bounded(k, entry["key"]), _bounded(v, entry["value"]))
+                                          for k, v in value.items()))
         elif fd.is_repeated:
+            if f.name in _MEMBER_LISTS and len(value) > MAX_MEMBERS:
+                raise WireError(f"{fd.full_name}: {len(value)} items, at most {MAX_MEMBERS} accepted")
             (item_tp, _ellipsis) = typing.get_args(tp)
             kwargs[f.name] = tuple(_value_in(v, item_tp, fd) for v in value)
         elif fd.type == FieldDescriptor.TYPE_MESSAGE:
@@ -153,7 +177,7 @@ def _oneof_in(msg: ProtoMessage, name: str, tp: Any) -> Any:
 
 def _value_in(value: Any, tp: Any, fd: FieldDescriptor) -> Any:
     if fd.type == FieldDescriptor.TYPE_MESSAGE and typing.get_origin(tp) is tuple:
-        return tuple(getattr(value, item.name) for item in value.DESCRIPTOR.fields)
+        return tuple(_bounded(getattr(value, item.name), item) for item in value.DESCRIPTOR.fields)
     if fd.type == FieldDescriptor.TYPE_MESSAGE:
         return from_proto(value, tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -163,4 +187,23 @@ def _value_in(value: Any, tp: Any, fd: FieldDescriptor) -> Any:
         if member is None or member not in tp.__members__:
             raise WireError(f"{fd.full_name}: enum value {value} is not one of {', '.join(tp.__members__)}")
         return tp[member]
+    return _bounded(value, fd)
+
+
+def _is_counter(name: str) -> bool:
+    """Fields that count events (epochs, incarnations, rounds, log indexes, sequence numbers), as
+    opposed to identifiers such as 64-bit block ids, which use the whole range."""
+    return name in _COUNTERS or name.endswith(("_epoch", "_round", "_index"))
+
+
+def _bounded(value: Any, fd: FieldDescriptor) -> Any:
+    """`value` if it is within the bounds any honest peer stays in, else WireError."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and _is_counter(fd.name) and not -MAX_COUNTER <= value <= MAX_COUNTER:
+        raise WireError(f"{fd.full_name} = {value} is beyond 2^62: no honest peer counts that far")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise WireError(f"{fd.full_name} = {value} is not a finite number")
+    if isinstance(value, str | bytes) and len(value) > MAX_STRING and fd.type == FieldDescriptor.TYPE_STRING:
+        raise WireError(f"{fd.full_name} is {len(value)} characters long, at most {MAX_STRING} accepted")
     return value

@@ -2,6 +2,10 @@
 
 Each peer binds port 0 and the harness reads the bound address from its first stdout line. Every
 process started here is killed when the cluster closes, SIGSTOPped ones included.
+
+A cluster runs `--insecure` (plaintext) unless made with `tls=True`: then it makes a run CA and an
+operator certificate in `<workdir>/certs`, issues each site's certificate on its first start, and
+`cluster.ops(...)` / `cluster.status(...)` dial as the operator.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ops.certs import LOOPBACK, issue, make_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,12 +48,27 @@ class Peer:
 class Cluster:
     workdir: Path
     preset: str = "local_test"
+    tls: bool = False
     peers: dict[str, Peer] = field(default_factory=dict)
+
+    @property
+    def certs(self) -> Path:
+        return self.workdir / "certs"
+
+    def _security(self, site: str) -> list[str]:
+        if not self.tls:
+            return ["--insecure"]
+        if not (self.certs / "ca.crt").exists():
+            make_run("test", self.certs, [], operators=("operator",))
+        if not (self.certs / f"{site}.crt").exists():
+            issue(self.certs, site, "site", self.certs, LOOPBACK)
+        return ["--certs", str(self.certs)]
 
     def start(self, site: str, join: list[str] | None = None, extra: list[str] | None = None) -> Peer:
         log_path = self.workdir / f"{site}.log"  # a restart appends to the same log
         args = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", "127.0.0.1:0",
-                "--preset", self.preset, "--data-dir", str(self.workdir / site), *(extra or [])]
+                "--preset", self.preset, "--data-dir", str(self.workdir / site), *self._security(site),
+                *(extra or [])]
         for seed in join or []:
             args += ["--join", seed]
         log_file = log_path.open("a")
@@ -60,6 +81,15 @@ class Cluster:
         peer = Peer(site, proc, line.strip().rsplit(" ", 1)[-1], log_path)
         self.peers[site] = peer
         return peer
+
+    def ops(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """`ops` as this cluster's operator (its certificate when tls)."""
+        return ops(*args, *(["--certs", str(self.certs), "--as", "operator"] if self.tls else []), timeout=timeout)
+
+    def status(self, address: str) -> dict[str, Any]:
+        result = self.ops("status", "--peer", address, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
 
     def close(self) -> None:
         for peer in self.peers.values():

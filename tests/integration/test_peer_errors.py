@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -11,8 +12,8 @@ from tests.integration.peers import REPO, _env
 
 
 def _serve(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "peer.cli", "serve", *args], capture_output=True, text=True,
-                          env=_env(), cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "peer.cli", "serve", "--insecure", *args], capture_output=True,
+                          text=True, env=_env(), cwd=REPO, timeout=timeout)
 
 
 def test_port_in_use() -> None:
@@ -52,5 +53,5 @@ def test_unreachable_seeds_give_up_after_backoff() -> None:
                     "--join", "127.0.0.1:1", "--join-timeout", "3")
     assert result.returncode == 2
     assert "no seed of 127.0.0.1:1 answered within 3 s" in result.stderr
-    attempts = int(result.stderr.split("(")[-1].split(" attempts")[0])
+    attempts = int(re.search(r"\((\d+) attempts\)", result.stderr).group(1))  # type: ignore[union-attr]
     assert attempts >= 2, "must retry before giving up"

@@ -4,7 +4,7 @@ Three sites train a micro Qwen3 on a slice of the shipped corpus small enough to
 epoch in a few rounds. The commit log on disk is the audit: no sample is in two commits (I4), and
 at the end of the epoch every sample is in exactly one (I5), also when a site is killed with
 SIGKILL in the middle of a round. Every live peer holds the same θ (I7) and the checkpoint loads
-with `AutoModelForCausalLM.from_pretrained`.
+with `AutoModelForCausalLM.from_pretrained`. The first test runs the mesh over mutual TLS.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ PRESET = "lan"
 
 
 def _training(cluster: Cluster, site: str) -> dict | None:
-    return status(cluster.peers[site].address)["training"]
+    return cluster.status(cluster.peers[site].address)["training"]
 
 
 def _committed_samples(data_dir: Path) -> Counter[tuple[int, int]]:
@@ -63,7 +63,9 @@ def _start_three(cluster: Cluster) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(cluster: Cluster) -> None:
+def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster: Cluster) -> None:
+    """Over mutual TLS, as a real run (the other tests run --insecure)."""
+    cluster = tls_cluster
     _start_three(cluster)
     # The leader reports the end of the epoch; the others follow by applying the last round.
     wait_for(lambda: any((t := _training(cluster, s)) and t["epoch_complete"] for s in ("a", "b", "c")),

@@ -128,12 +128,30 @@ def test_ops_audit_counts_only_committed_entries(tmp_path, capsys) -> None:  # t
 
 def test_the_commit_index_is_durable_and_never_goes_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from peer.logstore import FileStore
+    from peer.sim.leases_sim import write_data_dir
 
-    store = FileStore(tmp_path)
+    store = FileStore(tmp_path / "consensus")
     store.reload()
     assert (store.commit_index, store.has_commit_index()) == (0, False)
-    store.save_commit_index(5)
-    store.save_commit_index(3)  # a stale report (a follower told an older index) changes nothing
-    again = FileStore(tmp_path)
+    # A run's log of 5 committed rounds (write_data_dir fsyncs the commit index at 5).
+    write_data_dir(tmp_path, UNIVERSE, [entry(i, ("a", [(1, i - 1, i)])) for i in range(1, 6)], [])
+    reopened = FileStore(tmp_path / "consensus")
+    reopened.reload()
+    reopened.save_commit_index(3)  # a stale report (a follower told an older index) changes nothing
+    again = FileStore(tmp_path / "consensus")
     again.reload()
     assert (again.commit_index, again.has_commit_index()) == (5, True)
+
+
+def test_a_log_shorter_than_the_commit_index_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from peer.logstore import CorruptStore, FileStore
+    from peer.sim.leases_sim import write_data_dir
+
+    write_data_dir(tmp_path, UNIVERSE, [entry(i, ("a", [(1, i - 1, i)])) for i in range(1, 6)], [])
+    log = tmp_path / "consensus" / "log"
+    whole = log.read_bytes()
+    log.write_bytes(whole[: len(whole) // 2])  # cut mid-log: committed rounds are gone
+    with pytest.raises(CorruptStore, match="was applied: committed entries were lost"):
+        FileStore(tmp_path / "consensus").reload()

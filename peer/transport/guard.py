@@ -1,0 +1,87 @@
+"""The server interceptor of a mutual-TLS peer: every call is checked against peer/transport/auth.py.
+
+TLS has already verified the client's certificate chain against the run CA; this reads the
+verified certificate from the call's auth context, maps it to an identity and refuses what the
+identity may not do with PERMISSION_DENIED and a one-line reason. Each refusal is counted in
+`Guard.denied` (by method and peer) and logged once per (peer, method), so a misbehaving client
+cannot flood the log.
+
+It wraps each method's handler (peer/transport/intercept.py) and checks inside it, before the
+servicer runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from peer.transport.auth import BadCertificate, Identity, Role, authorize, identity_of, run_id_of
+from peer.transport.channels import PLAINTEXT, Credentials
+from peer.transport.intercept import wrapped
+
+log = logging.getLogger("sitemesh.guard")
+
+
+class Guard(grpc.aio.ServerInterceptor):
+    """Checks every call of a server against the run's access rules."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.denied: collections.Counter[tuple[str, str]] = collections.Counter()
+        """(method, peer name) -> calls refused; exported by the metrics helper."""
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        return wrapped(handler, details.method, self._check)
+
+    def identity(self, context: grpc.aio.ServicerContext) -> Identity | str:
+        """The caller's identity, or why it has none."""
+        pems = (context.auth_context() or {}).get("x509_pem_cert")
+        if not pems:
+            return "no client certificate"
+        try:
+            return identity_of(pems[0])
+        except (BadCertificate, ValueError) as err:
+            return f"certificate not usable: {err}"
+
+    async def _check(self, method: str, request: Any | None, context: grpc.aio.ServicerContext) -> None:
+        who = self.identity(context)
+        reason = who if isinstance(who, str) else authorize(who, self.run_id, method, request)
+        if reason is None:
+            return
+        peer = who.name if isinstance(who, Identity) else context.peer()
+        key = (method, peer)
+        if key not in self.denied:
+            log.warning("refused %s from %s (%s): %s; further refusals of this kind are only counted",
+                        method, peer, context.peer(), reason)
+        self.denied[key] += 1
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
+
+
+
+def site_security(certs: Path | None, site: str) -> tuple[Credentials, Guard | None]:
+    """A site's TLS credentials and guard from its certificate directory; plaintext and no guard
+    for None (`--insecure`). OSError naming the file when the certificate is not this site's."""
+    if certs is None:
+        return PLAINTEXT, None
+    creds = Credentials.from_dir(certs, site)
+    try:
+        run_id, who = run_id_of(creds.ca), identity_of(creds.cert)
+    except (BadCertificate, ValueError) as err:
+        raise OSError(f"{certs}: {err}") from err
+    if who.role is not Role.SITE or who.name != site:
+        raise OSError(f"{certs / (site + '.crt')} is the {who.role.value} certificate of {who.name!r}, "
+                      f"not the site certificate of {site!r}: issue one with `ops certs issue --site {site}`")
+    if who.run_id != run_id:
+        raise OSError(f"{certs / (site + '.crt')} belongs to run {who.run_id}, but {certs / 'ca.crt'} is the CA of "
+                      f"run {run_id}: copy the ca.crt of the run that issued it")
+    return creds, Guard(run_id)

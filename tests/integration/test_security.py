@@ -1,0 +1,250 @@
+"""Only the run's sites may speak: real `peer serve` processes with mutual TLS, probed as an attacker.
+
+Each refusal is checked twice: the call gets the refusal (code and reason), and the peer keeps
+serving with its state intact.
+
+    .venv/bin/python -m pytest -q tests/integration/test_security.py
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ops.certs import LOOPBACK, init_ca, issue
+from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, consensus_pb2, membership_pb2
+from peer.transport.channels import PLAINTEXT, Credentials, open_blocking_channel
+from tests.integration.peers import REPO, Cluster, _env, wait_for
+
+SETTLE_S = 30.0
+
+
+@pytest.fixture
+def tls(tmp_path: Path):
+    c = Cluster(tmp_path, tls=True)
+    yield c
+    c.close()
+
+
+def _push_pull(address: str, creds: Credentials, msg: membership_pb2.PushPull) -> grpc.RpcError | None:
+    with open_blocking_channel(address, creds) as channel:
+        call = channel.unary_unary("/sitemesh.v1.Membership/SendPushPull",
+                                   request_serializer=membership_pb2.PushPull.SerializeToString,
+                                   response_deserializer=common_pb2.Accepted.FromString)
+        try:
+            call(msg, timeout=10)
+        except grpc.RpcError as err:
+            return err
+    return None
+
+
+def _status_call(address: str, creds: Credentials) -> admin_pb2.StatusReply:
+    with open_blocking_channel(address, creds) as channel:
+        return admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=10)
+
+
+def _leave_call(address: str, creds: Credentials) -> grpc.RpcError | None:
+    with open_blocking_channel(address, creds) as channel:
+        try:
+            admin_pb2_grpc.AdminStub(channel).Leave(admin_pb2.LeaveRequest(), timeout=10)
+        except grpc.RpcError as err:
+            return err
+    return None
+
+
+def _mesh(tls: Cluster, sites: tuple[str, ...] = ("a", "b", "c")) -> None:
+    first = tls.start(sites[0])
+    for site in sites[1:]:
+        tls.start(site, join=[first.address])
+    wait_for(lambda: all(len([m for m in tls.status(p.address)["members"] if m["state"] == "alive"]) == len(sites)
+                         for p in tls.peers.values()), SETTLE_S, "the TLS mesh to converge")
+
+
+def test_tls_mesh_forms_and_roles_are_enforced(tls: Cluster) -> None:
+    _mesh(tls)
+    a = tls.peers["a"]
+    issue(tls.certs, "bob", "reader", tls.certs)
+    reader = Credentials.from_dir(tls.certs, "bob")
+    site_b = Credentials.from_dir(tls.certs, "b")
+    # A reader reads, and may not make a peer leave; nor may a site.
+    assert _status_call(a.address, reader).self == "a"
+    for creds, who in ((reader, "reader bob"), (site_b, "site b")):
+        err = _leave_call(a.address, creds)
+        assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED, err
+        assert f"{who} may not call Admin/Leave (operators only)" in err.details()
+    # Logged once per (peer, method), however often it is tried.
+    _leave_call(a.address, reader)
+    assert a.log().count("refused /sitemesh.v1.Admin/Leave from bob") == 1
+    # grpcurl with the run's certificates (README, Security), and consensus.proto's example.
+    grpcurl = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+
+    def curl(who: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([grpcurl, "-cacert", str(tls.certs / "ca.crt"), "-cert", str(tls.certs / f"{who}.crt"),
+                               "-key", str(tls.certs / f"{who}.key"), *args], capture_output=True, text=True,
+                              timeout=30, check=False)
+
+    assert "sitemesh.v1.Admin" in curl("bob", a.address, "list").stdout
+    assert '"self": "a"' in curl("bob", a.address, "sitemesh.v1.Admin/Status").stdout
+    vote = curl("b", "-d", '{"header": {"from_site": "b", "epoch": 1}, "proposed_epoch": 2, "pre_vote": true}',
+                a.address, "sitemesh.v1.Consensus/SendRequestVote")
+    assert vote.returncode == 0, vote.stderr
+    refused = curl("bob", "-d", "{}", a.address, "sitemesh.v1.Consensus/SendRequestVote")
+    assert "PermissionDenied" in refused.stderr and "reader bob may not call" in refused.stderr, refused.stderr
+    result = tls.ops("leave", "--peer", a.address)  # the operator's: accepted
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: a.proc.poll() is not None, SETTLE_S, "a to leave on the operator's request")
+
+
+def test_connections_without_a_run_certificate_are_refused(tls: Cluster, tmp_path: Path) -> None:
+    a = tls.start("a")
+    other = tmp_path / "other-run"
+    init_ca("other", other)
+    issue(other, "a", "site", other, LOOPBACK)
+    issue(other, "eve", "operator", other)
+    expired_dir = tmp_path / "expired"
+    expired_dir.mkdir()
+    shutil.copy(tls.certs / "ca.crt", expired_dir / "ca.crt")
+    issue(tls.certs, "old", "operator", expired_dir, days=1,
+          now=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=3))
+    ca, op = (tls.certs / "ca.crt").read_bytes(), Credentials.from_dir(tls.certs, "operator")
+    eve = Credentials.from_dir(other, "eve")
+    cases = {
+        "plaintext client": PLAINTEXT,
+        "operator of another run's CA": Credentials(ca, eve.cert, eve.key, "eve"),
+        "expired certificate": Credentials.from_dir(expired_dir, "old"),
+    }
+    for what, creds in cases.items():
+        with pytest.raises(grpc.RpcError) as err:
+            _status_call(a.address, creds)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
+    # No client certificate at all: TLS to the right server, but nothing to show.
+    with grpc.secure_channel(a.address, grpc.ssl_channel_credentials(root_certificates=ca)) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert _status_call(a.address, op).self == "a", "the peer must keep serving its run"
+    # A server certificate without the dialled host in its SAN: the client refuses the server.
+    issue(tls.certs, "w", "site", tls.certs, ("w.example",))
+    w = tls.start("w")
+    with pytest.raises(grpc.RpcError) as err:
+        _status_call(w.address, op)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_site_cannot_speak_for_another(tls: Cluster) -> None:
+    _mesh(tls, ("a", "b"))
+    a = tls.peers["a"]
+    forged = membership_pb2.PushPull(from_site="b", from_address="127.0.0.1:1", members=[
+        membership_pb2.MemberUpdate(site="b", state=membership_pb2.MEMBER_STATE_LEFT, incarnation=2**64 - 1,
+                                    from_site="b")])
+    issue(tls.certs, "c", "site", tls.certs, LOOPBACK)  # a site of the run that never started
+    err = _push_pull(a.address, Credentials.from_dir(tls.certs, "c"), forged)
+    assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "site c sent SendPushPull as 'b'" in err.details()
+    assert {m["site"]: m["state"] for m in tls.status(a.address)["members"]} == {"a": "alive", "b": "alive"}
+
+
+def test_duplicate_site_and_other_run_are_refused(tls: Cluster, tmp_path: Path) -> None:
+    _mesh(tls, ("a", "b"))
+    a = tls.peers["a"]
+    # A second live process under b's name (b's own certificate, copied): refused, b stays.
+    dup = subprocess.run(
+        [sys.executable, "-m", "peer.cli", "serve", "--site", "b", "--listen", "127.0.0.1:0", "--preset",
+         "local_test", "--data-dir", str(tmp_path / "b2"), "--certs", str(tls.certs), "--join", a.address,
+         "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
+    assert dup.returncode == 2
+    assert "site b is live at" in dup.stderr and "a second process with its name" in dup.stderr, dup.stderr
+    # A peer of another run (its own CA) cannot even connect.
+    other = tmp_path / "other-run"
+    init_ca("other", other)
+    issue(other, "z", "site", other, LOOPBACK)
+    alien = subprocess.run(
+        [sys.executable, "-m", "peer.cli", "serve", "--site", "z", "--listen", "127.0.0.1:0", "--preset",
+         "local_test", "--data-dir", str(tmp_path / "z"), "--certs", str(other), "--join", a.address,
+         "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
+    assert alien.returncode == 2 and "certificates of the same run CA" in alien.stderr, alien.stderr
+    members = {m["site"]: (m["state"], m["address"]) for m in tls.status(a.address)["members"]}
+    assert members == {"a": ("alive", a.address), "b": ("alive", tls.peers["b"].address)}
+
+
+def test_one_process_per_data_dir_and_port(tls: Cluster) -> None:
+    a = tls.start("a")
+    port = a.address.rsplit(":", 1)[1]
+
+    def second(listen: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "peer.cli", "serve", "--site", "a", "--listen", listen, "--data-dir",
+             str(data_dir), "--certs", str(tls.certs)],
+            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
+
+    same_dir = second("127.0.0.1:0", tls.workdir / "a")
+    assert same_dir.returncode == 2
+    assert f"is in use by another peer (PID {a.proc.pid}" in same_dir.stderr, same_dir.stderr
+    same_port = second(f"127.0.0.1:{port}", tls.workdir / "elsewhere")
+    assert same_port.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in same_port.stderr, same_port.stderr
+    assert tls.status(a.address)["self"] == "a"
+
+
+def test_a_certificate_must_be_the_sites_own(tls: Cluster) -> None:
+    tls.start("a")  # makes the CA and a's certificate
+    shutil.copy(tls.certs / "operator.crt", tls.certs / "b.crt")
+    shutil.copy(tls.certs / "operator.key", tls.certs / "b.key")
+    result = subprocess.run(
+        [sys.executable, "-m", "peer.cli", "serve", "--site", "b", "--certs", str(tls.certs)],
+        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "is the operator certificate of 'operator', not the site certificate of 'b'" in result.stderr
+
+
+def _raw(address: str, creds: Credentials, method: str, payload: bytes) -> grpc.RpcError | None:
+    with open_blocking_channel(address, creds) as channel:
+        try:
+            channel.unary_unary(method)(payload, timeout=10)
+        except grpc.RpcError as err:
+            return err
+    return None
+
+
+def test_hostile_messages_of_an_authenticated_site_are_refused(tls: Cluster) -> None:
+    """c holds a real site certificate of the run and sends what the issue's attacker sent."""
+    a = tls.start("a", extra=["--round-interval", "0.5"])
+    b = tls.start("b", join=[a.address], extra=["--round-interval", "0.5"])
+    wait_for(lambda: tls.status(a.address)["committed_round"] >= 2 and tls.status(b.address)["leader"], SETTLE_S,
+             "rounds to commit")
+    issue(tls.certs, "c", "site", tls.certs, LOOPBACK)
+    c = Credentials.from_dir(tls.certs, "c")
+    header = consensus_pb2.ConsensusHeader(from_site="c", from_address="127.0.0.1:1", epoch=2**64 - 1)
+    fake = [membership_pb2.MemberUpdate(site=f"fake{i}", state=membership_pb2.MEMBER_STATE_ALIVE, incarnation=1,
+                                        from_site="c") for i in range(2000)]
+    snapshot = consensus_pb2.InstallSnapshot(
+        header=consensus_pb2.ConsensusHeader(from_site="b", from_address=b.address, epoch=99),
+        snapshot=consensus_pb2.Snapshot(last_index=1_000_000, last_epoch=99))
+    attacks = {
+        "/sitemesh.v1.Consensus/SendAppendEntries":
+            (consensus_pb2.AppendEntries(header=header).SerializeToString(), grpc.StatusCode.INVALID_ARGUMENT),
+        "/sitemesh.v1.Membership/SendPushPull":
+            (membership_pb2.PushPull(from_site="c", from_address="127.0.0.1:1", members=fake).SerializeToString(),
+             grpc.StatusCode.INVALID_ARGUMENT),
+        "/sitemesh.v1.Consensus/SendInstallSnapshot":
+            (snapshot.SerializeToString(), grpc.StatusCode.PERMISSION_DENIED),
+        "/sitemesh.v1.Consensus/SendRequestVote": (b"\xff\x00garbage" * 50, grpc.StatusCode.INVALID_ARGUMENT),
+    }
+    before = {p.site: tls.status(p.address) for p in (a, b)}
+    for method, (payload, code) in attacks.items():
+        for target in (a, b):
+            err = _raw(target.address, c, method, payload)
+            assert err is not None and err.code() == code, (method, err)
+    # Everyone keeps serving and agrees on an honest leader at a small epoch; rounds keep committing.
+    wait_for(lambda: tls.status(a.address)["committed_round"] >= before["a"]["committed_round"] + 2, SETTLE_S,
+             "rounds to go on committing")
+    for p in (a, b):
+        now = tls.status(p.address)
+        assert now["epoch"] < before[p.site]["epoch"] + 10 and now["leader"] in ("a", "b")
+        assert {m["site"] for m in now["members"]} == {"a", "b"}
+        assert "Traceback" not in p.log(), p.log()[-3000:]
