@@ -27,8 +27,16 @@ from safetensors.torch import load_file, save_file
 from peer.audit import universe_to_json
 from peer.commitlog import RoundCommit, SampleRange
 from peer.durable import replace_atomic, temp_sibling, write_atomic
-from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
-from peer.exchange import codec
+from peer.exchange import (
+    ExchangeClient,
+    ExchangeStore,
+    codec,
+    fetch_into,
+    fetch_manifest,
+    publish_pseudo_gradient,
+)
+from peer.exchange.allreduce import reduce_scatter_mean, reduce_shard
+from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
@@ -94,6 +102,7 @@ class SiteTraining:
         self.trainer_config = trainer_config
         self.outer = outer
         self.store = ExchangeStore()
+        self.store.on_mean_request = self._mean_requested
         self.process = TrainerProcess()
         self.blocks: list[tuple[int, int]] = []
         self.weights: dict[str, torch.Tensor] = {}
@@ -103,6 +112,9 @@ class SiteTraining:
         self.applied_index = 0
         self._clients: dict[str, ExchangeClient] = {}
         self._cache: Outcome | None = None
+        # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
+        # outcome() and by peers' requests (a leader asks before the commit names the contributors).
+        self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
         self.last_loss = float("nan")
 
     # ----- lifecycle -------------------------------------------------------------------------
@@ -158,7 +170,12 @@ class SiteTraining:
             sites = {site: (None if site == self.site else self._client(address)) for site, address, _ in contributors}
             await self._check_roots(round_, contributors)
             mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
-            report = await all_to_all_mean(round_, sites, self.store, mean)
+            inputs: MeanInputs = tuple(sorted(contributors))
+            report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
+                                               my_shard=lambda: self._mean_shard(round_, inputs))
+            if report.reduced_here:
+                log.warning("round %d: reduced the shards of %s here (all-to-all for them)", round_,
+                            report.reduced_here)
             contributions = [(mean, sum(report.tokens.values()))]
         # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
         weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
@@ -178,6 +195,7 @@ class SiteTraining:
         self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
+        self._shards = {k: f for k, f in self._shards.items() if k[0] > commit.round}
         await self._publish_state()
         if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
             await self.checkpoint()
@@ -260,6 +278,28 @@ class SiteTraining:
             self._clients[address] = ExchangeClient(address)
         return self._clients[address]
 
+    def _mean_shard(self, round_: int, inputs: MeanInputs) -> asyncio.Future[codec.Encoded]:
+        """This site's mean shard of `round_` over `inputs`: reduced once, however many ask."""
+        key = (round_, tuple((s, r) for s, _, r in inputs))
+        held = self._shards.get(key)
+        if held is None or (held.done() and (held.cancelled() or held.exception() is not None)):
+            sites = {s: None if s == self.site else self._client(a) for s, a, _ in inputs}
+            held = asyncio.ensure_future(reduce_shard(round_, self.site, sites, self.store,
+                                                      roots={s: r for s, _, r in inputs}))
+            self._shards[key] = held
+        return asyncio.shield(held)
+
+    def _mean_requested(self, round_: int, inputs: MeanInputs) -> None:
+        """A peer (the deciding leader, or one that applies the commit before us) asks for our shard."""
+        if round_ <= self.applied_round or self.site not in {s for s, _, _ in inputs}:
+            return  # an old round (answered from the store or not at all), or not one of ours
+
+        def done(f: asyncio.Future[codec.Encoded]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("round %d: reducing our mean shard for a peer failed: %s", round_, f.exception())
+
+        self._mean_shard(round_, inputs).add_done_callback(done)
+
     async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:
         for site, address, root in contributors:
             key = codec.ObjectKey(round_, site)
@@ -271,7 +311,7 @@ class SiteTraining:
             else:
                 try:
                     manifest = await self._client(address).get_manifest(key, wait_s=10.0)
-                except Exception as err:  # noqa: BLE001 - unreachable is the same as not served
+                except Exception as err:
                     raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}", site) from err
             if manifest is None:
                 raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more", site)

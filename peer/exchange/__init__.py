@@ -17,7 +17,14 @@ allreduce. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/be
 """
 
 from peer.exchange.allreduce import MeanReport, all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean
-from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, FetchStats, fetch_into, fetch_manifest
+from peer.exchange.client import (
+    ExchangeClient,
+    FetchError,
+    FetchPolicy,
+    FetchStats,
+    fetch_into,
+    fetch_manifest,
+)
 from peer.exchange.service import add_exchange_service
 from peer.exchange.store import ExchangeStore
 

@@ -169,6 +169,8 @@ class Manifest:
     root_hash: bytes
     tokens: int
     contributors: tuple[str, ...] = ()
+    # Mean shards: the root hash of each contributor's pseudo-gradient, in `contributors` order.
+    contributor_roots: tuple[bytes, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -214,6 +216,8 @@ class Manifest:
             raise ManifestError(f"need {self.num_chunks} scale exponents, got {len(self.scale_exps)}")
         if any(e > 0 or e < -126 or (e and lay.wire is not WireDtype.FP16) for e in self.scale_exps):
             raise ManifestError("scale exponents must be in [-126, 0], and non-zero only for fp16")
+        if self.contributor_roots and len(self.contributor_roots) != len(self.contributors):
+            raise ManifestError(f"{len(self.contributor_roots)} contributor roots for {len(self.contributors)} contributors")
         if root_hash(self.chunk_hashes, self.scale_exps) != self.root_hash:
             raise ManifestError("root_hash does not match the chunk hashes")
 
@@ -321,10 +325,11 @@ def build_manifest(
     exps: Sequence[int],
     tokens: int,
     contributors: Sequence[str] = (),
+    contributor_roots: Sequence[bytes] = (),
 ) -> Manifest:
     return Manifest(
         key, layout, start, end, chunk_size, tuple(hashes), tuple(exps), root_hash(hashes, exps), tokens,
-        tuple(contributors),
+        tuple(contributors), tuple(contributor_roots),
     )  # fmt: skip
 
 
@@ -458,6 +463,7 @@ def manifest_to_proto(m: Manifest) -> pb.Manifest:
         root_hash=m.root_hash,
         tokens=m.tokens,
         contributors=m.contributors,
+        contributor_roots=m.contributor_roots,
     )
 
 
@@ -473,7 +479,7 @@ def manifest_from_proto(msg: pb.Manifest) -> Manifest:
     exps = tuple(msg.chunk_scale_exp) or (0,) * len(hashes)
     m = Manifest(
         key_from_proto(msg.key), layout, msg.range_start, msg.range_end, msg.chunk_size, hashes, exps,
-        msg.root_hash, msg.tokens, tuple(msg.contributors),
+        msg.root_hash, msg.tokens, tuple(msg.contributors), tuple(msg.contributor_roots),
     )  # fmt: skip
     m.validate()
     return m
