@@ -136,24 +136,30 @@ class WindowedReducer:
                 self._frontier += 1
                 self._changed.notify_all()
 
-    def _wire(self, site: str, index: int, held: Mapping[str, memoryview]) -> torch.Tensor:
+    def _values(self, site: str, index: int, held: Mapping[str, memoryview]) -> tuple[torch.Tensor, float]:
         data = self._local[site].chunk(index) if site in self._local else held[site]
-        return codec.wire_view(data, self._manifests[site].layout.wire)
+        m = self._manifests[site]
+        return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index))
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
         # Scratch buffers, reused: the reduction runs one chunk at a time.
-        n = self._wire(self._order[0], index, held).numel()
+        n = self._manifests[self._order[0]].chunk_elements(index)
         acc, term = self._acc[:n], self._term[:n]
-        for k, site in enumerate(self._order):
-            target = term if k else acc
-            target.copy_(self._wire(site, index, held))
-            # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling
-            # then weighting. Then add_: two roundings (never an FMA), the same on every CPU.
-            target.mul_(self._weights[site] * 2.0 ** -self._manifests[site].scale_exps[index])
-            if k:
-                acc.add_(term)
+        try:
+            for k, site in enumerate(self._order):
+                target = term if k else acc
+                values, multiplier = self._values(site, index, held)
+                target.copy_(values)
+                # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling
+                # then weighting. Then add_: two roundings (never an FMA), the same on every CPU.
+                target.mul_(self._weights[site] * multiplier)
+                if k:
+                    acc.add_(term)
+        except codec.ScaleError as err:
+            raise codec.ScaleError(f"round {self._manifests[site].key.round}, chunk {index}: {err} in {site}'s "
+                                   "pseudo-gradient; it is refused") from None
         if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
-            bad = [s for s in self._order if not codec.is_finite(self._wire(s, index, held))]
+            bad = [s for s in self._order if not codec.is_finite(self._values(s, index, held)[0])]
             what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
             raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
         self._emit(index, acc)
@@ -290,14 +296,18 @@ async def reduce_shard(
     ref = manifests[me]
     first, end = shard_chunks(ref.num_chunks, order)[me]
     start_byte, end_byte = _shard_bytes(ref, first, end)
-    mean_data = torch.empty(end_byte - start_byte, dtype=torch.uint8)
+    wire = ref.layout.wire
+    chunk_wire = wire.wire_bytes(ref.chunk_size)
+    last = wire.wire_bytes(end_byte - (end - 1) * ref.chunk_size) if end > first else 0
+    mean_data = torch.empty(max(0, end - first - 1) * chunk_wire + last, dtype=torch.uint8)
     hashes: list[bytes] = [b""] * (end - first)
     exps = [0] * (end - first)
 
     def emit(index: int, mean: torch.Tensor) -> None:
-        a, b = ref.chunk_bounds(index)
-        out = mean_data[a - start_byte : b - start_byte]
-        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, ref.layout.wire, known_finite=True)
+        # The mean shard's own chunk k is layout chunk first + k: its wire bytes start at k * chunk_wire.
+        a = (index - first) * chunk_wire
+        out = mean_data[a : a + wire.wire_bytes(mean.numel() * wire.itemsize)]
+        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
 
     report = report or MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
     await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
@@ -354,13 +364,14 @@ async def reduce_scatter_mean(
         return (layout, *_shard_bytes(ref, *shards[owner]), order, roots, total_tokens)
 
     async def reduce_here(owner: str) -> None:
-        scratch = torch.empty(ref.chunk_size, dtype=torch.uint8)
+        scratch = torch.empty(wire.wire_bytes(ref.chunk_size), dtype=torch.uint8)
 
         def emit(index: int, mean: torch.Tensor) -> None:
             # Exactly what the owner does (encode) and then every receiver (decode).
-            out = scratch[: mean.numel() * wire.itemsize]
+            out = scratch[: wire.wire_bytes(mean.numel() * wire.itemsize)]
             _, exp = codec.encode_chunk([mean], out, wire, known_finite=True)
-            codec.scatter_values(layout, ref.chunk_bounds(index)[0], codec.wire_view(out, wire), dest, 2.0**-exp)
+            values, multiplier = codec.chunk_values(out, wire, exp, mean.numel())
+            codec.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
 
         await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, window)
 

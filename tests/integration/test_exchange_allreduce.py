@@ -46,8 +46,11 @@ def _expected(encoded: dict[str, codec.Encoded]) -> dict[str, torch.Tensor]:
     return acc
 
 
-def _encode(models: dict[str, dict[str, torch.Tensor]]) -> dict[str, codec.Encoded]:
-    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=CHUNK) for s, m in models.items()}
+def _encode(
+    models: dict[str, dict[str, torch.Tensor]], wire: codec.WireDtype = codec.WireDtype.BF16
+) -> dict[str, codec.Encoded]:
+    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=CHUNK, wire=wire)
+            for s, m in models.items()}
 
 
 async def _mesh(
@@ -92,18 +95,20 @@ def _models(seed: int = 0, sizes: dict[str, tuple[int, ...]] = SIZES) -> dict[st
 def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: dict[str, codec.Encoded]) -> None:
     want = _expected(encoded)
     if scheme is reduce_scatter_mean:  # the shard owner rounds the mean to the wire dtype once
-        want = {n: t.to(torch.bfloat16).float() for n, t in want.items()}
+        wire = next(iter(encoded.values())).manifest.layout.wire
+        want = decoded(codec.encode(want, round=ROUND, site="x", tokens=1, chunk_size=CHUNK, wire=wire))
     for site, dest in dests.items():
         for name in want:
             assert torch.equal(dest[name], want[name]), (site, name)
 
 
+@pytest.mark.parametrize("wire", list(codec.WireDtype))
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
-def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme) -> None:
-    encoded = _encode(_models())
+def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme, wire: codec.WireDtype) -> None:
+    encoded = _encode(_models(), wire)
     dests, reports = asyncio.run(_mesh(scheme, {}, encoded))
     _check(scheme, dests, encoded)
-    model_bytes = encoded["alpha"].manifest.nbytes
+    model_bytes = encoded["alpha"].manifest.wire_nbytes
     received = {s: r.bytes_received for s, r in reports.items()}
     if scheme is all_to_all_mean:
         assert all(b == 2 * model_bytes for b in received.values())
