@@ -36,6 +36,7 @@ from peer.exchange import (
     publish_pseudo_gradient,
 )
 from peer.exchange.allreduce import reduce_scatter_mean, reduce_shard
+from peer.exchange.feedback import ErrorFeedback
 from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
@@ -45,6 +46,8 @@ from peer.trainer.process import TrainerProcess, read_state, write_state
 log = logging.getLogger("sitemesh.training")
 
 MOMENTUM_PREFIX = "outer_momentum."
+RESIDUAL_FILE = "wire-residual.safetensors"
+"""int8/int4 error feedback: the part of this site's last pseudo-gradient that rounding dropped."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 
@@ -115,6 +118,8 @@ class SiteTraining:
         # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
         # outcome() and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
+        self._feedback: ErrorFeedback | None = None
+        """int8/int4: what this site's last pseudo-gradient lost to rounding (site-local, on disk)."""
         self.last_loss = float("nan")
 
     # ----- lifecycle -------------------------------------------------------------------------
@@ -134,6 +139,8 @@ class SiteTraining:
             both = await asyncio.to_thread(load_file, self.dir / pointer["file"])
             self.weights, self.momentum = self._split_state(both)
         self.weights_hash = bytes.fromhex(await asyncio.to_thread(state_dict_hash, self.weights))
+        if codec.WireDtype.named(self.trainer_config.wire).quantized:
+            self._feedback = await asyncio.to_thread(ErrorFeedback, self.dir / RESIDUAL_FILE, self.weights)
         await self._publish_state()
         log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
                  len(self.blocks))
@@ -154,7 +161,13 @@ class SiteTraining:
         # A round this site trained in an earlier process (restarted before the round was decided)
         # is trained again; the earlier, never-committed pseudo-gradient of the round is withdrawn.
         self.store.drop(codec.ObjectKey(round_, self.site))
-        encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens)
+        wire = codec.WireDtype.named(self.trainer_config.wire)
+        if self._feedback is not None:  # int8/int4: last round's rounding error is sent now
+            await asyncio.to_thread(self._feedback.add_to, delta)
+        encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens,
+                                                wire=wire)
+        if self._feedback is not None:
+            await asyncio.to_thread(self._feedback.keep, delta, encoded)
         self.last_loss = out.mean_loss
         return Trained(round_, out.tokens, tuple(SampleRange(b, s, e) for b, s, e in out.trained),
                        encoded.manifest.root_hash, out.mean_loss, out.seconds)

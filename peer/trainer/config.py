@@ -199,6 +199,10 @@ class InnerConfig:
             raise ValueError("grad_clip must be >= 0")
 
 
+# exchange.proto's WireDtype names, spelled as configs spell them (peer.exchange.codec.WireDtype.named).
+WIRE_FORMATS = ("bf16", "fp16", "fp32", "int8", "int4")
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """Everything a site's trainer needs; the same `data` and `model` on every site."""
@@ -208,10 +212,16 @@ class TrainerConfig:
     inner: InnerConfig = field(default_factory=InnerConfig)
     eval_samples: int = 256
     """Size of the fixed held-out evaluation set (samples of seq_len tokens)."""
+    wire: str = "bf16"
+    """Wire format of the pseudo-gradients this site sends (exchange.proto WireDtype): bf16, fp16,
+    fp32, int8 or int4. int8/int4 use error feedback: what rounding dropped is added to the next
+    round's pseudo-gradient. The same on every site (the mean shards are sent in it too)."""
 
     def __post_init__(self) -> None:
         if self.eval_samples < 1:
             raise ValueError("eval_samples must be >= 1")
+        if self.wire not in WIRE_FORMATS:
+            raise ValueError(f"wire={self.wire!r} is not a wire format; use one of {list(WIRE_FORMATS)}")
         if self.data.seq_len > self.model.max_position_embeddings:
             raise ValueError(f"seq_len={self.data.seq_len} exceeds the model's "
                              f"max_position_embeddings={self.model.max_position_embeddings}")
