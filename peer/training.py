@@ -48,6 +48,9 @@ log = logging.getLogger("sitemesh.training")
 MOMENTUM_PREFIX = "outer_momentum."
 RESIDUAL_FILE = "wire-residual.safetensors"
 """int8/int4 error feedback: the part of this site's last pseudo-gradient that rounding dropped."""
+OWNER_WAIT_S = 120.0
+"""How long a peer waits for a shard owner's mean shard before reducing that shard itself: a
+stuck owner then costs a round this much and all-to-all bytes for its shard, never the round."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 
@@ -185,7 +188,8 @@ class SiteTraining:
             mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
             inputs: MeanInputs = tuple(sorted(contributors))
             report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
-                                               my_shard=lambda: self._mean_shard(round_, inputs))
+                                               my_shard=lambda: self._mean_shard(round_, inputs),
+                                               owner_wait_s=OWNER_WAIT_S)
             if report.reduced_here:
                 log.warning("round %d: reduced the shards of %s here (all-to-all for them)", round_,
                             report.reduced_here)
@@ -311,6 +315,7 @@ class SiteTraining:
             if not f.cancelled() and f.exception() is not None:
                 log.warning("round %d: reducing our mean shard for a peer failed: %s", round_, f.exception())
 
+        log.info("round %d: reducing our mean shard over %s for a peer's request", round_, [s for s, _, _ in inputs])
         self._mean_shard(round_, inputs).add_done_callback(done)
 
     async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:

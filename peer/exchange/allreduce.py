@@ -334,6 +334,7 @@ async def reduce_scatter_mean(
     my_shard: Callable[[], Awaitable[codec.Encoded]] | None = None,
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
+    owner_wait_s: float | None = None,
     window: int = DEFAULT_WINDOW,
 ) -> MeanReport:
     """Like all_to_all_mean, but each contributor reduces one shard and serves it; every peer pulls
@@ -344,7 +345,8 @@ async def reduce_scatter_mean(
     an owner that does not know the round's contributors yet starts reducing (see ManifestRequest).
     Where an owner does not serve its shard (gone, or it failed), this peer reduces that shard
     itself from every pseudo-gradient (all-to-all for that shard), rounds it the same way and logs
-    so: the bits are the owner's, whichever way they were made.
+    so: the bits are the owner's, whichever way they were made. `owner_wait_s` (default
+    `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here.
     """
     if me in sites and sites[me] is not None:
         raise ValueError(f"{me} must be mapped to None: its objects are in the local store")
@@ -389,7 +391,9 @@ async def reduce_scatter_mean(
         key = codec.ObjectKey(round_, owner, codec.ObjectKind.MEAN_SHARD)
         stats = report.stats.setdefault(owner, FetchStats())
         try:
-            m = await fetch_manifest(key, [client], manifest_wait_s, policy, my_inputs)
+            wait_s = manifest_wait_s if owner_wait_s is None else owner_wait_s
+            m = await fetch_manifest(key, [client], wait_s, policy, my_inputs)
+            log.debug("round %d: %s's mean shard announced", round_, owner)
             got = (m.layout, m.range_start, m.range_end, m.contributors, m.contributor_roots, m.tokens)
             if got != expected(owner):
                 raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
