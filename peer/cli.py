@@ -28,7 +28,7 @@ from peer.logstore import CorruptStore
 from peer.membership import MembershipConfig
 from peer.node import JoinFailed, Node
 from peer.rounds import RoundsConfig
-from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
+from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
 from peer.training import OuterConfig
 
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum (default 0.9)")
     train.add_argument("--checkpoint-every", type=int, default=0,
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
+    train.add_argument("--wire", default="bf16", choices=WIRE_FORMATS,
+                       help="wire format of pseudo-gradients and mean shards; the same on every site (default bf16)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.set_defaults(func=_serve)
 
@@ -138,7 +140,8 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
     ranks = RanksConfig(nproc_per_node=args.nproc_per_node, launcher=args.launcher, parallel=args.parallel,
                         collective_timeout_s=args.collective_timeout)
     return {
-        "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner, ranks=ranks),
+        "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner, ranks=ranks,
+                                 wire=args.wire),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
                                deadline_s=args.round_deadline, data_epochs=args.data_epochs),
         "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),

@@ -34,8 +34,17 @@ from safetensors.torch import load_file, save_file
 from peer.audit import universe_to_json
 from peer.commitlog import RoundCommit, SampleRange
 from peer.durable import replace_atomic, temp_sibling, write_atomic
-from peer.exchange import ExchangeClient, ExchangeStore, all_to_all_mean, fetch_into, fetch_manifest, publish_pseudo_gradient
-from peer.exchange import codec
+from peer.exchange import (
+    ExchangeClient,
+    ExchangeStore,
+    codec,
+    fetch_into,
+    fetch_manifest,
+    publish_pseudo_gradient,
+)
+from peer.exchange.allreduce import reduce_scatter_mean, reduce_shard
+from peer.exchange.feedback import ErrorFeedback
+from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
@@ -47,6 +56,11 @@ log = logging.getLogger("sitemesh.training")
 MOMENTUM_PREFIX = "outer_momentum."
 FLIP_THETA_ENV = "SITEMESH_FAULT_FLIP_THETA_AFTER_ROUND"
 """Test-only fault injection (see the module docstring); never set in a real run."""
+RESIDUAL_FILE = "wire-residual.safetensors"
+"""int8/int4 error feedback: the part of this site's last pseudo-gradient that rounding dropped."""
+OWNER_WAIT_S = 120.0
+"""How long a peer waits for a shard owner's mean shard before reducing that shard itself: a
+stuck owner then costs a round this much and all-to-all bytes for its shard, never the round."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 
@@ -128,6 +142,7 @@ class SiteTraining:
         self.trainer_config = trainer_config
         self.outer = outer
         self.store = ExchangeStore()
+        self.store.on_mean_request = self._mean_requested
         self.process = TrainerProcess()
         self.blocks: list[tuple[int, int]] = []
         self.weights: dict[str, torch.Tensor] = {}
@@ -137,6 +152,11 @@ class SiteTraining:
         self.applied_index = 0
         self._clients: dict[str, ExchangeClient] = {}
         self._cache: Outcome | None = None
+        # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
+        # outcome() and by peers' requests (a leader asks before the commit names the contributors).
+        self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
+        self._feedback: ErrorFeedback | None = None
+        """int8/int4: what this site's last pseudo-gradient lost to rounding (site-local, on disk)."""
         self.last_loss = float("nan")
         self._fault_done = False  # FLIP_THETA_ENV fires once per process
         self._restart: asyncio.Future[None] | None = None
@@ -160,6 +180,8 @@ class SiteTraining:
             both = await asyncio.to_thread(load_file, self.dir / pointer["file"])
             self.weights, self.momentum = self._split_state(both)
         self.weights_hash = bytes.fromhex(await asyncio.to_thread(state_dict_hash, self.weights))
+        if codec.WireDtype.named(self.trainer_config.wire).quantized:
+            self._feedback = await asyncio.to_thread(ErrorFeedback, self.dir / RESIDUAL_FILE, self.weights)
         await self._publish_state()
         log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
                  len(self.blocks))
@@ -186,7 +208,13 @@ class SiteTraining:
         # A round this site trained in an earlier process (restarted before the round was decided)
         # is trained again; the earlier, never-committed pseudo-gradient of the round is withdrawn.
         self.store.drop(codec.ObjectKey(round_, self.site))
-        encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens)
+        wire = codec.WireDtype.named(self.trainer_config.wire)
+        if self._feedback is not None:  # int8/int4: last round's rounding error is sent now
+            await asyncio.to_thread(self._feedback.add_to, delta)
+        encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens,
+                                                wire=wire)
+        if self._feedback is not None:
+            await asyncio.to_thread(self._feedback.keep, delta, encoded)
         self.last_loss = out.mean_loss
         return Trained(round_, out.tokens, tuple(SampleRange(b, s, e) for b, s, e in out.trained),
                        encoded.manifest.root_hash, out.mean_loss, out.seconds)
@@ -204,7 +232,13 @@ class SiteTraining:
             sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
             await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
             mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
-            report = await all_to_all_mean(round_, sites, self.store, mean)
+            inputs: MeanInputs = tuple(sorted((s, a, root) for s, a, root, _ in contributors))
+            report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
+                                               my_shard=lambda: self._mean_shard(round_, inputs),
+                                               owner_wait_s=OWNER_WAIT_S)
+            if report.reduced_here:
+                log.warning("round %d: reduced the shards of %s here (all-to-all for them)", round_,
+                            report.reduced_here)
             check_weights(round_, {site: tokens for site, _, _, tokens in contributors}, report.tokens)
             contributions = [(mean, sum(report.tokens.values()))]
         # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
@@ -226,6 +260,7 @@ class SiteTraining:
         self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
+        self._shards = {k: f for k, f in self._shards.items() if k[0] > commit.round}
         await self._publish_state()
         if not self._fault_done and commit.round >= int(os.environ.get(FLIP_THETA_ENV) or 1 << 62):
             self._fault_done = True
@@ -352,6 +387,29 @@ class SiteTraining:
             self._clients[address] = ExchangeClient(address, self._creds)
         return self._clients[address]
 
+    def _mean_shard(self, round_: int, inputs: MeanInputs) -> asyncio.Future[codec.Encoded]:
+        """This site's mean shard of `round_` over `inputs`: reduced once, however many ask."""
+        key = (round_, tuple((s, r) for s, _, r in inputs))
+        held = self._shards.get(key)
+        if held is None or (held.done() and (held.cancelled() or held.exception() is not None)):
+            sites = {s: None if s == self.site else self._client(a) for s, a, _ in inputs}
+            held = asyncio.ensure_future(reduce_shard(round_, self.site, sites, self.store,
+                                                      roots={s: r for s, _, r in inputs}))
+            self._shards[key] = held
+        return asyncio.shield(held)
+
+    def _mean_requested(self, round_: int, inputs: MeanInputs) -> None:
+        """A peer (the deciding leader, or one that applies the commit before us) asks for our shard."""
+        if round_ <= self.applied_round or self.site not in {s for s, _, _ in inputs}:
+            return  # an old round (answered from the store or not at all), or not one of ours
+
+        def done(f: asyncio.Future[codec.Encoded]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("round %d: reducing our mean shard for a peer failed: %s", round_, f.exception())
+
+        log.info("round %d: reducing our mean shard over %s for a peer's request", round_, [s for s, _, _ in inputs])
+        self._mean_shard(round_, inputs).add_done_callback(done)
+
     async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:
         for site, address, root in contributors:
             key = codec.ObjectKey(round_, site)
@@ -363,7 +421,7 @@ class SiteTraining:
             else:
                 try:
                     manifest = await self._client(address).get_manifest(key, wait_s=10.0)
-                except Exception as err:  # noqa: BLE001 - unreachable is the same as not served
+                except Exception as err:
                     raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}", site) from err
             if manifest is None:
                 raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more", site)

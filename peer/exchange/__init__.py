@@ -10,14 +10,27 @@ What the node calls (all asyncio, on its loop):
     # dest now holds sum(n_s * delta_s) / sum(n_s); report.stats has the faults survived per site
     store.drop_rounds_before(r)                                  # after the round is committed
 
+The node (peer/training.py) uses reduce_scatter_mean with `inputs` (the round's contributors): a
+leader's mean-shard requests make the other owners reduce before the commit names the contributors
+(store.on_mean_request); an owner that does not serve its shard is reduced around, same bits.
+Wire formats: bf16/fp16/fp32 and int8/int4 (a scale per 128 elements; feedback.ErrorFeedback keeps
+what a site's rounding dropped for its next round).
+
 Lower level: `client.fetch_manifest` / `client.fetch_into` fetch one object into preallocated
 tensors; `codec.encode` / `codec.decode` work without any network. Modules: codec (layout, chunks,
 hashes, manifest <-> proto), chunkwire (Chunk messages without copies), store, service, client,
-allreduce. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
+allreduce, feedback. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
 """
 
 from peer.exchange.allreduce import MeanReport, all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean
-from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, FetchStats, fetch_into, fetch_manifest
+from peer.exchange.client import (
+    ExchangeClient,
+    FetchError,
+    FetchPolicy,
+    FetchStats,
+    fetch_into,
+    fetch_manifest,
+)
 from peer.exchange.service import add_exchange_service
 from peer.exchange.store import ExchangeStore
 

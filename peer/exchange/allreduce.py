@@ -24,6 +24,7 @@ control then pauses their senders).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -32,8 +33,17 @@ from dataclasses import dataclass, field
 import torch
 
 from peer.exchange import codec
-from peer.exchange.client import ExchangeClient, FetchPolicy, FetchStats, fetch_chunks, fetch_manifest
-from peer.exchange.store import ExchangeStore
+from peer.exchange.client import (
+    ExchangeClient,
+    FetchError,
+    FetchPolicy,
+    FetchStats,
+    fetch_chunks,
+    fetch_manifest,
+)
+from peer.exchange.store import ExchangeStore, MeanInputs
+
+log = logging.getLogger("sitemesh.exchange")
 
 # 32 chunks of 1 MiB per remote site: enough to keep every stream busy while a chunk is reduced.
 DEFAULT_WINDOW = 32
@@ -54,6 +64,8 @@ class MeanReport:
     stats: dict[str, FetchStats] = field(default_factory=dict)
     phase_done: dict[str, float] = field(default_factory=dict)
     """time.monotonic() at the end of each phase ("manifests", "reduce", "gather"), for profiling."""
+    reduced_here: list[str] = field(default_factory=list)
+    """Reduce-scatter: owners whose mean shard this peer reduced itself (they did not serve it)."""
 
     @property
     def bytes_received(self) -> int:
@@ -124,24 +136,30 @@ class WindowedReducer:
                 self._frontier += 1
                 self._changed.notify_all()
 
-    def _wire(self, site: str, index: int, held: Mapping[str, memoryview]) -> torch.Tensor:
+    def _values(self, site: str, index: int, held: Mapping[str, memoryview]) -> tuple[torch.Tensor, float]:
         data = self._local[site].chunk(index) if site in self._local else held[site]
-        return codec.wire_view(data, self._manifests[site].layout.wire)
+        m = self._manifests[site]
+        return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index))
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
         # Scratch buffers, reused: the reduction runs one chunk at a time.
-        n = self._wire(self._order[0], index, held).numel()
+        n = self._manifests[self._order[0]].chunk_elements(index)
         acc, term = self._acc[:n], self._term[:n]
-        for k, site in enumerate(self._order):
-            target = term if k else acc
-            target.copy_(self._wire(site, index, held))
-            # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling
-            # then weighting. Then add_: two roundings (never an FMA), the same on every CPU.
-            target.mul_(self._weights[site] * 2.0 ** -self._manifests[site].scale_exps[index])
-            if k:
-                acc.add_(term)
+        try:
+            for k, site in enumerate(self._order):
+                target = term if k else acc
+                values, multiplier = self._values(site, index, held)
+                target.copy_(values)
+                # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling
+                # then weighting. Then add_: two roundings (never an FMA), the same on every CPU.
+                target.mul_(self._weights[site] * multiplier)
+                if k:
+                    acc.add_(term)
+        except codec.ScaleError as err:
+            raise codec.ScaleError(f"round {self._manifests[site].key.round}, chunk {index}: {err} in {site}'s "
+                                   "pseudo-gradient; it is refused") from None
         if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
-            bad = [s for s in self._order if not codec.is_finite(self._wire(s, index, held))]
+            bad = [s for s in self._order if not codec.is_finite(self._values(s, index, held)[0])]
             what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
             raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
         self._emit(index, acc)
@@ -204,10 +222,8 @@ async def _reduce_range(
         async def sink(index: int, data: memoryview) -> None:
             await reducer.put(site, index, data)
 
-        report.stats[site] = FetchStats()
-        return fetch_chunks(
-            manifests[site], [client], sink, first=first, end=end, policy=policy, stats=report.stats[site]
-        )
+        stats = report.stats.setdefault(site, FetchStats())
+        return fetch_chunks(manifests[site], [client], sink, first=first, end=end, policy=policy, stats=stats)
 
     await _all([reducer.run(), *(fetch(s, c) for s, c in sites.items() if c is not None)])
 
@@ -249,6 +265,64 @@ def shard_chunks(num_chunks: int, owners: Sequence[str]) -> dict[str, tuple[int,
     return {s: (k * num_chunks // n, (k + 1) * num_chunks // n) for k, s in enumerate(ordered)}
 
 
+def _shard_bytes(ref: codec.Manifest, first: int, end: int) -> tuple[int, int]:
+    return first * ref.chunk_size, min(end * ref.chunk_size, ref.layout.total_bytes)
+
+
+async def reduce_shard(
+    round_: int,
+    me: str,
+    sites: Sites,
+    store: ExchangeStore,
+    *,
+    roots: Mapping[str, bytes] | None = None,
+    policy: FetchPolicy = FetchPolicy(),
+    manifest_wait_s: float = 600.0,
+    window: int = DEFAULT_WINDOW,
+    report: MeanReport | None = None,
+) -> codec.Encoded:
+    """Phase 1 of reduce-scatter: `me`'s shard of every contributor's pseudo-gradient, averaged,
+    encoded in the wire dtype and published as `me`'s MEAN_SHARD (replacing one reduced over other
+    contributors). `roots`: the root hash each contributor's object must have (else ManifestError).
+    `report`, if given, counts the fetches."""
+    if me not in sites or sites[me] is not None:
+        raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
+    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
+    for site, m in manifests.items():
+        if roots is not None and m.root_hash != roots[site]:
+            raise codec.ManifestError(f"{m.key} has root {m.root_hash.hex()[:16]}, the round names "
+                                      f"{roots[site].hex()[:16]}")
+    order = tuple(sorted(sites))
+    ref = manifests[me]
+    first, end = shard_chunks(ref.num_chunks, order)[me]
+    start_byte, end_byte = _shard_bytes(ref, first, end)
+    wire = ref.layout.wire
+    chunk_wire = wire.wire_bytes(ref.chunk_size)
+    last = wire.wire_bytes(end_byte - (end - 1) * ref.chunk_size) if end > first else 0
+    mean_data = torch.empty(max(0, end - first - 1) * chunk_wire + last, dtype=torch.uint8)
+    hashes: list[bytes] = [b""] * (end - first)
+    exps = [0] * (end - first)
+
+    def emit(index: int, mean: torch.Tensor) -> None:
+        # The mean shard's own chunk k is layout chunk first + k: its wire bytes start at k * chunk_wire.
+        a = (index - first) * chunk_wire
+        out = mean_data[a : a + wire.wire_bytes(mean.numel() * wire.itemsize)]
+        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
+
+    report = report or MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
+    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
+    mine = codec.Encoded(
+        codec.build_manifest(
+            codec.ObjectKey(round_, me, codec.ObjectKind.MEAN_SHARD), ref.layout, start_byte, end_byte,
+            ref.chunk_size, hashes, exps, sum(report.tokens.values()), order,
+            [manifests[s].root_hash for s in order],
+        ),
+        mean_data,
+    )  # fmt: skip
+    await store.publish(mine, replace=True)
+    return mine
+
+
 async def reduce_scatter_mean(
     round_: int,
     me: str,
@@ -256,66 +330,83 @@ async def reduce_scatter_mean(
     store: ExchangeStore,
     dest: Mapping[str, torch.Tensor],
     *,
+    inputs: MeanInputs = (),
+    my_shard: Callable[[], Awaitable[codec.Encoded]] | None = None,
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
+    owner_wait_s: float | None = None,
     window: int = DEFAULT_WINDOW,
 ) -> MeanReport:
-    """Like all_to_all_mean, but each contributor (`me` among them) reduces one shard and serves it.
+    """Like all_to_all_mean, but each contributor reduces one shard and serves it; every peer pulls
+    the mean shards (its own, if `me` contributes, comes from reduce_shard or `my_shard`).
 
     The mean is rounded to the wire dtype once (by the shard owner); every peer decodes the same
-    bytes. `me`'s mean shard stays published in `store` for peers that fetch it late.
+    bytes. `inputs` (the contributors as (site, address, root)) go with every mean-shard request, so
+    an owner that does not know the round's contributors yet starts reducing (see ManifestRequest).
+    Where an owner does not serve its shard (gone, or it failed), this peer reduces that shard
+    itself from every pseudo-gradient (all-to-all for that shard), rounds it the same way and logs
+    so: the bits are the owner's, whichever way they were made. `owner_wait_s` (default
+    `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here.
     """
-    if me not in sites or sites[me] is not None:
-        raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
+    if me in sites and sites[me] is not None:
+        raise ValueError(f"{me} must be mapped to None: its objects are in the local store")
     manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
-    ref = manifests[me]
+    order = tuple(sorted(sites))
+    ref = manifests[order[0]]
     layout, wire = ref.layout, ref.layout.wire
     codec.check_destination(layout, dest)
-    report = MeanReport(round_, tuple(sorted(sites)), {s: m.tokens for s, m in manifests.items()})
+    report = MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
     report.phase_done["manifests"] = time.monotonic()
-    shards = shard_chunks(ref.num_chunks, list(sites))
-    first, end = shards[me]
-    start_byte = first * ref.chunk_size
-    end_byte = min(end * ref.chunk_size, layout.total_bytes)
-    mean_data = torch.empty(end_byte - start_byte, dtype=torch.uint8)
-    hashes: list[bytes] = [b""] * (end - first)
-    exps = [0] * (end - first)
-
-    def emit(index: int, mean: torch.Tensor) -> None:
-        a, b = ref.chunk_bounds(index)
-        out = mean_data[a - start_byte : b - start_byte]
-        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
-
-    # Phase 1 (reduce-scatter): my shard of every pseudo-gradient -> my mean shard, published.
-    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
+    shards = shard_chunks(ref.num_chunks, order)
     total_tokens = sum(report.tokens.values())
-    mine = codec.Encoded(
-        codec.build_manifest(
-            codec.ObjectKey(round_, me, codec.ObjectKind.MEAN_SHARD), layout, start_byte, end_byte,
-            ref.chunk_size, hashes, exps, total_tokens, report.sites,
-        ),
-        mean_data,
-    )  # fmt: skip
-    await store.publish(mine)
-    report.phase_done["reduce"] = time.monotonic()
+    roots = tuple(manifests[s].root_hash for s in order)
+    my_inputs = inputs or tuple((s, "", r) for s, r in zip(order, roots, strict=True))
 
-    # Phase 2 (all-gather): every owner's mean shard, decoded into dest; mine from the local bytes.
+    def expected(owner: str) -> tuple[object, ...]:
+        return (layout, *_shard_bytes(ref, *shards[owner]), order, roots, total_tokens)
+
+    async def reduce_here(owner: str) -> None:
+        scratch = torch.empty(wire.wire_bytes(ref.chunk_size), dtype=torch.uint8)
+
+        def emit(index: int, mean: torch.Tensor) -> None:
+            # Exactly what the owner does (encode) and then every receiver (decode).
+            out = scratch[: wire.wire_bytes(mean.numel() * wire.itemsize)]
+            _, exp = codec.encode_chunk([mean], out, wire, known_finite=True)
+            values, multiplier = codec.chunk_values(out, wire, exp, mean.numel())
+            codec.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
+
+        await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, window)
+
     async def gather(owner: str, client: ExchangeClient | None) -> None:
         if client is None:
-            await asyncio.to_thread(codec.decode, mine, dest)
+            reduced = await (my_shard() if my_shard is not None else reduce_shard(
+                round_, me, sites, store, policy=policy, manifest_wait_s=manifest_wait_s, window=window, report=report))
+            if (reduced.manifest.layout, reduced.manifest.range_start, reduced.manifest.range_end,
+                    reduced.manifest.contributors, reduced.manifest.contributor_roots,
+                    reduced.manifest.tokens) != expected(owner):  # fmt: skip
+                raise codec.LayoutMismatch(f"{reduced.manifest.key}: my own shard is not this round's")
+            report.phase_done["reduce"] = time.monotonic()
+            await asyncio.to_thread(codec.decode, reduced, dest)
             return
         key = codec.ObjectKey(round_, owner, codec.ObjectKind.MEAN_SHARD)
-        m = await fetch_manifest(key, [client], manifest_wait_s, policy)
-        a, b = shards[owner]
-        expected = (layout, a * ref.chunk_size, min(b * ref.chunk_size, layout.total_bytes), report.sites, total_tokens)
-        if (m.layout, m.range_start, m.range_end, m.contributors, m.tokens) != expected:
-            raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
-
-        async def sink(index: int, data: memoryview) -> None:
-            await asyncio.to_thread(codec.decode_verified_chunk, m, index, data, dest)
-
         stats = report.stats.setdefault(owner, FetchStats())
-        await fetch_chunks(m, [client], sink, policy=policy, stats=stats)
+        try:
+            wait_s = manifest_wait_s if owner_wait_s is None else owner_wait_s
+            m = await fetch_manifest(key, [client], wait_s, policy, my_inputs)
+            log.debug("round %d: %s's mean shard announced", round_, owner)
+            got = (m.layout, m.range_start, m.range_end, m.contributors, m.contributor_roots, m.tokens)
+            if got != expected(owner):
+                raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
+
+            async def sink(index: int, data: memoryview) -> None:
+                await asyncio.to_thread(codec.decode_verified_chunk, m, index, data, dest)
+
+            await fetch_chunks(m, [client], sink, policy=policy, stats=stats)
+        except (FetchError, codec.ManifestError, codec.LayoutMismatch) as err:
+            log.warning("round %d: shard owner %s does not serve its mean shard (%s); reducing that shard "
+                        "here from every pseudo-gradient (all-to-all for this shard)", round_, owner, err)
+            report.reduced_here.append(owner)
+            await reduce_here(owner)
 
     await _all([gather(s, c) for s, c in sites.items()])
     report.phase_done["gather"] = time.monotonic()

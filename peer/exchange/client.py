@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from peer.exchange import chunkwire, codec
 from peer.exchange.service import SERVICE
+from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
 from peer.transport import channels
 
@@ -121,9 +122,16 @@ class ExchangeClient:
     async def announce(self, manifest: codec.Manifest, timeout_s: float = 10.0) -> None:
         await self._stub.Announce(codec.manifest_to_proto(manifest), timeout=timeout_s)
 
-    async def get_manifest(self, key: codec.ObjectKey, wait_s: float = 0.0) -> codec.Manifest | None:
-        """The peer's manifest for `key` (validated), waiting up to `wait_s` for it; None if it has none."""
-        request = exchange_pb2.ManifestRequest(key=codec.key_to_proto(key), wait_ms=int(wait_s * 1000))
+    async def get_manifest(
+        self, key: codec.ObjectKey, wait_s: float = 0.0, inputs: MeanInputs = ()
+    ) -> codec.Manifest | None:
+        """The peer's manifest for `key` (validated), waiting up to `wait_s` for it; None if it has none.
+        `inputs`: for a mean shard, the contributors it must average (see ManifestRequest)."""
+        request = exchange_pb2.ManifestRequest(
+            key=codec.key_to_proto(key),
+            wait_ms=int(wait_s * 1000),
+            contributors=[exchange_pb2.MeanInput(site=s, address=a, root_hash=r) for s, a, r in inputs],
+        )
         try:
             reply = await self._stub.GetManifest(request, timeout=wait_s + 10.0)
         except grpc.aio.AioRpcError as err:
@@ -269,23 +277,40 @@ def _closed_under_us() -> bool:
 
 
 async def fetch_manifest(
-    key: codec.ObjectKey, sources: Sequence[ExchangeClient], wait_s: float, policy: FetchPolicy = FetchPolicy()
+    key: codec.ObjectKey,
+    sources: Sequence[ExchangeClient],
+    wait_s: float,
+    policy: FetchPolicy = FetchPolicy(),
+    inputs: MeanInputs = (),
 ) -> codec.Manifest:
-    """The manifest of `key` from the first source that has it, long-polling each up to `wait_s`."""
+    """The manifest of `key` from the first source that has it, long-polling each up to `wait_s`.
+    Gives up early when every source has failed (not merely not published yet) for `policy.stall_s`:
+    those peers are gone, not still training. `inputs`: see ExchangeClient.get_manifest."""
     errors: deque[str] = deque(maxlen=len(sources))  # the last answer of each source
     deadline = time.monotonic() + min(wait_s, policy.deadline_s)
+    failing_since: float | None = None
     while True:
+        failed = 0
         for source in sources:
             try:
-                manifest = await source.get_manifest(key, max(0.0, deadline - time.monotonic()))
+                manifest = await source.get_manifest(key, max(0.0, deadline - time.monotonic()), inputs)
+            except asyncio.CancelledError:
+                if not _closed_under_us():
+                    raise
+                # A concurrent stream's stall reconnected the channel under this long poll: ask again.
+                errors.append(f"{source.address}: channel closed under the request")
+                continue
             except (grpc.aio.AioRpcError, codec.ManifestError) as err:
                 errors.append(f"{source.address}: {err}")
+                failed += 1
                 await asyncio.sleep(policy.backoff_initial_s)
                 continue
             if manifest is not None:
                 return manifest
             errors.append(f"{source.address}: not published")
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        failing_since = (failing_since or now) if failed == len(sources) else None
+        if now >= deadline or (failing_since is not None and now - failing_since >= policy.stall_s):
             raise FetchError(f"no manifest for {key} within {wait_s} s: {'; '.join(errors)}")
 
 

@@ -33,6 +33,9 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_CHUNK_BYTES = 4 << 20
 HASH_BYTES = 32
 FP16_MAX = 65504.0
+# Elements per binary32 scale in int8/int4 chunks: one scale per 1 MiB chunk would let one outlier
+# zero out a million 4-bit codes; 128 costs 4/128 byte per element (int4: 0.53 byte vs bf16's 2).
+QUANT_GROUP = 128
 
 
 class CodecError(ValueError):
@@ -55,22 +58,54 @@ class LayoutMismatch(CodecError):
     """Destination or peer tensors whose names, shapes or dtypes differ from the manifest's layout."""
 
 
+class ScaleError(NonFiniteError):
+    """A quantized chunk whose scale is NaN, Inf or not > 0: refused, not re-fetched (the sender made it)."""
+
+
 class WireDtype(enum.Enum):
     """Element encoding on the wire; the value is the proto enum number."""
 
     BF16 = pb.WIRE_DTYPE_BF16
     FP16 = pb.WIRE_DTYPE_FP16
     FP32 = pb.WIRE_DTYPE_FP32
+    INT8 = pb.WIRE_DTYPE_INT8
+    INT4 = pb.WIRE_DTYPE_INT4
+
+    @classmethod
+    def named(cls, name: str) -> WireDtype:
+        """"bf16", "int4", ... (the config spelling) -> WireDtype; CodecError lists the known ones."""
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise CodecError(f"unknown wire format {name!r}; one of {[w.name.lower() for w in cls]}") from None
+
+    @property
+    def quantized(self) -> bool:
+        """Integer codes with a scale per group of QUANT_GROUP elements (exchange.proto, "Quantized chunks")."""
+        return self in (WireDtype.INT8, WireDtype.INT4)
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The float dtype of the elements on the wire (not for quantized formats)."""
         return {WireDtype.BF16: torch.bfloat16, WireDtype.FP16: torch.float16, WireDtype.FP32: torch.float32}[
             self
         ]
 
     @property
     def itemsize(self) -> int:
-        return 4 if self is WireDtype.FP32 else 2
+        """Layout bytes per element (addressing); a quantized chunk's wire bytes: `wire_bytes`."""
+        return {WireDtype.FP32: 4, WireDtype.INT8: 1, WireDtype.INT4: 1}.get(self, 2)
+
+    @property
+    def qmax(self) -> int:
+        return 127 if self is WireDtype.INT8 else 7
+
+    def wire_bytes(self, layout_bytes: int) -> int:
+        """Bytes on the wire of a chunk of `layout_bytes` layout bytes (scales included)."""
+        if not self.quantized:
+            return layout_bytes
+        groups = -(-layout_bytes // QUANT_GROUP)
+        return 4 * groups + (layout_bytes if self is WireDtype.INT8 else (layout_bytes + 1) // 2)
 
 
 class ObjectKind(enum.Enum):
@@ -169,6 +204,8 @@ class Manifest:
     root_hash: bytes
     tokens: int
     contributors: tuple[str, ...] = ()
+    # Mean shards: the root hash of each contributor's pseudo-gradient, in `contributors` order.
+    contributor_roots: tuple[bytes, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -182,6 +219,21 @@ class Manifest:
         """Layout bytes [start, end) of chunk `index`."""
         start = self.range_start + index * self.chunk_size
         return start, min(start + self.chunk_size, self.range_end)
+
+    def chunk_elements(self, index: int) -> int:
+        start, end = self.chunk_bounds(index)
+        return (end - start) // self.layout.wire.itemsize
+
+    def wire_bounds(self, index: int) -> tuple[int, int]:
+        """Bytes [start, end) of chunk `index` in the object's wire bytes (Encoded.data)."""
+        start, end = self.chunk_bounds(index)
+        first = index * self.layout.wire.wire_bytes(self.chunk_size)
+        return first, first + self.layout.wire.wire_bytes(end - start)
+
+    @property
+    def wire_nbytes(self) -> int:
+        """All wire bytes of the object (for bf16/fp16/fp32, its layout bytes)."""
+        return self.wire_bounds(self.num_chunks - 1)[1] if self.num_chunks else 0
 
     def validate(self) -> None:
         """Raises ManifestError with the first broken rule."""
@@ -214,6 +266,8 @@ class Manifest:
             raise ManifestError(f"need {self.num_chunks} scale exponents, got {len(self.scale_exps)}")
         if any(e > 0 or e < -126 or (e and lay.wire is not WireDtype.FP16) for e in self.scale_exps):
             raise ManifestError("scale exponents must be in [-126, 0], and non-zero only for fp16")
+        if self.contributor_roots and len(self.contributor_roots) != len(self.contributors):
+            raise ManifestError(f"{len(self.contributor_roots)} contributor roots for {len(self.contributors)} contributors")
         if root_hash(self.chunk_hashes, self.scale_exps) != self.root_hash:
             raise ManifestError("root_hash does not match the chunk hashes")
 
@@ -235,15 +289,18 @@ def as_memoryview(buf: torch.Tensor) -> memoryview:
     return memoryview(buf.numpy()).cast("B")
 
 
-def wire_view(data: torch.Tensor | bytes | memoryview, wire: WireDtype) -> torch.Tensor:
-    """One chunk's bytes seen as wire-dtype elements, without copying (read it, never write it)."""
+def wire_view(data: torch.Tensor | bytes | memoryview, wire: WireDtype | None) -> torch.Tensor:
+    """One chunk's bytes seen as wire-dtype elements (None: as uint8), without copying (read it,
+    never write it)."""
     if isinstance(data, torch.Tensor):
         raw = data
+    elif len(data) == 0:
+        raw = torch.empty(0, dtype=torch.uint8)
     else:
         with warnings.catch_warnings():  # a received chunk is read-only bytes; this view is only read
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.frombuffer(data, dtype=torch.uint8)
-    return raw.view(wire.torch_dtype)
+    return raw if wire is None else raw.view(wire.torch_dtype)
 
 
 def magnitude(t: torch.Tensor) -> float:
@@ -261,16 +318,73 @@ def is_finite(t: torch.Tensor) -> bool:
     return math.isfinite(magnitude(t))
 
 
+def _quantize(values: torch.Tensor, out: torch.Tensor, wire: WireDtype) -> None:
+    """Writes int8/int4 codes and group scales of 1-D fp32 `values` into `out` (exchange.proto).
+    Rounds to nearest (even); what a site does not send is its error feedback's business."""
+    n = values.numel()
+    groups = -(-n // QUANT_GROUP)
+    padded = torch.zeros(groups * QUANT_GROUP)
+    padded[:n] = values
+    grid = padded.view(groups, QUANT_GROUP)
+    scale = grid.abs().amax(dim=1).div_(wire.qmax)
+    if not is_finite(scale):
+        raise NonFiniteError("NaN or Inf in the values to encode")
+    scale[scale == 0] = 1.0  # an all-zero group: any positive scale decodes it to zeros
+    codes = grid.div(scale[:, None]).round_().clamp_(-wire.qmax, wire.qmax).to(torch.int8).view(-1)
+    out[: 4 * groups].copy_(scale.view(torch.uint8))
+    if wire is WireDtype.INT8:
+        out[4 * groups :].copy_(codes[:n].view(torch.uint8))
+        return
+    nibbles = (codes[: n + n % 2] + 8).to(torch.uint8)  # the padded tail is 0 -> nibble 8
+    if n % 2:
+        nibbles[-1] = 0
+    out[4 * groups :].copy_(nibbles[0::2] | (nibbles[1::2] << 4))
+
+
+def _dequantize(data: torch.Tensor, wire: WireDtype, n: int) -> torch.Tensor:
+    """fp32 values of a quantized chunk of `n` elements (uint8 `data` of wire_bytes(n)); ScaleError
+    on a scale that is NaN, Inf or not > 0."""
+    groups = -(-n // QUANT_GROUP)
+    scale = data[: 4 * groups].clone().view(torch.float32)  # clone: received bytes may be unaligned
+    if not (is_finite(scale) and (groups == 0 or float(scale.min()) > 0)):
+        raise ScaleError("a group scale is NaN, Inf or not > 0")
+    body = data[4 * groups :]
+    if wire is WireDtype.INT8:
+        codes = body.view(torch.int8)
+    else:
+        codes = torch.stack(((body & 15).to(torch.int8) - 8, (body >> 4).to(torch.int8) - 8), dim=1).view(-1)
+    values = torch.zeros(groups * QUANT_GROUP)
+    values[:n] = codes[:n]
+    values.view(groups, QUANT_GROUP).mul_(scale[:, None])
+    return values[:n]
+
+
+def chunk_values(
+    data: torch.Tensor | bytes | memoryview, wire: WireDtype, exp: int, elements: int
+) -> tuple[torch.Tensor, float]:
+    """(values, multiplier) of one verified chunk of `elements` elements: element = value * multiplier.
+    bf16/fp16/fp32: a zero-copy view and 2^-exp; int8/int4: fp32 values (ScaleError on a bad scale), 1."""
+    if not wire.quantized:
+        return wire_view(data, wire), 2.0**-exp
+    return _dequantize(wire_view(data, None), wire, elements), 1.0
+
+
 def encode_chunk(
     pieces: Sequence[torch.Tensor], out: torch.Tensor, wire: WireDtype, *, known_finite: bool = False
 ) -> tuple[bytes, int]:
-    """Encodes the concatenation of `pieces` (1-D, any float dtype and device) into the uint8 `out`.
+    """Encodes the concatenation of `pieces` (1-D, any float dtype and device) into the uint8 `out`
+    (wire_bytes of the pieces' elements).
 
     Returns (blake3 of the chunk, scale exponent). fp16 chunks whose largest magnitude exceeds 65504
     are scaled by a power of two (exactly invertible) instead of overflowing to Inf; the exponent is
-    reported in the manifest. Raises NonFiniteError on NaN or Inf, in the input or after conversion,
-    unless the caller vouches for the input (`known_finite`, e.g. a mean it has just checked).
+    reported in the manifest. int8/int4 chunks carry their scales in their bytes. Raises
+    NonFiniteError on NaN or Inf, in the input or after conversion, unless the caller vouches for
+    the input (`known_finite`, e.g. a mean it has just checked).
     """
+    if wire.quantized:
+        values = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in pieces]) if pieces else torch.empty(0)
+        _quantize(values, out, wire)
+        return chunk_hash(as_memoryview(out)), 0
     exp = 0
     if wire is WireDtype.FP16:  # the magnitude is needed for the scale: check the input
         amax = max((magnitude(p) for p in pieces), default=0.0, key=lambda v: (math.isnan(v), v))
@@ -301,9 +415,8 @@ class Encoded:
     scaled_chunks: int = 0
 
     def chunk(self, index: int) -> torch.Tensor:
-        start, end = self.manifest.chunk_bounds(index)
-        base = self.manifest.range_start
-        return self.data[start - base : end - base]
+        start, end = self.manifest.wire_bounds(index)
+        return self.data[start:end]
 
 
 def flat_views(tensors: Mapping[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
@@ -321,10 +434,11 @@ def build_manifest(
     exps: Sequence[int],
     tokens: int,
     contributors: Sequence[str] = (),
+    contributor_roots: Sequence[bytes] = (),
 ) -> Manifest:
     return Manifest(
         key, layout, start, end, chunk_size, tuple(hashes), tuple(exps), root_hash(hashes, exps), tokens,
-        tuple(contributors),
+        tuple(contributors), tuple(contributor_roots),
     )  # fmt: skip
 
 
@@ -348,21 +462,23 @@ def encode(
     layout = Layout.of(tensors, wire)
     layout.check_tensors(tensors, f"pseudo-gradient of {site}")
     flat = flat_views(tensors, layout)
-    if out is None:
-        data = torch.empty(layout.total_bytes, dtype=torch.uint8)
-    elif out.dtype != torch.uint8 or out.device.type != "cpu" or not out.is_contiguous() or out.numel() < layout.total_bytes:
-        raise LayoutMismatch(f"encode buffer must be contiguous CPU uint8 of >= {layout.total_bytes} bytes")
-    else:
-        data = out[: layout.total_bytes]
     key = ObjectKey(round, site, kind)
     probe = build_manifest(key, layout, 0, layout.total_bytes, chunk_size, [], [], tokens)
+    nbytes = probe.wire_nbytes
+    if out is None:
+        data = torch.empty(nbytes, dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.device.type != "cpu" or not out.is_contiguous() or out.numel() < nbytes:
+        raise LayoutMismatch(f"encode buffer must be contiguous CPU uint8 of >= {nbytes} bytes")
+    else:
+        data = out[:nbytes]
     hashes, exps = [], []
     for i in range(probe.num_chunks):
         start, end = probe.chunk_bounds(i)
         spans = list(layout.pieces(start, end))
         pieces = [flat[e.name][a:b] for e, a, b in spans]
+        w0, w1 = probe.wire_bounds(i)
         try:
-            digest, exp = encode_chunk(pieces, data[start:end], wire)
+            digest, exp = encode_chunk(pieces, data[w0:w1], wire)
         except NonFiniteError:
             bad = [e.name for (e, _, _), p in zip(spans, pieces) if not is_finite(p)]
             what = f"NaN or Inf in {bad}" if bad else f"{[e.name for e, _, _ in spans]} overflow {wire.name}"
@@ -377,9 +493,10 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> No
     """Raises ChunkError unless `data` is exactly chunk `index` of `manifest`."""
     if not 0 <= index < manifest.num_chunks:
         raise ChunkError(f"{manifest.key}: chunk index {index} outside [0, {manifest.num_chunks})")
-    start, end = manifest.chunk_bounds(index)
+    start, end = manifest.wire_bounds(index)
     if len(data) != end - start:
-        raise ChunkError(f"{manifest.key}: chunk {index} has {len(data)} bytes, manifest says {end - start}")
+        raise ChunkError(f"{manifest.key}: chunk {index} has {len(data)} bytes, a {manifest.layout.wire.name} "
+                         f"chunk of this manifest has {end - start} (a chunk of another wire format?)")
     if chunk_hash(data) != manifest.chunk_hashes[index]:
         raise ChunkError(f"{manifest.key}: chunk {index} hash mismatch")
 
@@ -409,11 +526,15 @@ def decode_verified_chunk(
     manifest: Manifest, index: int, data: bytes | memoryview, dest: Mapping[str, torch.Tensor]
 ) -> None:
     """Decodes chunk `index` (already checked by verify_chunk) into `dest`; NonFiniteError on NaN/Inf."""
-    values = wire_view(data, manifest.layout.wire)
+    try:
+        values, multiplier = chunk_values(data, manifest.layout.wire, manifest.scale_exps[index],
+                                          manifest.chunk_elements(index))
+    except ScaleError as err:
+        raise ScaleError(f"{manifest.key}: chunk {index}: {err}; the object is refused") from None
     if not is_finite(values):
         raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
     start = manifest.chunk_bounds(index)[0]
-    scatter_values(manifest.layout, start, values, dest, 2.0 ** -manifest.scale_exps[index])
+    scatter_values(manifest.layout, start, values, dest, multiplier)
 
 
 def decode(encoded: Encoded, dest: Mapping[str, torch.Tensor]) -> None:
@@ -458,6 +579,7 @@ def manifest_to_proto(m: Manifest) -> pb.Manifest:
         root_hash=m.root_hash,
         tokens=m.tokens,
         contributors=m.contributors,
+        contributor_roots=m.contributor_roots,
     )
 
 
@@ -466,14 +588,15 @@ def manifest_from_proto(msg: pb.Manifest) -> Manifest:
     try:
         wire = WireDtype(msg.wire_dtype)
     except ValueError:
-        raise ManifestError(f"unknown wire dtype {msg.wire_dtype}") from None
+        raise ManifestError(f"unsupported wire dtype {msg.wire_dtype}: this peer decodes "
+                            f"{[w.name.lower() for w in WireDtype]}; upgrade it or send one of those") from None
     entries = tuple(TensorEntry(t.name, tuple(t.shape), t.offset, t.dtype) for t in msg.tensors)
     layout = Layout(wire, entries, msg.layout_bytes)
     hashes = tuple(msg.chunk_hashes)
     exps = tuple(msg.chunk_scale_exp) or (0,) * len(hashes)
     m = Manifest(
         key_from_proto(msg.key), layout, msg.range_start, msg.range_end, msg.chunk_size, hashes, exps,
-        msg.root_hash, msg.tokens, tuple(msg.contributors),
+        msg.root_hash, msg.tokens, tuple(msg.contributors), tuple(msg.contributor_roots),
     )  # fmt: skip
     m.validate()
     return m

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from peer.exchange import chunkwire, codec
-from peer.exchange.store import ExchangeStore
+from peer.exchange.store import ExchangeStore, MeanInputs, reduced_over
 from peer.gen.sitemesh.v1 import common_pb2, exchange_pb2, exchange_pb2_grpc
 
 SERVICE = "sitemesh.v1.Exchange"
@@ -38,9 +38,22 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
         self, request: exchange_pb2.ManifestRequest, context: grpc.aio.ServicerContext
     ) -> exchange_pb2.Manifest:
         key = await _key(request.key, context)
-        encoded = await self._store.wait_for(key, min(request.wait_ms / 1000, MAX_WAIT_S))
+        inputs: MeanInputs = tuple(sorted((c.site, c.address, c.root_hash) for c in request.contributors))
+        accept = None
+        if inputs:
+            if key.kind is not codec.ObjectKind.MEAN_SHARD:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{key}: contributors name a mean shard's inputs")
+
+            def accept(held: codec.Encoded) -> bool:
+                return reduced_over(held.manifest, inputs)
+
+            held = self._store.get(key)
+            if (held is None or not accept(held)) and self._store.on_mean_request is not None:
+                self._store.on_mean_request(key.round, inputs)
+        encoded = await self._store.wait_for(key, min(request.wait_ms / 1000, MAX_WAIT_S), accept)
         if encoded is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no {key} here")
+            what = f" reduced over {[s for s, _, _ in inputs]}" if inputs else ""
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no {key}{what} here")
         return codec.manifest_to_proto(encoded.manifest)
 
     async def FetchChunks(

@@ -16,6 +16,16 @@ from collections.abc import Callable
 
 from peer.exchange.codec import Encoded, Manifest, ObjectKey
 
+# A round's contributors as a mean-shard request names them: (site, address, root hash), by site.
+MeanInputs = tuple[tuple[str, str, bytes], ...]
+
+
+def reduced_over(manifest: Manifest, inputs: MeanInputs) -> bool:
+    """Whether a mean shard averages exactly these contributors' objects (sites and roots)."""
+    return manifest.contributors == tuple(s for s, _, _ in inputs) and manifest.contributor_roots == tuple(
+        r for _, _, r in inputs
+    )
+
 
 class ExchangeStore:
     """Objects this peer serves and manifests other peers announced. Single event loop only."""
@@ -25,12 +35,16 @@ class ExchangeStore:
         self._announced: dict[ObjectKey, Manifest] = {}
         # Woken on every publish/announce; waiters re-check their key (few waiters, rare events).
         self._changed = asyncio.Condition()
+        self.on_mean_request: Callable[[int, MeanInputs], None] | None = None
+        """Called (on the loop; it must not block) when a peer asks for this peer's mean shard of a
+        round over contributors it holds no shard for: the node starts reducing that shard."""
 
-    async def publish(self, encoded: Encoded) -> None:
-        """Makes `encoded` fetchable. ValueError if the key already holds different content."""
+    async def publish(self, encoded: Encoded, replace: bool = False) -> None:
+        """Makes `encoded` fetchable. ValueError if the key already holds different content, unless
+        `replace` (a mean shard reduced again over another set of contributors)."""
         key = encoded.manifest.key
         held = self._objects.get(key)
-        if held is not None and held.manifest.root_hash != encoded.manifest.root_hash:
+        if not replace and held is not None and held.manifest.root_hash != encoded.manifest.root_hash:
             raise ValueError(f"{key} is already published with another root hash")
         self._objects[key] = encoded
         async with self._changed:
@@ -47,10 +61,18 @@ class ExchangeStore:
     def announced(self, key: ObjectKey) -> Manifest | None:
         return self._announced.get(key)
 
-    async def wait_for(self, key: ObjectKey, timeout_s: float) -> Encoded | None:
-        """The object for `key`, waiting up to `timeout_s` for it to be published; None if it is not."""
-        await self._wait(lambda: key in self._objects, timeout_s)
-        return self._objects.get(key)
+    async def wait_for(
+        self, key: ObjectKey, timeout_s: float, accept: Callable[[Encoded], bool] | None = None
+    ) -> Encoded | None:
+        """The object for `key` (one that `accept`s, if given), waiting up to `timeout_s` for it to be
+        published; None if there is none."""
+
+        def found() -> Encoded | None:
+            held = self._objects.get(key)
+            return held if held is not None and (accept is None or accept(held)) else None
+
+        await self._wait(lambda: found() is not None, timeout_s)
+        return found()
 
     async def wait_announced(self, key: ObjectKey, timeout_s: float) -> Manifest | None:
         await self._wait(lambda: key in self._announced, timeout_s)

@@ -244,6 +244,8 @@ class RanksConfig:
     def distributed(self) -> bool:
         """True when the trainer is more than one process (or may be: srun sizes come from Slurm)."""
         return self.launcher == "srun" or self.nproc_per_node > 1
+# exchange.proto's WireDtype names, spelled as configs spell them (peer.exchange.codec.WireDtype.named).
+WIRE_FORMATS = ("bf16", "fp16", "fp32", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,10 @@ class TrainerConfig:
     """Size of the fixed held-out evaluation set (samples of seq_len tokens)."""
     ranks: RanksConfig = field(default_factory=RanksConfig)
     """How many processes train this site; site-local, like `inner`."""
+    wire: str = "bf16"
+    """Wire format of the pseudo-gradients this site sends (exchange.proto WireDtype): bf16, fp16,
+    fp32, int8 or int4. int8/int4 use error feedback: what rounding dropped is added to the next
+    round's pseudo-gradient. The same on every site (the mean shards are sent in it too)."""
 
     def __post_init__(self) -> None:
         if self.eval_samples < 1:
@@ -266,6 +272,8 @@ class TrainerConfig:
             raise ValueError(f"batch_size={self.inner.batch_size} must be a multiple of nproc_per_node="
                              f"{self.ranks.nproc_per_node} x micro_batch_size={self.inner.micro_batch_size}: "
                              f"every rank trains the same number of samples per step")
+        if self.wire not in WIRE_FORMATS:
+            raise ValueError(f"wire={self.wire!r} is not a wire format; use one of {list(WIRE_FORMATS)}")
         if self.data.seq_len > self.model.max_position_embeddings:
             raise ValueError(f"seq_len={self.data.seq_len} exceeds the model's "
                              f"max_position_embeddings={self.model.max_position_embeddings}")

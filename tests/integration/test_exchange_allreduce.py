@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from peer.exchange import codec
-from peer.exchange.allreduce import MeanReport, all_to_all_mean, reduce_scatter_mean, shard_chunks
+from peer.exchange.allreduce import (
+    MeanReport,
+    all_to_all_mean,
+    reduce_scatter_mean,
+    reduce_shard,
+    shard_chunks,
+)
 from peer.exchange.client import ExchangeClient, FetchPolicy
 from peer.exchange.store import ExchangeStore
 from tests.support.exchange import decoded, random_model, rehashed, serving
@@ -40,8 +46,11 @@ def _expected(encoded: dict[str, codec.Encoded]) -> dict[str, torch.Tensor]:
     return acc
 
 
-def _encode(models: dict[str, dict[str, torch.Tensor]]) -> dict[str, codec.Encoded]:
-    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=CHUNK) for s, m in models.items()}
+def _encode(
+    models: dict[str, dict[str, torch.Tensor]], wire: codec.WireDtype = codec.WireDtype.BF16
+) -> dict[str, codec.Encoded]:
+    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=CHUNK, wire=wire)
+            for s, m in models.items()}
 
 
 async def _mesh(
@@ -86,18 +95,20 @@ def _models(seed: int = 0, sizes: dict[str, tuple[int, ...]] = SIZES) -> dict[st
 def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: dict[str, codec.Encoded]) -> None:
     want = _expected(encoded)
     if scheme is reduce_scatter_mean:  # the shard owner rounds the mean to the wire dtype once
-        want = {n: t.to(torch.bfloat16).float() for n, t in want.items()}
+        wire = next(iter(encoded.values())).manifest.layout.wire
+        want = decoded(codec.encode(want, round=ROUND, site="x", tokens=1, chunk_size=CHUNK, wire=wire))
     for site, dest in dests.items():
         for name in want:
             assert torch.equal(dest[name], want[name]), (site, name)
 
 
+@pytest.mark.parametrize("wire", list(codec.WireDtype))
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
-def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme) -> None:
-    encoded = _encode(_models())
+def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme, wire: codec.WireDtype) -> None:
+    encoded = _encode(_models(), wire)
     dests, reports = asyncio.run(_mesh(scheme, {}, encoded))
     _check(scheme, dests, encoded)
-    model_bytes = encoded["alpha"].manifest.nbytes
+    model_bytes = encoded["alpha"].manifest.wire_nbytes
     received = {s: r.bytes_received for s, r in reports.items()}
     if scheme is all_to_all_mean:
         assert all(b == 2 * model_bytes for b in received.values())
@@ -155,3 +166,46 @@ def test_shards_cover_every_chunk_once_and_balance() -> None:
         assert all(ranges[i][1] == ranges[i + 1][0] for i in range(2))
         sizes = [b - a for a, b in ranges]
         assert max(sizes) - min(sizes) <= 1
+
+
+async def _partial_mesh(encoded: dict[str, codec.Encoded], idle: str, reduce_on_request: bool) -> tuple[
+        dict[str, dict[str, torch.Tensor]], dict[str, MeanReport]]:
+    """Every peer but `idle` runs reduce_scatter_mean; `idle` only serves its pseudo-gradient and,
+    if `reduce_on_request`, reduces its shard when a peer's mean-shard request names the round's
+    contributors (as the node does for a leader that decides before the commit)."""
+    stores = {s: ExchangeStore() for s in encoded}
+    async with contextlib.AsyncExitStack() as stack:
+        addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in encoded}
+        clients = {me: {o: (None if o == me else ExchangeClient(addresses[o])) for o in encoded} for me in encoded}
+        for cs in clients.values():
+            for c in cs.values():
+                if c is not None:
+                    stack.push_async_callback(c.close)
+        policy = FetchPolicy.local_test()
+        started: list[asyncio.Task[codec.Encoded]] = []
+        if reduce_on_request:
+            def requested(round_: int, inputs: tuple[tuple[str, str, bytes], ...]) -> None:
+                started.append(asyncio.ensure_future(reduce_shard(
+                    round_, idle, clients[idle], stores[idle], roots={s: r for s, _, r in inputs}, policy=policy)))
+            stores[idle].on_mean_request = requested
+        for s, e in encoded.items():
+            await stores[s].publish(e)
+        inputs = tuple(sorted((s, addresses[s], e.manifest.root_hash) for s, e in encoded.items()))
+        dests = {s: {e.name: torch.full(e.shape, float("nan")) for e in encoded[s].manifest.layout.tensors}
+                 for s in encoded if s != idle}
+        runs = [reduce_scatter_mean(ROUND, s, clients[s], stores[s], dests[s], inputs=inputs, policy=policy,
+                                    manifest_wait_s=3.0) for s in dests]
+        reports = await asyncio.wait_for(asyncio.gather(*runs), 30)
+        assert bool(started) == reduce_on_request
+    return dests, dict(zip(dests, reports))
+
+
+@pytest.mark.parametrize("reduce_on_request", [True, False])
+def test_an_owner_that_does_not_serve_its_shard_is_reduced_around(reduce_on_request: bool) -> None:
+    """An owner that learns the round from the request reduces its shard; one that never serves it
+    is replaced by a local reduction of its shard, with the same bits either way."""
+    encoded = _encode(_models(seed=3))
+    dests, reports = asyncio.run(_partial_mesh(encoded, "charlie", reduce_on_request))
+    _check(reduce_scatter_mean, dests, encoded)
+    for r in reports.values():
+        assert r.reduced_here == ([] if reduce_on_request else ["charlie"])

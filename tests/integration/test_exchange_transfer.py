@@ -36,6 +36,13 @@ from tests.support.faultproxy import Fault, FaultProxy
 CHUNK = 16 * 1024
 SIZES = {"emb": (96, 1000), "layer.0.w": (301, 7), "layer.0.b": (5,), "scalar": ()}  # ~196 kB in bf16
 POLICY = FetchPolicy.local_test()
+WIRES = list(codec.WireDtype)
+
+
+def sizes(wire: codec.WireDtype) -> dict[str, tuple[int, ...]]:
+    """SIZES, with more elements for the quantized formats: every format streams >= ~200 kB, so the
+    fault offsets below land at the same depth of the stream (past gRPC's first buffers)."""
+    return {**SIZES, "emb": (96, 4000)} if wire.quantized else SIZES
 
 
 def run(make: Callable[[], Awaitable[Any]], timeout_s: float = 30.0) -> Any:
@@ -45,8 +52,11 @@ def run(make: Callable[[], Awaitable[Any]], timeout_s: float = 30.0) -> Any:
     return asyncio.run(bounded())
 
 
-def _published(seed: int = 0, site: str = "a", round_: int = 7) -> tuple[ExchangeStore, codec.Encoded]:
-    enc = codec.encode(random_model(seed, SIZES), round=round_, site=site, tokens=1000, chunk_size=CHUNK)
+def _published(
+    seed: int = 0, site: str = "a", round_: int = 7, wire: codec.WireDtype = codec.WireDtype.BF16
+) -> tuple[ExchangeStore, codec.Encoded]:
+    enc = codec.encode(random_model(seed, sizes(wire)), round=round_, site=site, tokens=1000, chunk_size=CHUNK,
+                       wire=wire)
     store = ExchangeStore()
     store._objects[enc.manifest.key] = enc  # synchronous publish for set-up (publish() needs a loop)
     return store, enc
@@ -77,8 +87,12 @@ class RecordingServicer(ExchangeServicer):
             yield chunk
 
 
-async def _fetch_through(faults: list[Fault], servicer_cls: type[ExchangeServicer] = RecordingServicer) -> Any:
-    store, enc = _published()
+async def _fetch_through(
+    faults: list[Fault],
+    servicer_cls: type[ExchangeServicer] = RecordingServicer,
+    wire: codec.WireDtype = codec.WireDtype.BF16,
+) -> Any:
+    store, enc = _published(wire=wire)
     servicer = servicer_cls(store)
     async with serving(store, servicer) as address:
         host, port = address.rsplit(":", 1)
@@ -93,21 +107,24 @@ async def _fetch_through(faults: list[Fault], servicer_cls: type[ExchangeService
             finally:
                 await client.close()
     _assert_exact(dest, enc)
-    assert stats.chunks == enc.manifest.num_chunks and stats.bytes == enc.manifest.nbytes
+    assert stats.chunks == enc.manifest.num_chunks and stats.bytes == enc.manifest.wire_nbytes
     return stats, servicer, proxy, elapsed
 
 
-def test_clean_transfer_is_exact_and_uses_one_stream() -> None:
-    stats, servicer, proxy, _ = run(lambda: _fetch_through([]))
+@pytest.mark.parametrize("wire", WIRES)
+def test_clean_transfer_is_exact_and_uses_one_stream(wire: codec.WireDtype) -> None:
+    stats, servicer, proxy, _ = run(lambda: _fetch_through([], wire=wire))
     assert servicer.requests == [0]
     assert (stats.attempts, stats.corrupt_chunks, stats.transport_errors) == (1, 0, 0)
 
 
-def test_dropped_connection_resumes_from_the_first_missing_chunk() -> None:
+@pytest.mark.parametrize("wire", WIRES)
+def test_dropped_connection_resumes_from_the_first_missing_chunk(wire: codec.WireDtype) -> None:
     # The delay lets the client take the first chunks before the reset (gRPC discards what it
     # buffered but had not handed over when a connection dies).
-    stats, servicer, proxy, _ = run(lambda: _fetch_through([Fault(drop_after=100_000, delay_s=0.05)]))
-    assert proxy.faults_fired == ["conn 1: dropped after 100000 bytes"]
+    drop = 100_000
+    stats, servicer, proxy, _ = run(lambda: _fetch_through([Fault(drop_after=drop, delay_s=0.05)], wire=wire))
+    assert proxy.faults_fired == [f"conn 1: dropped after {drop} bytes"]
     assert stats.transport_errors + stats.truncated_streams >= 1
     assert len(servicer.requests) >= 2 and servicer.requests[0] == 0
     # Exactly-once delivery (chunks == num_chunks above) plus a second request starting past 0: the
@@ -115,22 +132,27 @@ def test_dropped_connection_resumes_from_the_first_missing_chunk() -> None:
     assert servicer.requests[1] >= 1
 
 
-def test_flipped_byte_is_detected_and_the_chunk_refetched() -> None:
-    # 60_000 bytes in: inside the DATA payload of the fourth chunk (HTTP/2 frames carry no checksum).
-    stats, servicer, proxy, _ = run(lambda: _fetch_through([Fault(flip_at=60_000)]))
-    assert proxy.faults_fired == ["conn 1: flipped byte 60000"]
+@pytest.mark.parametrize("wire", WIRES)
+def test_flipped_byte_is_detected_and_the_chunk_refetched(wire: codec.WireDtype) -> None:
+    # 60_000 bytes in: inside the DATA payload of a chunk (HTTP/2 frames carry no checksum).
+    flip = 60_000
+    stats, servicer, proxy, _ = run(lambda: _fetch_through([Fault(flip_at=flip)], wire=wire))
+    assert proxy.faults_fired == [f"conn 1: flipped byte {flip}"]
     assert stats.corrupt_chunks + stats.transport_errors == 1
     assert servicer.requests[-1] > 0
 
 
-def test_stalled_sender_is_abandoned_after_the_stall_timeout() -> None:
-    stats, _, proxy, elapsed = run(lambda: _fetch_through([Fault(stall_after=50_000, stall_s=5.0)]))
+@pytest.mark.parametrize("wire", WIRES)
+def test_stalled_sender_is_abandoned_after_the_stall_timeout(wire: codec.WireDtype) -> None:
+    stall = 50_000
+    stats, _, proxy, elapsed = run(lambda: _fetch_through([Fault(stall_after=stall, stall_s=5.0)], wire=wire))
     assert stats.stalls == 1 and proxy.faults_fired
     assert elapsed < 4.0, "the fetch waited for the stalled stream instead of abandoning it"
 
 
-def test_slow_link_completes() -> None:
-    stats, *_ = run(lambda: _fetch_through([Fault(delay_s=0.002)]))
+@pytest.mark.parametrize("wire", WIRES)
+def test_slow_link_completes(wire: codec.WireDtype) -> None:
+    stats, *_ = run(lambda: _fetch_through([Fault(delay_s=0.002)], wire=wire))
     assert stats.attempts == 1
 
 
@@ -237,9 +259,10 @@ class Misbehaving(ExchangeServicer):
         ("corrupt", "corrupt_chunks"),
     ],
 )
-def test_misbehaving_stream_is_detected_counted_and_recovered(mode: str, counter: str) -> None:
+@pytest.mark.parametrize("wire", WIRES)
+def test_misbehaving_stream_is_detected_counted_and_recovered(mode: str, counter: str, wire: codec.WireDtype) -> None:
     cls = type(f"Misbehaving_{mode}", (Misbehaving,), {"mode": mode})
-    stats, servicer, _, _ = run(lambda: _fetch_through([], cls))
+    stats, servicer, _, _ = run(lambda: _fetch_through([], cls, wire))
     assert getattr(stats, counter) == 1
     assert servicer.calls == 2
 

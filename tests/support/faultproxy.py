@@ -10,7 +10,10 @@ breaks, the retry succeeds" is `FaultProxy(target, [Fault(drop_after=100_000)])`
         client = ExchangeClient(proxy.address)   # the first connection gets one byte flipped
 
 Offsets count the bytes of the faulted direction of that connection from its first byte. The proxy
-only ever connects to the target it was given (loopback in tests).
+only ever connects to the target it was given (loopback in tests, or a peer inside the network
+namespaces scripts/bench_wan creates). `latency_s` makes it a delay line for every connection:
+
+    async with FaultProxy(("10.212.0.2", 50051), latency_s=0.05) as proxy:   # +100 ms round trip
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class FaultProxy:
     target: tuple[str, int]
     plans: list[Fault] = field(default_factory=list)
     host: str = "127.0.0.1"
+    latency_s: float = 0.0
+    """Delay line: every byte, both directions, is forwarded this long after it arrived, while reads
+    go on (a long pipe holding rate x latency bytes), so a round trip through the proxy gains 2x this."""
     connections: int = 0
     """Connections accepted so far (the n-th one got plans[n-1], if any)."""
     faults_fired: list[str] = field(default_factory=list)
@@ -116,6 +122,7 @@ class FaultProxy:
         writers: tuple[asyncio.StreamWriter, ...],
     ) -> None:
         sent, stalled = 0, False
+        line = _DelayLine(writer, self.latency_s) if self.latency_s else None
         try:
             while data := await reader.read(65536):
                 if fault.delay_s:
@@ -135,11 +142,48 @@ class FaultProxy:
                     stalled = True
                     self.faults_fired.append(f"conn {conn}: stalled {fault.stall_s} s after {fault.stall_after} bytes")
                     await asyncio.sleep(fault.stall_s)
-                writer.write(data)
-                await writer.drain()
+                if line is not None:
+                    line.put(data)
+                else:
+                    writer.write(data)
+                    await writer.drain()
                 sent += len(data)
+            if line is not None:
+                await line.flush()
         except (ConnectionError, OSError):
             pass
         finally:
+            if line is not None:
+                line.close()
             for w in writers:
                 w.close()
+
+
+class _DelayLine:
+    """Writes each piece `latency_s` after it was put, in order, without holding up the reader."""
+
+    def __init__(self, writer: asyncio.StreamWriter, latency_s: float) -> None:
+        self._writer, self._latency = writer, latency_s
+        self._queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        self._task = asyncio.ensure_future(self._run())
+
+    def put(self, data: bytes) -> None:
+        self._queue.put_nowait((asyncio.get_running_loop().time() + self._latency, data))
+
+    async def flush(self) -> None:
+        self._queue.put_nowait((0.0, b""))
+        await self._task
+
+    def close(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due, data = await self._queue.get()
+            if not data:
+                return
+            if (wait := due - loop.time()) > 0:
+                await asyncio.sleep(wait)
+            self._writer.write(data)
+            await self._writer.drain()

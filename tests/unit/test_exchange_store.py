@@ -58,3 +58,32 @@ def test_drop_rounds_before_forgets_only_older_rounds() -> None:
         assert store.get(codec.ObjectKey(2, "a")) is None and store.announced(codec.ObjectKey(1, "b")) is None
 
     asyncio.run(scenario())
+
+
+def _shard(inputs: tuple[tuple[str, str, bytes], ...], seed: int = 0) -> codec.Encoded:
+    e = _enc(1, "a", seed)
+    m = e.manifest
+    key = codec.ObjectKey(1, "a", codec.ObjectKind.MEAN_SHARD)
+    manifest = codec.build_manifest(key, m.layout, m.range_start, m.range_end, m.chunk_size, m.chunk_hashes,
+                                    m.scale_exps, 3, [s for s, _, _ in inputs], [r for _, _, r in inputs])
+    return codec.Encoded(manifest, e.data)
+
+
+def test_a_mean_shard_waiter_takes_only_a_shard_reduced_over_its_inputs() -> None:
+    old = (("a", "", b"1" * 32), ("b", "x:1", b"2" * 32))
+    new = (("a", "", b"1" * 32), ("b", "x:1", b"3" * 32))  # b retrained the round: another root
+
+    async def scenario() -> None:
+        from peer.exchange.store import reduced_over
+
+        store = ExchangeStore()
+        await store.publish(_shard(old))
+        key = codec.ObjectKey(1, "a", codec.ObjectKind.MEAN_SHARD)
+        assert await store.wait_for(key, 0.05, lambda e: reduced_over(e.manifest, new)) is None
+        waiter = asyncio.ensure_future(store.wait_for(key, 5.0, lambda e: reduced_over(e.manifest, new)))
+        await asyncio.sleep(0.01)
+        await store.publish(_shard(new, seed=1), replace=True)  # a re-reduction replaces the old shard
+        got = await waiter
+        assert got is not None and reduced_over(got.manifest, new)
+
+    asyncio.run(scenario())

@@ -14,6 +14,8 @@ class WireDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WIRE_DTYPE_BF16: _ClassVar[WireDtype]
     WIRE_DTYPE_FP16: _ClassVar[WireDtype]
     WIRE_DTYPE_FP32: _ClassVar[WireDtype]
+    WIRE_DTYPE_INT8: _ClassVar[WireDtype]
+    WIRE_DTYPE_INT4: _ClassVar[WireDtype]
 
 class ObjectKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,6 +27,8 @@ WIRE_DTYPE_UNSPECIFIED: WireDtype
 WIRE_DTYPE_BF16: WireDtype
 WIRE_DTYPE_FP16: WireDtype
 WIRE_DTYPE_FP32: WireDtype
+WIRE_DTYPE_INT8: WireDtype
+WIRE_DTYPE_INT4: WireDtype
 OBJECT_KIND_UNSPECIFIED: ObjectKind
 OBJECT_KIND_PSEUDO_GRADIENT: ObjectKind
 OBJECT_KIND_MEAN_SHARD: ObjectKind
@@ -53,7 +57,7 @@ class TensorLayout(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("key", "wire_dtype", "tensors", "layout_bytes", "range_start", "range_end", "chunk_size", "chunk_hashes", "chunk_scale_exp", "root_hash", "tokens", "contributors")
+    __slots__ = ("key", "wire_dtype", "tensors", "layout_bytes", "range_start", "range_end", "chunk_size", "chunk_hashes", "chunk_scale_exp", "root_hash", "tokens", "contributors", "contributor_roots")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +70,7 @@ class Manifest(_message.Message):
     ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTOR_ROOTS_FIELD_NUMBER: _ClassVar[int]
     key: ObjectKey
     wire_dtype: WireDtype
     tensors: _containers.RepeatedCompositeFieldContainer[TensorLayout]
@@ -78,15 +83,28 @@ class Manifest(_message.Message):
     root_hash: bytes
     tokens: int
     contributors: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[_Union[ObjectKey, _Mapping]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorLayout, _Mapping]]] = ..., layout_bytes: _Optional[int] = ..., range_start: _Optional[int] = ..., range_end: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_hashes: _Optional[_Iterable[bytes]] = ..., chunk_scale_exp: _Optional[_Iterable[int]] = ..., root_hash: _Optional[bytes] = ..., tokens: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ...) -> None: ...
+    contributor_roots: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, key: _Optional[_Union[ObjectKey, _Mapping]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorLayout, _Mapping]]] = ..., layout_bytes: _Optional[int] = ..., range_start: _Optional[int] = ..., range_end: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_hashes: _Optional[_Iterable[bytes]] = ..., chunk_scale_exp: _Optional[_Iterable[int]] = ..., root_hash: _Optional[bytes] = ..., tokens: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., contributor_roots: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class MeanInput(_message.Message):
+    __slots__ = ("site", "address", "root_hash")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    address: str
+    root_hash: bytes
+    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., root_hash: _Optional[bytes] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
-    __slots__ = ("key", "wait_ms")
+    __slots__ = ("key", "wait_ms", "contributors")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     key: ObjectKey
     wait_ms: int
-    def __init__(self, key: _Optional[_Union[ObjectKey, _Mapping]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    contributors: _containers.RepeatedCompositeFieldContainer[MeanInput]
+    def __init__(self, key: _Optional[_Union[ObjectKey, _Mapping]] = ..., wait_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[_Union[MeanInput, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("key", "root_hash", "first_chunk", "end_chunk")

@@ -1,0 +1,41 @@
+"""The node's exchange end to end: `peer serve --train ... --wire int4` on loopback, three sites.
+
+Every round goes through reduce-scatter with int4 pseudo-gradients and mean shards (error feedback
+on every site that trains): the epoch is committed exactly once, every peer holds the same θ (I7: all decode
+the same bytes), no owner had to be reduced around (the leader's mean-shard requests reached the
+owners before the commit), and each site that trained kept its error-feedback residual on disk.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.training import RESIDUAL_FILE
+from tests.integration.peers import Cluster, status, wait_for
+from tests.integration.test_training_mesh import EPOCH_S, TRAIN, _committed_samples, _epoch_samples
+
+PRESET = "lan"
+
+
+@pytest.mark.timeout(600)
+def test_three_int4_sites_train_an_epoch_by_reduce_scatter_and_agree_on_theta(cluster: Cluster) -> None:
+    train = [*TRAIN, "--wire", "int4"]
+    a = cluster.start("a", extra=train)
+    cluster.start("b", join=[a.address], extra=train)
+    cluster.start("c", join=[a.address], extra=train)
+    sites = ("a", "b", "c")
+
+    def training(s: str) -> dict:
+        return status(cluster.peers[s].address)["training"]
+
+    wait_for(lambda: any((t := training(s)) and t["epoch_complete"] for s in sites), EPOCH_S, "the epoch to end")
+    wait_for(lambda: len({training(s)["applied_round"] for s in sites}) == 1, 60.0, "every peer to apply it")
+    assert len({training(s)["weights_hash"] for s in sites}) == 1, "I7: every peer holds the same θ"
+    counts = _committed_samples(cluster.workdir / "a")
+    assert max(counts.values()) == 1 and set(counts) == _epoch_samples()
+    trained = [s for s in sites if " trained: " in cluster.peers[s].log()]  # a late joiner may get no lease
+    assert len(trained) >= 2, trained
+    for s in sites:
+        log = cluster.peers[s].log()
+        assert "reduced the shards of" not in log, log[-3000:]
+        assert (cluster.workdir / s / "state" / RESIDUAL_FILE).exists() == (s in trained), s
