@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--round-interval", type=float,
                        help="leader commits an empty round this often, in seconds (no trainer; 0 = off)")
     serve.add_argument("--join-timeout", type=float, help="seconds to retry unreachable seeds before giving up")
+    serve.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; default off)")
     train = serve.add_argument_group("training (this site trains when --train is given)")
     train.add_argument("--train", metavar="MODEL", choices=sorted(MODEL_PRESETS),
                        help=f"train a Qwen3 preset from random init: {', '.join(sorted(MODEL_PRESETS))}")
@@ -102,6 +104,7 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "election": getattr(ElectionConfig, args.preset)() if args.preset else None,
         "leases": getattr(LeaseConfig, args.preset)() if args.preset else None,
         "round_interval_s": args.round_interval,
+        "metrics_listen": args.metrics_listen,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)
@@ -125,6 +128,9 @@ async def _run(config: cfg.PeerConfig) -> int:
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.leave()))
     # Tests and scripts read this line to learn the bound port.
     print(f"peer {config.site} listening on {address}", flush=True)
+    if node.metrics_port is not None:
+        host = config.metrics_listen.rsplit(":", 1)[0]
+        print(f"peer {config.site} metrics on http://{host}:{node.metrics_port}/metrics", flush=True)
     try:
         if config.join:
             members = await node.join(config.join)

@@ -18,6 +18,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     data_dir = "/scratch/project_x/sitemesh"
     accelerator = "4x MI250X"
     tokens_per_s = 0.0
+    metrics_listen = "0.0.0.0:9101"   # Prometheus /metrics (default: no endpoint)
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.
@@ -104,6 +105,8 @@ class PeerConfig:
     """Outer Nesterov step and checkpoint cadence."""
     join_timeout_s: float = 30.0
     """How long to keep retrying unreachable seeds (exponential backoff) before giving up."""
+    metrics_listen: str = ""
+    """host:port of the Prometheus /metrics endpoint (port 0 picks one); empty: no endpoint."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.site):
@@ -119,6 +122,8 @@ class PeerConfig:
             raise ConfigError("trainer and rounds must be set together")
         if self.round_interval_s < 0:
             raise ConfigError(f"round_interval_s must be >= 0, got {self.round_interval_s}")
+        if self.metrics_listen:
+            parse_address(self.metrics_listen, "metrics address")
         if self.join_timeout_s <= 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
 
@@ -145,7 +150,7 @@ def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
         raise ConfigError(f"{path}: [membership]: {err}") from err
 
 
-_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s"}
+_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "metrics_listen"}
 
 
 def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:

@@ -34,6 +34,7 @@ from peer.election import Header, Role, SiteId
 from peer.lease_types import Message as LeaseMessage, Voucher
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing
+from peer.metrics import exclusion_kind
 from peer.samples import SampleRange
 from peer.timeline import RoundClock, RoundTimeline
 from peer.trainer.blocks import merge_ranges
@@ -304,6 +305,7 @@ class Coordinator:
         try:
             for site, reason in decide.excluded:
                 log.info("round %d: %s: %s", decide.round, site, reason)
+                self.node.events.excluded[exclusion_kind(reason)] += 1
             admitted = list(decide.admitted)
             while True:
                 try:

@@ -105,6 +105,8 @@ class RoundClock:
         self._work: dict[int, tuple[int, int]] = {}
         self._waiting: tuple[int, float, float] | None = None
         """(round, when the report went out, seconds booked to that round by then)."""
+        self.totals: dict[str, float] = {}
+        """Seconds per phase and "tokens" over every record finished so far (metrics' counters)."""
 
     def add(self, round_: int, phase: str, seconds: float) -> None:
         if phase not in PHASES or phase == "idle":
@@ -140,6 +142,8 @@ class RoundClock:
         wall = max(now - self._since, 0.0)
         self._since = now
         idle = max(wall - sum(spent.values()), 0.0)
+        for name, value in (*spent.items(), ("idle", idle), ("tokens", tokens)):
+            self.totals[name] = self.totals.get(name, 0.0) + value
         return RoundTimeline(round_, self.site, idle_s=idle, tokens=tokens, inner_steps=steps,
                              **{f"{p}_s": s for p, s in spent.items()})
 

@@ -6,14 +6,20 @@ the end of its data epoch once for the whole module; each test then reads what a
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from peer import timeline
-from tests.integration.peers import Cluster, status, wait_for
+from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
 
 DOCS = 8  # 141 samples in 3 blocks: several rounds of both sites
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "4", "--batch-size", "2",
@@ -31,8 +37,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             s.bind(("127.0.0.1", 0))
             seed = f"127.0.0.1:{s.getsockname()[1]}"
         with ThreadPoolExecutor(2) as pool:
-            started = [pool.submit(cluster.start, "a", extra=[*TRAIN, "--listen", seed]),
-                       pool.submit(cluster.start, "b", join=[seed], extra=TRAIN)]
+            started = [pool.submit(cluster.start, site, join=join, extra=[*TRAIN, *more, "--metrics-listen",
+                                                                          "127.0.0.1:0"])
+                       for site, join, more in (("a", None, ["--listen", seed]), ("b", [seed], []))]
             for f in started:
                 f.result()
         wait_for(lambda: any((t := status(p.address)["training"]) and t["epoch_complete"]
@@ -60,3 +67,96 @@ def test_every_site_records_every_round_it_applied(run: Cluster) -> None:
         assert all(r.compute_s > 0 and r.inner_steps > 0 for r in trained)
         # A round's phases add up to the site's wall time between two applied rounds.
         assert all(r.exchange_s + r.outer_s + r.persist_s > 0 for r in records)
+
+
+def test_status_shows_each_sites_last_round(run: Cluster) -> None:
+    for site in SITES:
+        doc = status(run.peers[site].address)
+        last = doc["training"]["last_round"]
+        rec = timeline.read(run.workdir / site)[-1]
+        assert last["round"] == rec.round == doc["training"]["applied_round"]
+        assert last["compute_s"] == pytest.approx(rec.compute_s, abs=1e-3)
+        assert last["overhead_share"] == pytest.approx(rec.overhead_share, abs=1e-3)
+        assert last["tokens_per_s"] == pytest.approx(rec.tokens_per_s, abs=0.1)
+    table = ops("status", "--peer", run.peers["a"].address)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("SITE  ROUND"))
+    rows = {line.split()[0]: line.split() for line in lines[head + 1:head + 3]}
+    assert set(rows) == set(SITES), table.stdout  # b's row comes from b itself
+    for site, row in rows.items():
+        rec = timeline.read(run.workdir / site)[-1]
+        assert row[1] == str(rec.round) and row[8] == f"{100 * rec.overhead_share:.0f}%"
+
+
+def _metrics_url(peer: Peer) -> str:
+    """The second line a peer prints names its metrics endpoint (the first, its gRPC address)."""
+    assert peer.proc.stdout is not None
+    if not hasattr(peer, "metrics_url"):
+        line = peer.proc.stdout.readline()
+        assert " metrics on " in line, line
+        peer.metrics_url = line.strip().rsplit(" ", 1)[-1]  # type: ignore[attr-defined]
+    return peer.metrics_url  # type: ignore[attr-defined]
+
+
+def _scrape(peer: Peer) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """family name -> {labels: value} of one scrape, parsed by prometheus_client's own parser."""
+    with urllib.request.urlopen(_metrics_url(peer), timeout=10) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_of_a_live_peer(run: Cluster) -> None:
+    for site in SITES:
+        m = _scrape(run.peers[site])
+        doc = status(run.peers[site].address)
+        assert m["sitemesh_members"][(("state", "alive"),)] == 2
+        assert m["sitemesh_members"][(("state", "dead"),)] == 0
+        assert m["sitemesh_consensus_epoch"][()] == doc["epoch"] >= 1
+        assert m["sitemesh_consensus_leader"] == {(("site", doc["leader"]),): 1.0}
+        assert m["sitemesh_rounds_committed_total"][()] == doc["committed_round"]
+        assert m["sitemesh_round_applied"][()] == doc["training"]["applied_round"]
+        rec = timeline.read(run.workdir / site)[-1]
+        phases = m["sitemesh_round_last_phase_seconds"]
+        assert phases[(("phase", "compute"),)] == pytest.approx(rec.compute_s)
+        assert sum(phases.values()) == pytest.approx(rec.wall_s)
+        assert m["sitemesh_round_last_overhead_ratio"][()] == pytest.approx(rec.overhead_share)
+        records = timeline.read(run.workdir / site)
+        assert m["sitemesh_trainer_tokens_total"][()] == sum(r.tokens for r in records) > 0
+        assert m["sitemesh_round_phase_seconds_total"][(("phase", "compute"),)] == pytest.approx(
+            sum(r.compute_s for r in records))
+        assert m["sitemesh_samples_committed_total"][()] == doc["training"]["samples_committed"] == 141
+        assert m["sitemesh_trainer_peak_memory_bytes"][()] > 10 << 20  # a torch process
+        assert 0 < m["sitemesh_trainer_loss"][()] < 20
+        other = next(s for s in SITES if s != site)
+        assert m["sitemesh_exchange_received_bytes_total"][(("peer", other),)] > 0
+        assert m["sitemesh_exchange_hash_mismatches_total"][(("peer", other),)] == 0
+        assert m["sitemesh_lease_events_total"].get((("kind", "grant"),), 0) >= 0
+    grants = sum(_scrape(run.peers[s])["sitemesh_lease_events_total"].get((("kind", "grant"),), 0) for s in SITES)
+    assert grants >= 3, "141 samples in 3 blocks: at least one grant per block"
+    leader = next(s for s in SITES if _scrape(run.peers[s])["sitemesh_consensus_is_leader"][()] == 1)
+    latency = _scrape(run.peers[leader])
+    assert latency["sitemesh_consensus_commit_latency_seconds_count"][()] >= 1
+
+
+def test_status_watch_refreshes_until_interrupted(run: Cluster) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "status", "--peer", run.peers["a"].address,
+                             "--watch", "--interval", "0.3"], stdout=subprocess.PIPE, text=True,
+                            env=_env(), cwd=REPO,
+                            # SIGINT is what Ctrl-C sends; a test runner started in the background
+                            # may ignore it, and children inherit that.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    assert proc.stdout is not None
+    stamps = 0
+    deadline = time.monotonic() + 60
+    while stamps < 3 and time.monotonic() < deadline:
+        if "Ctrl-C to stop" in proc.stdout.readline():
+            stamps += 1
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0
+    assert stamps == 3, "three refreshes (stdout is a pipe: plain repeated tables)"
