@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.mesh",
     "ops.demo",
     "ops.audit",
+    "ops.report",
     "ops.placement.commands",
     "ops.simulate",
 )

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from peer import config as cfg
+from peer import logformat
 from peer.election import ElectionConfig
 from peer.leases import LeaseConfig
 from peer.membership import MembershipConfig
@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=int, default=0,
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    serve.add_argument("--log-format", choices=logformat.FORMATS, default="human",
+                       help="human lines (default) or json: one object per line with site, round, epoch")
     serve.set_defaults(func=_serve)
     return parser
 
@@ -111,8 +113,10 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
     return cfg.from_values({"site": args.site, **{k: v for k, v in overrides.items() if v is not None}})
 
 
-async def _run(config: cfg.PeerConfig) -> int:
+async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO") -> int:
     node = Node(config)
+    logformat.configure(log_level, log_format, config.site, lambda: {
+        "round": node.applied_round, "epoch": node.consensus.hard.epoch if node.consensus else None})
     try:
         address = await node.start()
     except OSError as err:
@@ -146,15 +150,13 @@ async def _run(config: cfg.PeerConfig) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logformat.configure(args.log_level, args.log_format, args.site, dict)
     try:
         config = _config_from(args)
     except cfg.ConfigError as err:
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    return asyncio.run(_run(config))
+    return asyncio.run(_run(config, args.log_format, args.log_level))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

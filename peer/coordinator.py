@@ -269,7 +269,7 @@ class Coordinator:
                  sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
         # Inner steps are what the trainer timed; the rest of train() is encoding and publishing Δ.
         self.clock.add(msg.round, "compute", trained.seconds)
-        self.clock.trained(msg.round, trained.tokens, trained.steps)
+        self.clock.trained(msg.round, trained.tokens, trained.steps, trained.mean_loss)
         published = self.node.now()
         self.clock.add(msg.round, "publish", published - started - trained.seconds)
         if merge_ranges(trained.ranges) != merge_ranges(ranges):

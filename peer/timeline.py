@@ -23,6 +23,7 @@ Try it:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class RoundTimeline:
     """Tokens this site trained in the round (0 when it only applied the round)."""
     inner_steps: int = 0
     """Inner optimizer steps this site ran in the round."""
+    loss: float = math.nan
+    """Mean inner loss of this site's steps in the round (NaN when it trained none)."""
 
     def __post_init__(self) -> None:
         for name in PHASES:
@@ -102,7 +105,7 @@ class RoundClock:
         self.site = site
         self._since = now
         self._spent: dict[int, dict[str, float]] = {}
-        self._work: dict[int, tuple[int, int]] = {}
+        self._work: dict[int, tuple[int, int, float]] = {}
         self._waiting: tuple[int, float, float] | None = None
         """(round, when the report went out, seconds booked to that round by then)."""
         self.totals: dict[str, float] = {}
@@ -114,8 +117,8 @@ class RoundClock:
         spent = self._spent.setdefault(round_, {})
         spent[phase] = spent.get(phase, 0.0) + max(seconds, 0.0)
 
-    def trained(self, round_: int, tokens: int, inner_steps: int) -> None:
-        self._work[round_] = (tokens, inner_steps)
+    def trained(self, round_: int, tokens: int, inner_steps: int, loss: float = math.nan) -> None:
+        self._work[round_] = (tokens, inner_steps, loss)
 
     def reported(self, round_: int, now: float) -> None:
         """The site's report for `round_` went out: what follows, until its commit, is commit_wait
@@ -136,7 +139,7 @@ class RoundClock:
         for r in [r for r in self._spent if r <= round_]:
             for phase, s in self._spent.pop(r).items():
                 spent[phase] = spent.get(phase, 0.0) + s
-        tokens, steps = self._work.pop(round_, (0, 0))
+        tokens, steps, loss = self._work.pop(round_, (0, 0, math.nan))
         for r in [r for r in self._work if r < round_]:
             del self._work[r]
         wall = max(now - self._since, 0.0)
@@ -144,7 +147,7 @@ class RoundClock:
         idle = max(wall - sum(spent.values()), 0.0)
         for name, value in (*spent.items(), ("idle", idle), ("tokens", tokens)):
             self.totals[name] = self.totals.get(name, 0.0) + value
-        return RoundTimeline(round_, self.site, idle_s=idle, tokens=tokens, inner_steps=steps,
+        return RoundTimeline(round_, self.site, idle_s=idle, tokens=tokens, inner_steps=steps, loss=loss,
                              **{f"{p}_s": s for p, s in spent.items()})
 
     def _booked(self, round_: int) -> float:

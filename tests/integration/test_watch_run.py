@@ -14,16 +14,20 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import matplotlib
+import matplotlib.image
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ops import report
 from peer import timeline
 from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
 
 DOCS = 8  # 141 samples in 3 blocks: several rounds of both sites
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "4", "--batch-size", "2",
-         "--round-deadline", "120", "--checkpoint-every", "0"]
+         "--round-deadline", "120", "--checkpoint-every", "3"]
 SITES = ("a", "b")
 
 
@@ -142,6 +146,39 @@ def test_metrics_of_a_live_peer(run: Cluster) -> None:
     leader = next(s for s in SITES if _scrape(run.peers[s])["sitemesh_consensus_is_leader"][()] == 1)
     latency = _scrape(run.peers[leader])
     assert latency["sitemesh_consensus_commit_latency_seconds_count"][()] >= 1
+
+
+def test_report_draws_the_run(run: Cluster, tmp_path: Path) -> None:
+    dirs = [run.workdir / s for s in SITES]
+    data = report.collect(dirs, heldout_documents=DOCS)
+    assert data.sites == list(SITES)
+    for site in SITES:
+        records = timeline.read(run.workdir / site)
+        assert data.seconds(site) == [(r.round, r.compute_s, r.wall_s - r.compute_s) for r in records]
+        assert data.tokens_cumulative(site)[-1][1] == sum(r.tokens for r in records) > 0
+        assert data.loss(site) and all(0 < loss < 20 for _, loss in data.loss(site))
+    assert [(e.site, e.kind) for e in data.members] == [("b", "join")]
+    assert sum(v["grant"] for v in data.leases.values()) >= 3
+    last = status(run.peers["a"].address)["training"]["applied_round"]
+    ckpt_rounds = [r for r, _ in data.perplexity]
+    assert ckpt_rounds == list(range(3, last + 1, 3)), "every checkpoint evaluated, oldest first"
+    initial = report.untrained_perplexity("micro", DOCS)
+    assert all(1 < p < initial for _, p in data.perplexity), (data.perplexity, initial)
+    out = tmp_path / "report.png"
+    result = ops("report", *(a for d in dirs for a in ("--data-dir", str(d))), "--out", str(out),
+                 "--heldout-documents", str(DOCS), timeout=120)
+    assert result.returncode == 0, result.stderr
+    image = matplotlib.image.imread(out)
+    assert image.shape[0] > 500 and image.shape[1] > 1000 and image.std() > 0.05  # drawn, not blank
+    md = ops("report", *(a for d in dirs for a in ("--data-dir", str(d))), "--format", "md")
+    assert md.returncode == 0, md.stderr
+    rows = [line for line in md.stdout.splitlines() if line.startswith(("| a ", "| b "))]
+    assert len(rows) == 2 and all(f"| {len(timeline.read(run.workdir / r[2]))} |" in r for r in rows)
+
+
+def test_report_refuses_a_dir_without_rounds(tmp_path: Path) -> None:
+    result = ops("report", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r.png"))
+    assert result.returncode == 2 and "no round timeline" in result.stderr
 
 
 def test_status_watch_refreshes_until_interrupted(run: Cluster) -> None:

@@ -53,7 +53,7 @@ def test_unknown_phase_is_refused() -> None:
 
 
 def test_file_round_trip_and_torn_tail(tmp_path: Path) -> None:
-    recs = [RoundTimeline(r, "a", compute_s=1.0 * r, idle_s=0.5, tokens=10) for r in (1, 2)]
+    recs = [RoundTimeline(r, "a", compute_s=1.0 * r, idle_s=0.5, tokens=10, loss=4.5) for r in (1, 2)]
     for rec in recs:
         timeline.append(tmp_path, rec)
     with open(tmp_path / timeline.TIMELINE_FILE, "a") as f:
