@@ -233,14 +233,16 @@ def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: d
         applied = min(rounds)
         same = len({d["training"]["weights_hash"] for d in docs.values()}) == 1
         ok &= same
-        by_round: dict[int, list[RoundTimeline]] = {}
-        for s in live:
-            for rec in timeline.read(workdir / s):
-                by_round.setdefault(rec.round, []).append(rec)
-        for r in range(printed + 1, applied + 1):
-            if by_round.get(r):  # rounds a state transfer skipped have no record anywhere
-                narrator.line(round_line(r, by_round[r], any_doc, same))
-        printed = applied
+        records = {s: timeline.read(workdir / s) for s in live}
+        # A site writes its record just after status shows the round applied; a round a state
+        # transfer skipped has no record at that site, but a later one does.
+        done = min((recs[-1].round if recs else 0) for recs in records.values())
+        for r in range(printed + 1, min(applied, done) + 1):
+            if this := [rec for recs in records.values() for rec in recs if rec.round == r]:
+                narrator.line(round_line(r, this, any_doc, same))
+            printed = r
+        if printed < applied:
+            continue
         if leave_at < 0 and t["samples_total"]:
             per_round = max(1, args.inner_steps * args.batch_size * len(sites))
             leave_at = max(1, t["samples_total"] // per_round // 2) if len(sites) > 1 else 0
@@ -310,5 +312,5 @@ def centralised_perplexity(args: argparse.Namespace, heldout: Any) -> float:
     trainer = Trainer(TrainerConfig(MODEL_PRESETS[args.model], data, inner), index=index)
     theta = trainer.model_weights()
     result = trainer.train_round(theta, ranges, steps)
-    trainer.module.load_state_dict({n: theta[n] - result.pseudo_gradient[n] for n in theta})
+    trainer.load_global({n: theta[n] - result.pseudo_gradient[n] for n in theta})
     return perplexity(trainer.module, heldout, torch.device("cpu"), bf16=False)

@@ -155,9 +155,11 @@ def checkpoint_perplexity(path: Path, heldout) -> float:
     """Held-out perplexity of a checkpoint, loaded the way a user would (from_pretrained)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from peer.trainer.evaluate import perplexity
 
+    hf_logging.disable_progress_bar()  # one bar per checkpoint would bury the demo's narration
     model = AutoModelForCausalLM.from_pretrained(path)
     return perplexity(model, heldout, torch.device("cpu"), bf16=False)
 
