@@ -30,7 +30,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -148,7 +148,7 @@ def _timeline_row(site: str, t: dict[str, Any] | None) -> tuple[str, ...]:
             f"{t['persist_s']:.2f}s", f"{100 * t['overhead_share']:.0f}%", f"{t['tokens_per_s']:.0f}")
 
 
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
 
