@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from peer.commitlog import RoundCommit
+from peer.lease_types import EventKind
 from peer.timeline import PHASES
 
 if TYPE_CHECKING:
@@ -170,8 +171,8 @@ def families(node: Node) -> Iterator[Metric]:
                                 value=len(entry.body.contributors))
     excluded = CounterMetricFamily("sitemesh_rounds_excluded",
                                    "Contributions this peer, as leader, left out of a round", labels=["reason"])
-    for kind, n in sorted(ev.excluded.items()):
-        excluded.add_metric([kind], n)
+    for kind in sorted({k for _, k in _EXCLUSION_KINDS} | {"invalid"}):
+        excluded.add_metric([kind], ev.excluded.get(kind, 0))
     yield excluded
 
     coord = node.coordinator
@@ -240,8 +241,8 @@ def _training_families(node: Node) -> Iterator[Metric]:
                             value=leasing.held)
     events = CounterMetricFamily("sitemesh_lease_events", "Lease events this site logged as a block's owner",
                                  labels=["kind"])
-    for kind, n in sorted(leasing.event_counts.items()):
-        events.add_metric([kind], n)
+    for kind in sorted(k.value for k in EventKind):  # every kind, 0 included: rate() needs the series
+        events.add_metric([kind], leasing.event_counts.get(kind, 0))
     yield events
     yield CounterMetricFamily("sitemesh_samples_committed", "Samples committed over the run",
                               value=coord.samples_committed)

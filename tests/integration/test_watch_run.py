@@ -140,8 +140,9 @@ def test_metrics_of_a_live_peer(run: Cluster) -> None:
         other = next(s for s in SITES if s != site)
         assert m["sitemesh_exchange_received_bytes_total"][(("peer", other),)] > 0
         assert m["sitemesh_exchange_hash_mismatches_total"][(("peer", other),)] == 0
-        assert m["sitemesh_lease_events_total"].get((("kind", "grant"),), 0) >= 0
-    grants = sum(_scrape(run.peers[s])["sitemesh_lease_events_total"].get((("kind", "grant"),), 0) for s in SITES)
+        assert {k for ((_, k),) in m["sitemesh_lease_events_total"]} >= {"grant", "reclaim", "steal"}
+        assert (("reason", "not_leased"),) in m["sitemesh_rounds_excluded_total"]  # every reason, 0 or not
+    grants = sum(_scrape(run.peers[s])["sitemesh_lease_events_total"][(("kind", "grant"),)] for s in SITES)
     assert grants >= 3, "141 samples in 3 blocks: at least one grant per block"
     leader = next(s for s in SITES if _scrape(run.peers[s])["sitemesh_consensus_is_leader"][()] == 1)
     latency = _scrape(run.peers[leader])
