@@ -148,18 +148,21 @@ def _wait_for_members(addresses: dict[str, str], deadline: float) -> bool:
     return False
 
 
-def round_line(r: int, records: list[RoundTimeline], doc: dict[str, Any], same: bool) -> str:
+def round_line(r: int, records: list[RoundTimeline], doc: dict[str, Any] | None, same: bool) -> str:
     """One committed round as the sites measured it: the slowest site's wall time, the tokens
-    trained per second of it, the mean overhead share, then the log's view."""
+    trained per second of it, the mean overhead share, then the log's view as of now (`doc`; None
+    for a round that committed between two looks, whose leader, samples and θ are no longer shown)."""
     wall = max(rec.wall_s for rec in records)
     tokens = sum(rec.tokens for rec in records)
     overhead = sum(rec.overhead_share for rec in records) / len(records)
     losses = [rec.loss for rec in records if rec.tokens and not math.isnan(rec.loss)]
+    line = (f"round {r:3d}  {wall:5.1f}s  {tokens / wall if wall else 0:6.0f} tok/s  overhead {100 * overhead:3.0f}%  "
+            f"loss {sum(losses) / len(losses) if losses else float('nan'):.3f}")
+    if doc is None:
+        return line
     t = doc["training"]
-    return (f"round {r:3d}  {wall:5.1f}s  {tokens / wall if wall else 0:6.0f} tok/s  overhead {100 * overhead:3.0f}%  "
-            f"leader {doc['leader']}  voters {','.join(doc['voters'])}  "
-            f"samples {t['samples_committed']}/{t['samples_total']}  "
-            f"loss {sum(losses) / len(losses) if losses else float('nan'):.3f}  θ {t['weights_hash'][:12]} "
+    return (f"{line}  leader {doc['leader']}  voters {','.join(doc['voters'])}  "
+            f"samples {t['samples_committed']}/{t['samples_total']}  θ {t['weights_hash'][:12]} "
             f"{'same on all live peers' if same else 'DIFFERS between peers (I7 violated)'}")
 
 
@@ -219,7 +222,7 @@ def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: d
     live = list(sites)
     ok = True
     while time.monotonic() - start < args.timeout:
-        time.sleep(0.5)
+        time.sleep(0.25)
         docs = {s: d for s in live if (d := _status(addresses[s])) is not None}
         if not docs or any(d["training"] is None for d in docs.values()):
             continue
@@ -239,7 +242,7 @@ def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: d
         done = min((recs[-1].round if recs else 0) for recs in records.values())
         for r in range(printed + 1, min(applied, done) + 1):
             if this := [rec for recs in records.values() for rec in recs if rec.round == r]:
-                narrator.line(round_line(r, this, any_doc, same))
+                narrator.line(round_line(r, this, any_doc if r == applied else None, same))
             printed = r
         if printed < applied:
             continue

@@ -21,11 +21,11 @@ def test_demo_narrates_every_round_and_compares_with_the_baseline(tmp_path: Path
     assert result.returncode == 0, out + result.stderr
     assert "waiting for the sites to join" in out
     (workdir,) = tmp_path.iterdir()
-    rounds = [int(m.group(1)) for m in re.finditer(
-        r"^round +(\d+) +[\d.]+s +\d+ tok/s +overhead +\d+% +leader \S+ +voters \S+ +samples \d+/\d+", out,
-        re.MULTILINE)]
+    lines = re.findall(r"^round +(\d+) +[\d.]+s +\d+ tok/s +overhead +\d+% +loss (?:[\d.]+|nan)(.*)$", out, re.MULTILINE)
     last = max(r.round for r in timeline.read(workdir / "snellius"))
-    assert rounds == list(range(1, last + 1)), out  # every round, in order, with its timings
+    assert [int(r) for r, _ in lines] == list(range(1, last + 1)), out  # every round, in order, with its timings
+    # The log's view (leader, voters, samples) on the last round of each look at the peers, the last one included.
+    assert re.match(r" +leader \S+ +voters \S+ +samples 141/141 ", lines[-1][1]), out
     assert "left gracefully" in out
     assert re.search(r"^ +0 +141 +141 +0 +0 .* ok$", out, re.MULTILINE), out  # the audit table
     m = re.search(r"sitemesh ([\d.]+); centralised on the same tokens ([\d.]+) \(ratio ([\d.]+)\)", out)
