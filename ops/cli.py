@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.certs",
     "ops.demo",
     "ops.audit",
+    "ops.report",
     "ops.placement.commands",
     "ops.simulate",
 )

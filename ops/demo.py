@@ -3,18 +3,24 @@
     ops demo                          # 3 sites, tiny Qwen3, the shipped corpus, until the epoch ends
     ops demo --sites 2 --rounds 4     # shorter
 
-Starts one `peer serve --train` per site on loopback (the first founds the run, the others join),
-prints every committed round with the leader, the voters, the samples committed and whether every
-live peer holds the same θ (I7), makes one site leave gracefully half way (the run goes on without
-it), and ends by loading the final checkpoint with `AutoModelForCausalLM.from_pretrained` and
-measuring its held-out perplexity against the untrained model's. Exit status 0 when all of that held.
+Starts one `peer serve --train` per site on loopback, all at once (the first founds the run, the
+others join it), says who has joined while they start, then prints every committed round with its
+seconds (the slowest site's), tokens per second, overhead share (1 - compute / wall, peer/timeline.py),
+leader, voters, samples committed and whether every live peer holds the same θ (I7), under a
+progress bar over the data epoch on a terminal. One site leaves gracefully half way (the run goes
+on without it). It ends with `ops audit`, the held-out perplexity of the final checkpoint (loaded
+with `AutoModelForCausalLM.from_pretrained`) next to the untrained model's and a centralised run on
+the same tokens (`--no-baseline` skips it), and the path of the PNG report (ops/report.py).
+Exit status 0 when all of that held.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,9 +29,12 @@ from typing import Any
 
 import grpc
 
+from ops import report
 from ops.certs import make_run
 from ops.mesh import status_document
+from peer import timeline
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
+from peer.timeline import RoundTimeline
 from peer.transport.channels import Credentials, open_blocking_channel
 
 SITE_NAMES = ("snellius", "lumi", "frontier", "leonardo", "mareNostrum", "jupiter")
@@ -44,7 +53,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="round after which the last site leaves gracefully (default: half way; 0 = never)")
     p.add_argument("--workdir", type=Path, default=Path("runs") / "demo", help="where sites keep their state")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="skip the centralised baseline on the same tokens (saves about a minute)")
     p.set_defaults(func=run)
+
+
+def _run_certificates(certs: Path, sites: list[str]) -> Credentials:
+    """The demo's own run CA, a certificate per site and one for the demo as operator: the sites
+    talk mutual TLS as a real run does (README, Security)."""
+    make_run("demo", certs, sites, operators=("operator",))
+    return Credentials.from_dir(certs, "operator")
 
 
 def _status(address: str, creds: Credentials) -> dict[str, Any] | None:
@@ -55,16 +73,15 @@ def _status(address: str, creds: Credentials) -> dict[str, Any] | None:
         return None
 
 
-def _run_certificates(certs: Path, sites: list[str]) -> Credentials:
-    """The demo's own run CA, a certificate per site and one for the demo as operator: the sites
-    talk mutual TLS as a real run does (README, Security)."""
-    make_run("demo", certs, sites, operators=("operator",))
-    return Credentials.from_dir(certs, "operator")
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def _start(workdir: Path, site: str, join: str | None, args: argparse.Namespace, total_steps: int) -> tuple[
-        subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", "127.0.0.1:0",
+def _start(workdir: Path, site: str, listen: str, join: str | None, args: argparse.Namespace,
+           total_steps: int) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", listen,
            "--data-dir", str(workdir / site), "--preset", "lan", "--train", args.model,
            "--max-documents", str(args.max_documents), "--inner-steps", str(args.inner_steps),
            "--batch-size", str(args.batch_size), "--total-steps", str(total_steps), "--round-deadline", "600",
@@ -72,12 +89,16 @@ def _start(workdir: Path, site: str, join: str | None, args: argparse.Namespace,
     if join:
         cmd += ["--join", join]
     log = open(workdir / f"{site}.log", "a")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def _listening(proc: subprocess.Popen[str], site: str, workdir: Path) -> str:
+    """Waits for a site's "listening on" line (its trainer is built by then); returns its address."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:
         raise SystemExit(f"ops demo: {site} did not start; see {workdir / f'{site}.log'}")
-    return proc, line.strip().rsplit(" ", 1)[-1]
+    return line.strip().rsplit(" ", 1)[-1]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     sites = list(SITE_NAMES[:args.sites])
     args.creds = _run_certificates(workdir / "certs", sites)
     print(f"sitemesh demo: {args.sites} sites ({', '.join(sites)}), model {args.model}, H={args.inner_steps}; "
-          f"state and logs in {workdir}")
+          f"state and logs in {workdir}", flush=True)
     # SIGTERM must unwind through `finally` below, or the site processes outlive the demo.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     procs: dict[str, subprocess.Popen[str]] = {}
@@ -97,9 +118,17 @@ def run(args: argparse.Namespace) -> int:
     # A rough schedule length: the whole epoch split over the sites (refined by the LR floor anyway).
     total_steps = max(100, args.max_documents)
     try:
+        # Every site starts at once (the first on a port chosen here, the others join it): one after
+        # the other, the first site trained for a minute alone while the others built their trainers.
+        seed = f"127.0.0.1:{_free_port()}"
+        for i, site in enumerate(sites):
+            procs[site] = _start(workdir, site, seed if i == 0 else "127.0.0.1:0", seed if i else None, args,
+                                 total_steps)
+        print(f"  starting {len(sites)} peers (each builds its trainer: tokenizer, model, data blocks)...",
+              flush=True)
         for site in sites:
-            procs[site], addresses[site] = _start(workdir, site, addresses.get(sites[0]), args, total_steps)
-            print(f"  {site} listening on {addresses[site]}")
+            addresses[site] = _listening(procs[site], site, workdir)
+            print(f"  {site} listening on {addresses[site]}", flush=True)
         return _watch(args, workdir, sites, procs, addresses)
     finally:
         for proc in procs.values():
@@ -112,48 +141,135 @@ def run(args: argparse.Namespace) -> int:
                 proc.kill()
 
 
+def _wait_for_members(addresses: dict[str, str], deadline: float, creds: Credentials) -> bool:
+    """A line each time another site joins, until every site is an alive member and training."""
+    seen = -1
+    while time.monotonic() < deadline:
+        doc = _status(next(iter(addresses.values())), creds)
+        alive = sorted(m["site"] for m in doc["members"] if m["state"] == "alive") if doc else []
+        if len(alive) != seen:
+            seen = len(alive)
+            print(f"  waiting for the sites to join: {len(alive)}/{len(addresses)} alive "
+                  f"({', '.join(alive) or 'none yet'})", flush=True)
+        if seen == len(addresses):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def round_line(r: int, records: list[RoundTimeline], doc: dict[str, Any] | None, same: bool) -> str:
+    """One committed round as the sites measured it: the slowest site's wall time, the tokens
+    trained per second of it, the mean overhead share, then the log's view as of now (`doc`; None
+    for a round that committed between two looks, whose leader, samples and θ are no longer shown)."""
+    wall = max(rec.wall_s for rec in records)
+    tokens = sum(rec.tokens for rec in records)
+    overhead = sum(rec.overhead_share for rec in records) / len(records)
+    losses = [rec.loss for rec in records if rec.tokens and not math.isnan(rec.loss)]
+    line = (f"round {r:3d}  {wall:5.1f}s  {tokens / wall if wall else 0:6.0f} tok/s  overhead {100 * overhead:3.0f}%  "
+            f"loss {sum(losses) / len(losses) if losses else float('nan'):.3f}")
+    if doc is None:
+        return line
+    t = doc["training"]
+    return (f"{line}  leader {doc['leader']}  voters {','.join(doc['voters'])}  "
+            f"samples {t['samples_committed']}/{t['samples_total']}  θ {t['weights_hash'][:12]} "
+            f"{'same on all live peers' if same else 'DIFFERS between peers (I7 violated)'}")
+
+
+class _Narrator:
+    """Prints round lines; on a terminal they scroll above a rich progress bar over the data epoch."""
+
+    def __init__(self) -> None:
+        self._progress: Any = None
+        self._task: Any = None
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("data epoch"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("samples"), TimeElapsedColumn())
+            self._progress.start()
+
+    def line(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, highlight=False, markup=False)
+        else:
+            print(text, flush=True)
+
+    def samples(self, committed: int, total: int) -> None:
+        if self._progress is None or not total:
+            return
+        if self._task is None:
+            self._task = self._progress.add_task("epoch", total=total)
+        self._progress.update(self._task, completed=committed)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
 def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dict[str, subprocess.Popen[str]],
            addresses: dict[str, str]) -> int:
     start = time.monotonic()
-    last_round, leave_at, left = 0, args.leave_at, False
+    if not _wait_for_members(addresses, start + args.timeout, args.creds):
+        print(f"ops demo: the sites did not all join within {args.timeout:.0f}s", file=sys.stderr)
+        return 1
+    narrator = _Narrator()
+    try:
+        status, live = _narrate(args, workdir, sites, procs, addresses, narrator, start)
+    finally:
+        narrator.close()
+    if status is not None:
+        return status
+    ok = _audit(workdir, sites)
+    ok &= _evaluate(workdir, sites, live[0], args)
+    return 0 if ok else 1
+
+
+def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dict[str, subprocess.Popen[str]],
+             addresses: dict[str, str], narrator: _Narrator, start: float) -> tuple[int | None, list[str]]:
+    """Rounds as they commit, the graceful leave half way; (exit status if it failed, live sites)."""
+    printed, leave_at, left = 0, args.leave_at, False
     live = list(sites)
     ok = True
     while time.monotonic() - start < args.timeout:
-        time.sleep(1.0)
+        time.sleep(0.25)
         docs = {s: d for s in live if (d := _status(addresses[s], args.creds)) is not None}
         if not docs or any(d["training"] is None for d in docs.values()):
             continue
+        any_doc = next(iter(docs.values()))
+        t = any_doc["training"]
+        narrator.samples(t["samples_committed"], t["samples_total"])
         rounds = {d["training"]["applied_round"] for d in docs.values()}
-        applied = min(rounds)
         # Hashes are comparable only between peers that applied the same round: wait for that.
-        if len(rounds) == 1 and applied > last_round:
-            last_round = applied
-            any_doc = next(iter(docs.values()))
-            t = any_doc["training"]
-            same = len({d["training"]["weights_hash"] for d in docs.values()}) == 1
-            ok &= same
-            losses = [d["training"]["last_loss"] for d in docs.values() if d["training"]["last_loss"] is not None]
-            print(f"round {applied:3d}  leader {any_doc['leader']}  voters {','.join(any_doc['voters'])}  "
-                  f"samples {t['samples_committed']}/{t['samples_total']}  "
-                  f"loss {sum(losses) / max(len(losses), 1):.3f}  θ {t['weights_hash'][:12]} "
-                  f"{'same on all live peers' if same else 'DIFFERS between peers (I7 violated)'}", flush=True)
-            if leave_at < 0 and t["samples_total"]:
-                per_round = max(1, args.inner_steps * args.batch_size * len(sites))
-                leave_at = max(1, t["samples_total"] // per_round // 2) if len(sites) > 1 else 0
-            if leave_at and applied >= leave_at and not left and len(live) > 1:
-                gone = live.pop()
-                with open_blocking_channel(addresses[gone], args.creds) as channel:
-                    admin_pb2_grpc.AdminStub(channel).Leave(admin_pb2.LeaveRequest(), timeout=10)
-                procs[gone].wait(timeout=120)
-                left = True
-                print(f"  {gone} left gracefully (exit {procs[gone].returncode}); the run goes on with "
-                      f"{', '.join(live)}", flush=True)
-            if t["epoch_complete"] or (args.rounds and applied >= args.rounds):
-                break
-    else:
-        print(f"ops demo: timed out after {args.timeout:.0f}s at round {last_round}", file=sys.stderr)
-        return 1
-    return 0 if _audit(workdir, sites) and _evaluate(workdir / live[0], args) and ok else 1
+        if len(rounds) != 1 or min(rounds) <= printed:
+            continue
+        applied = min(rounds)
+        same = len({d["training"]["weights_hash"] for d in docs.values()}) == 1
+        ok &= same
+        records = {s: timeline.read(workdir / s) for s in live}
+        # A site writes its record just after status shows the round applied; a round a state
+        # transfer skipped has no record at that site, but a later one does.
+        done = min((recs[-1].round if recs else 0) for recs in records.values())
+        for r in range(printed + 1, min(applied, done) + 1):
+            if this := [rec for recs in records.values() for rec in recs if rec.round == r]:
+                narrator.line(round_line(r, this, any_doc if r == applied else None, same))
+            printed = r
+        if printed < applied:
+            continue
+        if leave_at < 0 and t["samples_total"]:
+            per_round = max(1, args.inner_steps * args.batch_size * len(sites))
+            leave_at = max(1, t["samples_total"] // per_round // 2) if len(sites) > 1 else 0
+        if leave_at and applied >= leave_at and not left and len(live) > 1:
+            gone = live.pop()
+            with open_blocking_channel(addresses[gone], args.creds) as channel:
+                admin_pb2_grpc.AdminStub(channel).Leave(admin_pb2.LeaveRequest(), timeout=10)
+            procs[gone].wait(timeout=120)
+            left = True
+            narrator.line(f"  {gone} left gracefully (exit {procs[gone].returncode}); the run goes on with "
+                          f"{', '.join(live)}")
+        if t["epoch_complete"] or (args.rounds and applied >= args.rounds):
+            return (None if ok else 1), live
+    print(f"ops demo: timed out after {args.timeout:.0f}s at round {printed}", file=sys.stderr)
+    return 1, live
 
 
 def _audit(workdir: Path, sites: list[str]) -> bool:
@@ -165,23 +281,48 @@ def _audit(workdir: Path, sites: list[str]) -> bool:
     return result.returncode == 0
 
 
-def _evaluate(site_dir: Path, args: argparse.Namespace) -> bool:
-    """Loads the final checkpoint the way a user would and compares it with the untrained model."""
+def _evaluate(workdir: Path, sites: list[str], site: str, args: argparse.Namespace) -> bool:
+    """Loads the final checkpoint the way a user would, compares it with the untrained model and
+    (unless --no-baseline) a centralised run on the same tokens, and writes the PNG report."""
+    ckpt = (workdir / site / "checkpoints" / "latest").resolve()
+    meta = json.loads((ckpt / "meta.json").read_text()) if (ckpt / "meta.json").exists() else {}
+    heldout = report.heldout_samples(args.max_documents)
+    final = report.checkpoint_perplexity(ckpt, heldout)
+    initial = report.untrained_perplexity(args.model, args.max_documents)
+    print(f"final checkpoint {ckpt} (round {meta.get('round', '?')}) loads with AutoModelForCausalLM.from_pretrained")
+    line = f"held-out perplexity: untrained {initial:.1f} -> sitemesh {final:.1f}"
+    if args.baseline:
+        print("training the centralised baseline on the same tokens (one trainer, all sites' batch)...", flush=True)
+        central = centralised_perplexity(args, heldout)
+        line += f"; centralised on the same tokens {central:.1f} (ratio {final / central:.3f})"
+    print(line, flush=True)
+    out = workdir / "report.png"
+    data = report.collect([workdir / s for s in sites], heldout_documents=args.max_documents)
+    report.render(data, out)
+    print(f"report: {out}  (ops report --data-dir ... --format md for text)", flush=True)
+    return final < initial
+
+
+def centralised_perplexity(args: argparse.Namespace, heldout: Any) -> float:
+    """The baseline the run is judged by: one trainer from the same θ_0 with every site's batch at
+    once (sites x batch), on every sample of the data epoch once, in the epoch's block order (the
+    tokens the mesh trained), same inner optimizer defaults, the same held-out samples."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from peer.trainer.blocks import BlockIndex
-    from peer.trainer.config import MODEL_PRESETS, DataConfig
+    from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
     from peer.trainer.evaluate import perplexity
-    from peer.trainer.model import build_model
+    from peer.trainer.inner import Trainer
 
-    ckpt = (site_dir / "checkpoints" / "latest").resolve()
-    meta = json.loads((ckpt / "meta.json").read_text()) if (ckpt / "meta.json").exists() else {}
-    model = AutoModelForCausalLM.from_pretrained(ckpt)
-    heldout = BlockIndex(DataConfig.shipped(max_documents=args.max_documents)).corpus.heldout(64)
-    cpu = torch.device("cpu")
-    final = perplexity(model, heldout, cpu, bf16=False)
-    initial = perplexity(build_model(MODEL_PRESETS[args.model], cpu, seed=0), heldout, cpu, bf16=False)
-    print(f"final checkpoint {ckpt} (round {meta.get('round', '?')}) loads with AutoModelForCausalLM.from_pretrained")
-    print(f"held-out perplexity: untrained {initial:.1f} -> trained {final:.1f}")
-    return final < initial
+    data = DataConfig.shipped(max_documents=args.max_documents)
+    index = BlockIndex(data)
+    ranges = [b.full_range() for b in index.epoch_order()]
+    batch = args.batch_size * args.sites
+    steps = max(1, sum(r.num_samples for r in ranges) // batch)
+    inner = InnerConfig(batch_size=batch, micro_batch_size=args.batch_size, total_steps=steps,
+                        warmup_steps=min(50, steps // 10))
+    trainer = Trainer(TrainerConfig(MODEL_PRESETS[args.model], data, inner), index=index)
+    theta = trainer.model_weights()
+    result = trainer.train_round(theta, ranges, steps)
+    trainer.load_global({n: theta[n] - result.pseudo_gradient[n] for n in theta})
+    return perplexity(trainer.module, heldout, torch.device("cpu"), bf16=False)

@@ -1,6 +1,7 @@
 """`ops status`, `ops leave`, `ops join`: talk to one running peer.
 
     ops status --peer 127.0.0.1:7001 [--json]
+    ops status --peer 127.0.0.1:7001 --watch [--interval 2]   # refreshes in place until Ctrl-C
     ops leave --peer 127.0.0.1:7002
     ops join --peer 127.0.0.1:7004 --seed 127.0.0.1:7001
 
@@ -10,9 +11,16 @@
      "leader": SITE or null, "epoch": int, "committed_round": int, "voters": [SITE, ...],
      "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"},
      "training": null or {"applied_round", "weights_hash", "samples_committed", "samples_total",
-                          "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held"}}
+                          "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held",
+                          "last_round": null or {"round", "gather_s", "compute_s", "publish_s",
+                                                 "exchange_s", "commit_wait_s", "outer_s", "persist_s",
+                                                 "idle_s", "wall_s", "overhead_share", "tokens",
+                                                 "tokens_per_s", "inner_steps"}}}
 with state one of alive, suspect, dead, left and meta
     {"role", "accelerator", "tokens_per_s", "labels": {...}}.
+
+The table adds one line per live training site with its last round's timeline (peer/timeline.py),
+asking each site directly: every site measures its own round on its own clock.
 """
 
 from __future__ import annotations
@@ -21,12 +29,16 @@ import argparse
 import json
 import math
 import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 
 from ops.certs import CertError, add_client_flags, client_credentials
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, membership_pb2
+from peer.timeline import PHASES
 from peer.transport.channels import open_blocking_channel
 
 EXIT_UNREACHABLE = 3
@@ -38,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true", help="machine-readable output (stable keys)")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the peer")
     add_client_flags(status)
+    status.add_argument("--watch", action="store_true", help="refresh in place until interrupted (Ctrl-C)")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
     status.set_defaults(func=_status)
 
     leave = sub.add_parser("leave", help="make a peer leave the mesh gracefully and exit")
@@ -110,6 +124,8 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
             "diverged": reply.training.diverged or None,
             "data_epoch": reply.training.data_epoch,
             "leases_held": reply.training.leases_held,
+            "last_round": _timeline_document(reply.training.last_round)
+            if reply.training.HasField("last_round") else None,
         },
         "consensus": {
             "role": reply.consensus.role,
@@ -118,6 +134,65 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
             "applied_index": reply.consensus.applied_index,
         },
     }
+
+
+def _timeline_document(t: admin_pb2.RoundTimeline) -> dict[str, Any]:
+    doc: dict[str, Any] = {f"{p}_s": round(getattr(t, f"{p}_s"), 4) for p in PHASES}
+    doc.update(round=t.round, wall_s=round(t.wall_s, 4), overhead_share=round(t.overhead_share, 4),
+               tokens=t.tokens, tokens_per_s=round(t.tokens_per_s, 1), inner_steps=t.inner_steps)
+    return doc
+
+
+TIMELINE_HEAD = ("SITE", "ROUND", "WALL", "COMPUTE", "EXCHANGE", "COMMIT", "OUTER", "PERSIST", "OVERHEAD",
+                 "TOK/S")
+
+
+def _timeline_row(site: str, t: dict[str, Any] | None) -> tuple[str, ...]:
+    """One site's last round; exchange includes publishing, commit the wait for it (status columns)."""
+    if t is None:
+        return (site, "-", *("-",) * (len(TIMELINE_HEAD) - 2))
+    return (site, str(t["round"]), f"{t['wall_s']:.2f}s", f"{t['compute_s']:.2f}s",
+            f"{t['publish_s'] + t['exchange_s']:.2f}s", f"{t['commit_wait_s']:.2f}s", f"{t['outer_s']:.2f}s",
+            f"{t['persist_s']:.2f}s", f"{100 * t['overhead_share']:.0f}%", f"{t['tokens_per_s']:.0f}")
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def site_timelines(doc: dict[str, Any], timeout: float) -> dict[str, dict[str, Any] | None | str]:
+    """site -> last round's timeline of every live member, asked directly (the answering peer's own
+    from `doc`): None for a site that has not finished a round or does not train, a string when it
+    did not answer."""
+    live = [m for m in doc["members"] if m["state"] in ("alive", "suspect") and m["site"] != doc["self"]]
+
+    def ask(address: str) -> dict[str, Any] | None | str:
+        try:
+            other = status_document(_call(address, "Status", admin_pb2.StatusRequest(), timeout))
+        except grpc.RpcError as err:
+            return f"no answer ({err.code().name})"
+        return other["training"]["last_round"] if other["training"] else None
+
+    out: dict[str, dict[str, Any] | None | str] = {
+        doc["self"]: doc["training"]["last_round"] if doc["training"] else None}
+    if live:
+        with ThreadPoolExecutor(min(len(live), 16)) as pool:
+            for mem, answer in zip(live, pool.map(ask, [m["address"] for m in live])):
+                out[mem["site"]] = answer
+    return dict(sorted(out.items()))
+
+
+def _timeline_table(timelines: dict[str, dict[str, Any] | None | str]) -> str:
+    rows: list[tuple[str, ...]] = [TIMELINE_HEAD]
+    notes = []
+    for site, t in timelines.items():
+        if isinstance(t, str):
+            notes.append(f"{site}: {t}")
+            t = None
+        rows.append(_timeline_row(site, t))
+    return "last round per site (exchange = publish + pull; overhead = 1 - compute/wall):\n" + \
+        "\n".join(_columns(rows) + notes)
 
 
 def _table(doc: dict[str, Any]) -> str:
@@ -134,8 +209,7 @@ def _table(doc: dict[str, Any]) -> str:
             mem["meta"]["accelerator"] or "-",
             f"{mem['meta']['tokens_per_s']:.0f}",
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines = _columns(rows)
     cons = doc["consensus"]
     head = (f"view of {doc['self']} (sitemesh {doc['version']}, up {doc['uptime_s']:.0f}s)\n"
             f"epoch {doc['epoch']}  leader {doc['leader'] or '-'}  role {cons['role']}  "
@@ -150,14 +224,55 @@ def _table(doc: dict[str, Any]) -> str:
     return head + "\n" + "\n".join(lines)
 
 
-def _status(args: argparse.Namespace) -> int:
+def _render(args: argparse.Namespace) -> tuple[int, str]:
+    """(exit status, text) of one look at the peer: its table or JSON document, or the error."""
     try:
         reply = _call(args, "Status", admin_pb2.StatusRequest())
     except grpc.RpcError as err:
-        return _fail(args.peer, err)
+        return _fail(args.peer, err), ""
     doc = status_document(reply)
-    print(json.dumps(doc, indent=2, sort_keys=True) if args.json else _table(doc))
-    return 0
+    if args.json:
+        return 0, json.dumps(doc, indent=2, sort_keys=True)
+    text = _table(doc)
+    if doc["training"] is not None:
+        text += "\n" + _timeline_table(site_timelines(doc, min(args.timeout, 2.0)))
+    return 0, text
+
+
+def _status(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        print(f"ops: error: --interval must be > 0 seconds, got {args.interval}", file=sys.stderr)
+        return 2
+    if not args.watch:
+        code, text = _render(args)
+        if text:
+            print(text)
+        return code
+    return watch(lambda: _render(args), args.interval, sys.stdout.isatty())
+
+
+def watch(look: Callable[[], tuple[int, str]], interval: float, tty: bool) -> int:
+    """Shows `look()` every `interval` seconds until Ctrl-C: in place (rich Live) on a terminal,
+    as repeated blocks otherwise. An unreachable peer is shown as such and asked again."""
+    def text() -> str:
+        code, body = look()
+        stamp = time.strftime("%H:%M:%S")
+        return f"{stamp}  every {interval:g}s, Ctrl-C to stop\n" + (body or f"(no answer, exit {code})")
+
+    try:
+        if tty:
+            from rich.live import Live
+            from rich.text import Text
+
+            with Live(Text(text()), auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(Text(text()), refresh=True)
+        while True:
+            print(text() + "\n", flush=True)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _leave(args: argparse.Namespace) -> int:

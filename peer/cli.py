@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from peer import config as cfg
 from peer.dirlock import lock_dir
+from peer import logformat
 from peer.election import ElectionConfig
 from peer.leases import LeaseConfig
 from peer.logstore import CorruptStore
@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ca.crt, SITE.crt, SITE.key from `ops certs`: serve and dial with mutual TLS")
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="plaintext gRPC, no identities: anyone who reaches the port is a member")
+    serve.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; default off)")
     train = serve.add_argument_group("training (this site trains when --train is given)")
     train.add_argument("--train", metavar="MODEL", choices=sorted(MODEL_PRESETS),
                        help=f"train a Qwen3 preset from random init: {', '.join(sorted(MODEL_PRESETS))}")
@@ -89,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--wire", default="bf16", choices=WIRE_FORMATS,
                        help="wire format of pseudo-gradients and mean shards; the same on every site (default bf16)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    serve.add_argument("--log-format", choices=logformat.FORMATS, default="human",
+                       help="human lines (default) or json: one object per line with site, round, epoch")
     serve.set_defaults(func=_serve)
 
     repair = sub.add_parser("repair", help="set a damaged data dir aside so the site rebuilds from the run")
@@ -166,18 +170,21 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "round_interval_s": args.round_interval,
         "certs": args.certs,
         "insecure": args.insecure,
+        "metrics_listen": args.metrics_listen,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)
     return cfg.from_values({"site": args.site, **{k: v for k, v in overrides.items() if v is not None}})
 
 
-async def _run(config: cfg.PeerConfig) -> int:
+async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO") -> int:
     try:
         node = Node(config)
     except OSError as err:  # certificates missing or not this site's
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    logformat.configure(log_level, log_format, config.site, lambda: {
+        "round": node.applied_round, "epoch": node.consensus.hard.epoch if node.consensus else None})
     try:
         address = await node.start()
     except (OSError, CorruptStore) as err:
@@ -193,6 +200,9 @@ async def _run(config: cfg.PeerConfig) -> int:
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(node.leave()))
     # Tests and scripts read this line to learn the bound port.
     print(f"peer {config.site} listening on {address}", flush=True)
+    if node.metrics_port is not None:
+        host = config.metrics_listen.rsplit(":", 1)[0]
+        print(f"peer {config.site} metrics on http://{host}:{node.metrics_port}/metrics", flush=True)
     try:
         if config.join:
             members = await node.join(config.join)
@@ -208,15 +218,13 @@ async def _run(config: cfg.PeerConfig) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logformat.configure(args.log_level, args.log_format, args.site, dict)
     try:
         config = _config_from(args)
     except cfg.ConfigError as err:
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    return asyncio.run(_run(config))
+    return asyncio.run(_run(config, args.log_format, args.log_level))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

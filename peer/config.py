@@ -20,6 +20,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     accelerator = "4x MI250X"
     tokens_per_s = 0.0
     certs = "/scratch/project_x/certs"  # ca.crt, lumi.crt, lumi.key from `ops certs` (mutual TLS)
+    metrics_listen = "0.0.0.0:9101"   # Prometheus /metrics (default: no endpoint)
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.
@@ -111,6 +112,8 @@ class PeerConfig:
     insecure: bool = False
     """Plaintext gRPC with no peer identity: anyone who reaches the port is a member. Must be asked
     for explicitly; exactly one of `certs` and `insecure` is set."""
+    metrics_listen: str = ""
+    """host:port of the Prometheus /metrics endpoint (port 0 picks one); empty: no endpoint."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.site):
@@ -131,6 +134,8 @@ class PeerConfig:
                 "give certificates (--certs DIR, made by `ops certs init/issue`) or ask for plaintext "
                 "explicitly with --insecure" if self.certs is None else "--certs and --insecure exclude each other"
             )
+        if self.metrics_listen:
+            parse_address(self.metrics_listen, "metrics address")
         if self.join_timeout_s <= 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
 
@@ -157,7 +162,7 @@ def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
         raise ConfigError(f"{path}: [membership]: {err}") from err
 
 
-_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs"}
+_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs", "metrics_listen"}
 
 
 def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:

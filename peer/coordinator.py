@@ -28,13 +28,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from peer import rounds as r
+from peer import timeline
 from peer.commitlog import Contributor, Entry, RoundCommit
 from peer.election import Header, Role, SiteId
 from peer.lease_types import Message as LeaseMessage, Voucher
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing
+from peer.metrics import exclusion_kind
 from peer.samples import SampleRange
-from peer.timeline import RoundTimeline
+from peer.timeline import RoundClock, RoundTimeline
 from peer.trainer.blocks import merge_ranges
 from peer.training import HashMismatch, InvalidContribution, Outcome, SiteTraining, Unavailable
 
@@ -78,6 +80,9 @@ class Coordinator:
         """Set by member_down while the leader fetches a round's pseudo-gradients."""
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
+        self.clock = RoundClock(node.config.site, node.now())
+        """Books this site's seconds to round phases; a record per applied round (peer/timeline.py)."""
+        training.clock = node.now
 
     async def start(self) -> None:
         await self.training.start()
@@ -150,6 +155,8 @@ class Coordinator:
             if isinstance(entry.body, RoundCommit):
                 if self.leader is not None:
                     self.leader.on_commit(entry.body.round)
+                self._book_spent(entry.body.round)  # a leader's pull and outer step, before commit_wait ends
+                self.clock.committed(entry.body.round, self.node.now())
                 self._applies.put_nowait((entry.index, entry.body))
 
     def receive(self, msg: r.Message) -> None:
@@ -244,7 +251,9 @@ class Coordinator:
                             self.training.applied_round)
                 self._contribute(self._report(msg.round, (), 0, b""))
                 return
+            gather_from = self.node.now()
             ranges = await self._gather(self.config.samples_per_round)
+            self.clock.add(msg.round, "gather", self.node.now() - gather_from)
             report = self._report(msg.round, ranges, 0, b"")
             if ranges:
                 try:
@@ -255,6 +264,8 @@ class Coordinator:
                     log.exception("round %d: training failed", msg.round)
                 self._sent = report
             self._contribute(report)
+            if report.tokens > 0:
+                self.clock.reported(msg.round, self.node.now())
         finally:
             self._busy = False
 
@@ -277,6 +288,7 @@ class Coordinator:
     async def _train_ranges(self, msg: r.RoundOpen, ranges: tuple[SampleRange, ...]) -> r.Contribution:
         """Train `ranges`, claim them from their owners, and build the report (vouchers included)."""
         assert self.leasing is not None
+        started = self.node.now()
         try:
             trained = await self.training.train(msg.round, ranges, msg.inner_steps)
         finally:
@@ -285,12 +297,18 @@ class Coordinator:
             self.leasing.end_round(msg.round, self.node.now())
         log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", msg.round,
                  sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
+        # Inner steps are what the trainer timed; the rest of train() is encoding and publishing Δ.
+        self.clock.add(msg.round, "compute", trained.seconds)
+        self.clock.trained(msg.round, trained.tokens, trained.steps, trained.mean_loss)
+        published = self.node.now()
+        self.clock.add(msg.round, "publish", published - started - trained.seconds)
         if merge_ranges(trained.ranges) != merge_ranges(ranges):
             raise RuntimeError(f"round {msg.round}: the trainer trained other samples than the leased ones")
         deadline = self.node.now() + max(msg.deadline_s, self.lease_config.ttl)
         while (accounted := self.leasing.client.contribution(msg.round)) is None and self.node.now() < deadline:
             await asyncio.sleep(0.02)
         vouchers = accounted.vouchers if accounted is not None else ()
+        self.clock.add(msg.round, "publish", self.node.now() - published)
         if accounted is None or merge_ranges(accounted.ranges) != merge_ranges(trained.ranges):
             why = self.leasing.client.lost_reasons[-1:] or ["no answer from the owners"]
             log.warning("round %d: not every trained sample was vouched (%s); the leader will exclude this "
@@ -319,6 +337,7 @@ class Coordinator:
         try:
             for site, reason in decide.excluded:
                 log.info("round %d: %s: %s", decide.round, site, reason)
+                self.node.events.excluded[exclusion_kind(reason)] += 1
             admitted = list(decide.admitted)
             self._down_changed = asyncio.Event()
             while True:
@@ -425,3 +444,18 @@ class Coordinator:
                 await asyncio.sleep(min(0.5 * attempt, 5.0))
             log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
                      self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)
+            self._finish_timeline(self.training.applied_round)
+
+    def _book_spent(self, round_: int) -> None:
+        for phase, seconds in self.training.take_spent().items():
+            self.clock.add(round_, phase, seconds)
+
+    def _finish_timeline(self, round_: int) -> None:
+        """Closes this site's record of `round_` (θ_round applied): timeline.jsonl and status."""
+        self._book_spent(round_)
+        record = self.clock.finish(round_, self.node.now())
+        self.last_timeline = record
+        try:
+            timeline.append(self.node.data_dir, record)
+        except OSError as err:  # the timeline is for people: a full disk must not stop the round
+            log.warning("round %d: timeline not written: %s", round_, err)

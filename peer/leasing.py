@@ -15,6 +15,7 @@ current one, with the one before it as `previous`).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -64,6 +65,8 @@ class Leasing:
         self._ledger_path = directory / "ledger.jsonl"
         self._voters: Voters = ()
         self._views: list[RingView] = []
+        self.event_counts: Counter[str] = Counter()
+        """Lease events this peer logged as an owner, by kind (grant, steal, reclaim...): metrics."""
 
     # ----- the log -------------------------------------------------------------------------
     def apply_entries(self, entries: Sequence[Entry], now: float) -> None:
@@ -123,6 +126,7 @@ class Leasing:
         for effect in effects:
             if isinstance(effect, LeaseEvent):
                 events.append(event_to_json(effect))
+                self.event_counts[effect.kind.value] += 1
                 if effect.kind is not EventKind.GRANT:
                     log.info("lease %s: block %d generation %d %s", effect.kind.value, effect.block, effect.gen,
                              effect.site or "")

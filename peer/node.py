@@ -36,6 +36,7 @@ from peer.durable import write_atomic
 from peer.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
+from peer.metrics import PeerEvents
 from peer.transport.admin_rpc import AdminServicer
 from peer.dirlock import lock_dir
 from peer.transport.channels import ChannelPool, bind, new_server
@@ -106,6 +107,10 @@ class Node:
         self._lock: IO[str] | None = None
         self.applied_round = 0
         self.coordinator: Coordinator | None = None
+        self.events = PeerEvents()
+        """Event counts for the metrics endpoint (peer/metrics.py)."""
+        self.metrics_port: int | None = None
+        """The bound port of the /metrics endpoint; None when it is off."""
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds)
             self.coordinator = Coordinator(self, training, config.rounds, config.leases)
@@ -142,6 +147,10 @@ class Node:
             self._server,
         )
         await self._server.start()
+        if self.config.metrics_listen:
+            from peer import metrics
+
+            self.metrics_port = metrics.serve(self, self.config.metrics_listen)
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._spawn(self._timer_loop())
@@ -314,6 +323,7 @@ class Node:
         if not decision.accepted:
             log.warning("round %d not proposed: %s", commit.round, decision.reason)
             return False
+        self.events.proposed(commit.round, self._clock())
         self._execute_consensus(decision.effects)
         return True
 
@@ -406,6 +416,7 @@ class Node:
                 self._tell_consensus(raft, effect)
                 if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
                     self.coordinator.member_down(effect.site)
+                self.events.member_changed(effect.old.name if effect.old else None, effect.new.name)
         if wait:
             await asyncio.gather(*sends)
         else:
@@ -456,6 +467,7 @@ class Node:
         for entry in entries:
             if isinstance(entry.body, RoundCommit):
                 self.applied_round = entry.body.round
+                self.events.committed(entry.body.round, self._clock())
                 log.info("round %d committed (epoch %d, %d contributors)",
                          entry.body.round, entry.epoch, len(entry.body.contributors))
             else:

@@ -6,7 +6,8 @@ metrics export its phases, `ops report` draws them. The phases partition the rou
 
     gather       waiting for leased samples to train
     compute      inner steps in the trainer (the only useful work)
-    publish      encoding and hashing Δ, putting it in the exchange store
+    publish      encoding and hashing Δ, putting it in the exchange store, collecting the owners'
+                 vouchers for the trained samples (the report waits for them)
     exchange     pulling the contributors' Δ for the committed round
     commit_wait  waiting for the leader's commit after publishing
     outer        the outer step (token-weighted mean, Nesterov)
@@ -22,10 +23,11 @@ Try it:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-__all__ = ["PHASES", "RoundTimeline", "TIMELINE_FILE", "append", "read"]
+__all__ = ["PHASES", "TIMELINE_FILE", "RoundClock", "RoundTimeline", "append", "read"]
 
 TIMELINE_FILE = "timeline.jsonl"
 
@@ -53,6 +55,8 @@ class RoundTimeline:
     """Tokens this site trained in the round (0 when it only applied the round)."""
     inner_steps: int = 0
     """Inner optimizer steps this site ran in the round."""
+    loss: float = math.nan
+    """Mean inner loss of this site's steps in the round (NaN when it trained none)."""
 
     def __post_init__(self) -> None:
         for name in PHASES:
@@ -86,6 +90,68 @@ class RoundTimeline:
     def from_json(cls, obj: dict[str, object]) -> RoundTimeline:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in obj.items() if k in known})  # type: ignore[arg-type]
+
+
+class RoundClock:
+    """Splits a site's wall time into rounds and phases as the round code marks them (pure: the
+    caller passes its clock's readings).
+
+    A record covers the time from the previous record's end (or the clock's start) to `finish`; the
+    seconds no phase claimed are idle. Phases are booked to the round they serve: a site may start
+    gathering for round r+1 while it still persists θ_r, and those seconds go to r+1's record.
+    """
+
+    def __init__(self, site: str, now: float) -> None:
+        self.site = site
+        self._since = now
+        self._spent: dict[int, dict[str, float]] = {}
+        self._work: dict[int, tuple[int, int, float]] = {}
+        self._waiting: tuple[int, float, float] | None = None
+        """(round, when the report went out, seconds booked to that round by then)."""
+        self.totals: dict[str, float] = {}
+        """Seconds per phase and "tokens" over every record finished so far (metrics' counters)."""
+
+    def add(self, round_: int, phase: str, seconds: float) -> None:
+        if phase not in PHASES or phase == "idle":
+            raise ValueError(f"unknown round phase {phase!r}; one of {', '.join(PHASES[:-1])}")
+        spent = self._spent.setdefault(round_, {})
+        spent[phase] = spent.get(phase, 0.0) + max(seconds, 0.0)
+
+    def trained(self, round_: int, tokens: int, inner_steps: int, loss: float = math.nan) -> None:
+        self._work[round_] = (tokens, inner_steps, loss)
+
+    def reported(self, round_: int, now: float) -> None:
+        """The site's report for `round_` went out: what follows, until its commit, is commit_wait
+        (less whatever else is booked meanwhile, e.g. a leader pulling the pseudo-gradients)."""
+        self._waiting = (round_, now, self._booked(round_))
+
+    def committed(self, round_: int, now: float) -> None:
+        """The commit of `round_` arrived in this site's log."""
+        if self._waiting is None or self._waiting[0] != round_:
+            return
+        _, since, booked = self._waiting
+        self._waiting = None
+        self.add(round_, "commit_wait", (now - since) - (self._booked(round_) - booked))
+
+    def finish(self, round_: int, now: float) -> RoundTimeline:
+        """Closes `round_`'s record (θ_round is applied here); earlier rounds' leftovers fold in."""
+        spent: dict[str, float] = {}
+        for r in [r for r in self._spent if r <= round_]:
+            for phase, s in self._spent.pop(r).items():
+                spent[phase] = spent.get(phase, 0.0) + s
+        tokens, steps, loss = self._work.pop(round_, (0, 0, math.nan))
+        for r in [r for r in self._work if r < round_]:
+            del self._work[r]
+        wall = max(now - self._since, 0.0)
+        self._since = now
+        idle = max(wall - sum(spent.values()), 0.0)
+        for name, value in (*spent.items(), ("idle", idle), ("tokens", tokens)):
+            self.totals[name] = self.totals.get(name, 0.0) + value
+        return RoundTimeline(round_, self.site, idle_s=idle, tokens=tokens, inner_steps=steps, loss=loss,
+                             **{f"{p}_s": s for p, s in spent.items()})
+
+    def _booked(self, round_: int) -> float:
+        return sum(self._spent.get(round_, {}).values())
 
 
 def append(data_dir: Path, record: RoundTimeline) -> None:

@@ -24,7 +24,8 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from peer.durable import replace_atomic, temp_sibling, write_atomic
 from peer.exchange import (
     ExchangeClient,
     ExchangeStore,
+    FetchStats,
     codec,
     fetch_into,
     fetch_manifest,
@@ -95,6 +97,8 @@ class Trained:
     root: bytes
     mean_loss: float
     seconds: float
+    steps: int = 0
+    """Inner optimizer steps the trainer ran."""
 
 
 class HashMismatch(RuntimeError):
@@ -162,6 +166,12 @@ class SiteTraining:
         self._restart: asyncio.Future[None] | None = None
         """A trainer that died (or whose ranks fell out of step) being replaced by a fresh one."""
         self.restarts = 0
+        self.clock: Callable[[], float] = time.monotonic
+        """The clock `spent` is measured on (the node gives its own)."""
+        self.spent: dict[str, float] = {}
+        """Seconds per round phase (peer/timeline.py: exchange, outer, persist) since `take_spent`."""
+        self.fetched: dict[str, FetchStats] = {}
+        """Pseudo-gradient fetches per remote site since start: bytes and the faults survived."""
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -217,7 +227,7 @@ class SiteTraining:
             await asyncio.to_thread(self._feedback.keep, delta, encoded)
         self.last_loss = out.mean_loss
         return Trained(round_, out.tokens, tuple(SampleRange(b, s, e) for b, s, e in out.trained),
-                       encoded.manifest.root_hash, out.mean_loss, out.seconds)
+                       encoded.manifest.root_hash, out.mean_loss, out.seconds, out.steps)
 
     # ----- every peer's part of a commit -----------------------------------------------------
     async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes, int]]) -> Outcome:
@@ -228,6 +238,7 @@ class SiteTraining:
         if self._cache is not None and (self._cache.round, self._cache.roots) == (round_, roots):
             return self._cache
         contributions = []
+        started = self.clock()
         if contributors:
             sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
             await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
@@ -241,10 +252,14 @@ class SiteTraining:
                             report.reduced_here)
             check_weights(round_, {site: tokens for site, _, _, tokens in contributors}, report.tokens)
             contributions = [(mean, sum(report.tokens.values()))]
+            for site, stats in report.stats.items():
+                self.fetched.setdefault(site, FetchStats()).add(stats)
+        started = self._book("exchange", started)
         # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
         weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
                                                     lr=self.outer.lr, mu=self.outer.momentum)
         digest = await asyncio.to_thread(state_dict_hash, weights)
+        self._book("outer", started)
         self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(digest))
         return self._cache
 
@@ -256,6 +271,7 @@ class SiteTraining:
         if result.weights_hash != commit.weights_hash:
             raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
                                f"{commit.weights_hash.hex()[:16]} (I7): this peer must re-sync its state")
+        started = self.clock()
         await asyncio.to_thread(self._persist, index, commit.round, result)
         self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
         self.applied_index, self.applied_round = index, commit.round
@@ -267,6 +283,12 @@ class SiteTraining:
             self._flip_one_bit()
         if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
             await self.checkpoint()
+        self._book("persist", started)
+
+    def take_spent(self) -> dict[str, float]:
+        """The phase seconds booked since the last call, and a fresh count."""
+        spent, self.spent = self.spent, {}
+        return spent
 
     async def catch_up(self, round_: int, index: int, weights_hash: bytes, peers: dict[str, str]) -> bool:
         """State transfer: install θ_round and m_round from any peer (site -> address) that serves
@@ -357,6 +379,12 @@ class SiteTraining:
                     self.applied_round)
 
     # ----- internals -------------------------------------------------------------------------
+    def _book(self, phase: str, started: float) -> float:
+        """Books the seconds since `started` to `phase`; returns now (the next phase's start)."""
+        now = self.clock()
+        self.spent[phase] = self.spent.get(phase, 0.0) + max(now - started, 0.0)
+        return now
+
     @staticmethod
     def _state_tensors(weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {**weights, **{MOMENTUM_PREFIX + n: t for n, t in momentum.items()}}

@@ -9,10 +9,18 @@ import grpc
 
 from peer.config import ConfigError, parse_address
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
+from peer.timeline import PHASES, RoundTimeline
 from peer.transport.wire import to_proto
 
 if TYPE_CHECKING:
     from peer.node import Node
+
+
+def timeline_to_proto(rec: RoundTimeline) -> admin_pb2.RoundTimeline:
+    return admin_pb2.RoundTimeline(
+        round=rec.round, wall_s=rec.wall_s, overhead_share=rec.overhead_share, tokens=rec.tokens,
+        tokens_per_s=rec.tokens_per_s, inner_steps=rec.inner_steps,
+        **{f"{p}_s": getattr(rec, f"{p}_s") for p in PHASES})
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -50,6 +58,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 data_epoch=coord.leasing.ledger.data_epoch if coord.leasing else 0,
                 leases_held=coord.leasing.held if coord.leasing else 0,
             ))
+            if coord.last_timeline is not None:
+                reply.training.last_round.CopyFrom(timeline_to_proto(coord.last_timeline))
         for view in self._node.members():
             reply.members.append(
                 admin_pb2.MemberStatus(

@@ -45,7 +45,7 @@ class StatusReply(_message.Message):
     def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ..., training: _Optional[_Union[TrainingStatus, _Mapping]] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
-    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held")
+    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held", "last_round")
     APPLIED_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class TrainingStatus(_message.Message):
     DIVERGED_FIELD_NUMBER: _ClassVar[int]
     DATA_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASES_HELD_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     applied_round: int
     weights_hash: str
     samples_committed: int
@@ -64,7 +65,40 @@ class TrainingStatus(_message.Message):
     diverged: str
     data_epoch: int
     leases_held: int
-    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ...) -> None: ...
+    last_round: RoundTimeline
+    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ..., last_round: _Optional[_Union[RoundTimeline, _Mapping]] = ...) -> None: ...
+
+class RoundTimeline(_message.Message):
+    __slots__ = ("round", "gather_s", "compute_s", "publish_s", "exchange_s", "commit_wait_s", "outer_s", "persist_s", "idle_s", "wall_s", "overhead_share", "tokens", "tokens_per_s", "inner_steps")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    GATHER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_S_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    OUTER_S_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_S_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_SHARE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    gather_s: float
+    compute_s: float
+    publish_s: float
+    exchange_s: float
+    commit_wait_s: float
+    outer_s: float
+    persist_s: float
+    idle_s: float
+    wall_s: float
+    overhead_share: float
+    tokens: int
+    tokens_per_s: float
+    inner_steps: int
+    def __init__(self, round: _Optional[int] = ..., gather_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., publish_s: _Optional[float] = ..., exchange_s: _Optional[float] = ..., commit_wait_s: _Optional[float] = ..., outer_s: _Optional[float] = ..., persist_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., overhead_share: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., inner_steps: _Optional[int] = ...) -> None: ...
 
 class ConsensusStatus(_message.Message):
     __slots__ = ("role", "epoch", "leader", "lease_remaining_s", "committed_round", "commit_index", "applied_index", "voters")

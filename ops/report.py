@@ -1,0 +1,282 @@
+"""`ops report`: one picture (or a text summary) of a run, from the sites' data dirs.
+
+    ops report --data-dir runs/demo/X/snellius --data-dir runs/demo/X/lumi --out report.png
+    ops report --data-dir ... --format md
+
+Reads, per data dir: `timeline.jsonl` (each site's own rounds: phases, tokens, loss; peer/timeline.py),
+the lease ledger (`leases/ledger.jsonl`: grants, reclaims, steals this site logged as a block's
+owner) and, from the first dir, the commit log (joins, graceful leaves and crashes are voter
+changes) and the round checkpoints for held-out perplexity when `--heldout-documents` says which
+corpus slice to evaluate on (θ is the same at every site, I7: one curve).
+
+Panels: loss per site; held-out perplexity; seconds per round per site, compute vs overhead
+stacked; overhead share per site; tokens per site (cumulative); lease events per site. Membership
+events are vertical lines on the per-round panels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.audit import read_ledger
+from peer import timeline
+from peer.commitlog import RoundCommit, VoterChange
+from peer.logstore import CorruptStore, FileStore
+from peer.timeline import RoundTimeline
+
+EXIT_INPUT = 2
+MAX_EVALUATED = 12
+"""Checkpoints evaluated for the perplexity panel at most (evenly spaced, the last one included)."""
+LEASE_KINDS = ("grant", "reclaim", "steal")
+
+
+@dataclass(frozen=True)
+class MemberEvent:
+    round: int
+    """The last round committed before the voter change."""
+    site: str
+    kind: str
+    """join, leave (graceful) or crash (declared dead)."""
+
+
+@dataclass
+class ReportData:
+    """Everything the report draws, by panel (what tests check)."""
+
+    sites: list[str]
+    timelines: dict[str, list[RoundTimeline]]
+    members: list[MemberEvent] = field(default_factory=list)
+    perplexity: list[tuple[int, float]] = field(default_factory=list)
+    """(round, held-out perplexity) of the evaluated checkpoints; empty when not evaluated."""
+    leases: dict[str, dict[str, int]] = field(default_factory=dict)
+    """site -> lease event kind -> count, as that site logged them as owner."""
+
+    def loss(self, site: str) -> list[tuple[int, float]]:
+        return [(r.round, r.loss) for r in self.timelines[site] if r.tokens > 0 and not math.isnan(r.loss)]
+
+    def tokens_cumulative(self, site: str) -> list[tuple[int, int]]:
+        out, total = [], 0
+        for r in self.timelines[site]:
+            total += r.tokens
+            out.append((r.round, total))
+        return out
+
+    def seconds(self, site: str) -> list[tuple[int, float, float]]:
+        """(round, compute seconds, overhead seconds) per round."""
+        return [(r.round, r.compute_s, r.wall_s - r.compute_s) for r in self.timelines[site]]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="a PNG (or markdown) report of a run from its sites' data dirs")
+    p.add_argument("--data-dir", required=True, action="append", type=Path, metavar="DIR",
+                   help="a site's data directory (repeatable; the first one's log gives membership events)")
+    p.add_argument("--out", type=Path, default=Path("report.png"), help="where the PNG goes (default report.png)")
+    p.add_argument("--format", choices=("png", "md"), default="png", help="png picture or md text summary")
+    p.add_argument("--heldout-documents", type=int, default=0, metavar="N",
+                   help="evaluate the round checkpoints on the held-out split of the shipped corpus cut to "
+                        "N documents (what `peer serve --max-documents N` trained on); 0: no perplexity panel")
+    p.set_defaults(func=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        data = collect(args.data_dir, args.heldout_documents)
+    except (OSError, ValueError, KeyError, CorruptStore) as err:
+        print(f"ops: error: cannot read the report input: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    if not any(data.timelines.values()):
+        print("ops: error: no round timeline in any data dir (timeline.jsonl): has a round been applied? "
+              "Give each site's --data-dir.", file=sys.stderr)
+        return EXIT_INPUT
+    if args.format == "md":
+        print(markdown(data))
+    else:
+        render(data, args.out)
+        print(f"report written to {args.out}")
+    return 0
+
+
+def collect(data_dirs: list[Path], heldout_documents: int = 0) -> ReportData:
+    """Reads the data dirs; the site of a dir is the one its timeline names (else the dir's name)."""
+    timelines: dict[str, list[RoundTimeline]] = {}
+    leases: dict[str, dict[str, int]] = {}
+    for d in data_dirs:
+        if not d.is_dir():
+            raise ValueError(f"{d} is not a directory: give each site's --data-dir")
+        records = timeline.read(d)
+        site = records[0].site if records else d.name
+        timelines[site] = records
+        kinds = Counter(e.kind.value for e in read_ledger(d))
+        leases[site] = {k: kinds.get(k, 0) for k in LEASE_KINDS}
+    data = ReportData(sorted(timelines), timelines, _member_events(data_dirs[0]), leases=leases)
+    if heldout_documents > 0:
+        data.perplexity = _perplexity(data_dirs[0], heldout_documents)
+    return data
+
+
+def _member_events(data_dir: Path) -> list[MemberEvent]:
+    store = data_dir / "consensus"
+    if not store.is_dir():
+        return []
+    out, last_round = [], 0
+    for entry in FileStore(store).reload().entries:
+        body = entry.body
+        if isinstance(body, RoundCommit):
+            last_round = body.round
+        elif isinstance(body, VoterChange) and body.reason != "bootstrap":
+            kind = "join" if body.add else "crash" if body.reason.startswith("dead") else "leave"
+            out.append(MemberEvent(last_round, body.site, kind))
+    return out
+
+
+def heldout_samples(documents: int, wanted: int = 64):  # -> torch.Tensor (lazy torch: `ops` starts fast)
+    """Held-out samples of the shipped corpus cut to `documents` (what the sites never train):
+    `wanted`, or the largest power-of-two share of it that a small slice holds."""
+    from peer.trainer.blocks import BlockIndex
+    from peer.trainer.config import DataConfig
+
+    corpus = BlockIndex(DataConfig.shipped(max_documents=documents)).corpus
+    n = wanted
+    while True:
+        try:
+            return corpus.heldout(n)
+        except ValueError:
+            if n == 1:
+                raise
+            n //= 2
+
+
+def checkpoint_perplexity(path: Path, heldout) -> float:
+    """Held-out perplexity of a checkpoint, loaded the way a user would (from_pretrained)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from peer.trainer.evaluate import perplexity
+
+    hf_logging.disable_progress_bar()  # one bar per checkpoint would bury the demo's narration
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return perplexity(model, heldout, torch.device("cpu"), bf16=False)
+
+
+def untrained_perplexity(preset: str, documents: int) -> float:
+    """Held-out perplexity of the seeded initial model every site starts from (θ_0)."""
+    import torch
+
+    from peer.trainer.config import MODEL_PRESETS
+    from peer.trainer.evaluate import perplexity
+    from peer.trainer.model import build_model
+
+    cpu = torch.device("cpu")
+    model = build_model(MODEL_PRESETS[preset], cpu, seed=0)
+    return perplexity(model, heldout_samples(documents), cpu, bf16=False)
+
+
+def _perplexity(data_dir: Path, documents: int) -> list[tuple[int, float]]:
+    ckpts = sorted((data_dir / "checkpoints").glob("round-*"))
+    if not ckpts:
+        return []
+    step = max(1, math.ceil(len(ckpts) / MAX_EVALUATED))
+    chosen = ckpts[::-1][::step][::-1]  # evenly spaced, always the newest
+    heldout = heldout_samples(documents)
+    return [(int(p.name.removeprefix("round-")), checkpoint_perplexity(p, heldout)) for p in chosen]
+
+
+_MARK = {"join": ("tab:green", "join"), "leave": ("tab:orange", "graceful leave"), "crash": ("tab:red", "crash")}
+
+
+def render(data: ReportData, out: Path) -> None:
+    """Draws the panels into a PNG at `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(18, 9.5), constrained_layout=True)
+    (ax_loss, ax_ppl, ax_time), (ax_over, ax_tok, ax_lease) = axes
+    n = max(len(data.sites), 1)
+    width = 0.8 / n
+    for i, site in enumerate(data.sites):
+        color = f"C{i}"
+        if pts := data.loss(site):
+            ax_loss.plot(*zip(*pts), marker=".", color=color, label=site)
+        secs = data.seconds(site)
+        if secs:
+            rounds, compute, overhead = zip(*secs)
+            x = [r - 0.4 + width * (i + 0.5) for r in rounds]
+            ax_time.bar(x, compute, width, color=color, label=f"{site} compute")
+            ax_time.bar(x, overhead, width, bottom=compute, color=color, alpha=0.35, hatch="//",
+                        label=f"{site} overhead")
+            ax_over.plot(rounds, [100 * r.overhead_share for r in data.timelines[site]], marker=".",
+                         color=color, label=site)
+        if toks := data.tokens_cumulative(site):
+            ax_tok.plot(*zip(*toks), color=color, label=site)
+    if not any(data.loss(s) for s in data.sites):
+        ax_loss.text(0.5, 0.5, "no loss recorded", ha="center", va="center", transform=ax_loss.transAxes)
+    if data.perplexity:
+        ax_ppl.plot(*zip(*data.perplexity), marker="o", color="black", label="θ (same at every site)")
+        ax_ppl.set_yscale("log")
+    else:
+        ax_ppl.text(0.5, 0.5, "not evaluated\n(ops report --heldout-documents N)", ha="center", va="center",
+                    transform=ax_ppl.transAxes)
+    xs = range(len(data.sites))
+    bottom = [0] * len(data.sites)
+    for kind, color in zip(LEASE_KINDS, ("tab:blue", "tab:orange", "tab:red")):
+        counts = [data.leases.get(s, {}).get(kind, 0) for s in data.sites]
+        ax_lease.bar(xs, counts, bottom=bottom, color=color, label=kind)
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    ax_lease.set_xticks(list(xs), data.sites)
+    for ax in (ax_loss, ax_ppl, ax_time, ax_over, ax_tok):
+        seen = set()
+        for ev in data.members:
+            color, label = _MARK[ev.kind]
+            ax.axvline(ev.round + 0.5, color=color, linestyle="--", linewidth=1,
+                       label=f"{label}" if label not in seen else None)
+            seen.add(label)
+    titles = (
+        (ax_loss, "Inner loss per site", "round", "mean inner loss"),
+        (ax_ppl, "Held-out perplexity", "round", "perplexity (log)"),
+        (ax_time, "Seconds per round: compute vs overhead", "round", "seconds"),
+        (ax_over, "Overhead share (1 - compute / wall)", "round", "% of the round"),
+        (ax_tok, "Tokens trained per site (cumulative)", "round", "tokens"),
+        (ax_lease, "Lease events logged by each owner", "site", "blocks"),
+    )
+    for ax, title, xlabel, ylabel in titles:
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", ncols=2 if ax is ax_time else 1)
+    rounds = max((r.round for rs in data.timelines.values() for r in rs), default=0)
+    fig.suptitle(f"sitemesh run: {len(data.sites)} sites ({', '.join(data.sites)}), {rounds} rounds", fontsize=14)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def markdown(data: ReportData) -> str:
+    """A text summary: one row per site, then the membership events and the perplexity points."""
+    lines = [("| site | rounds | trained | tokens | compute s | overhead s | overhead | tokens/s | last loss | "
+              "grants | reclaims | steals |"), "|---" * 12 + "|"]
+    for site in data.sites:
+        recs = data.timelines[site]
+        wall = sum(r.wall_s for r in recs)
+        compute = sum(r.compute_s for r in recs)
+        tokens = sum(r.tokens for r in recs)
+        loss = data.loss(site)
+        lease = data.leases.get(site, {})
+        lines.append(f"| {site} | {len(recs)} | {sum(1 for r in recs if r.tokens)} | {tokens} | {compute:.1f} | "
+                     f"{wall - compute:.1f} | {100 * (1 - compute / wall) if wall else 0:.0f}% | "
+                     f"{tokens / wall if wall else 0:.0f} | {loss[-1][1] if loss else float('nan'):.3f} | "
+                     f"{lease.get('grant', 0)} | {lease.get('reclaim', 0)} | {lease.get('steal', 0)} |")
+    if data.members:
+        lines += ["", "Membership: " + "; ".join(f"{e.site} {e.kind} after round {e.round}" for e in data.members)]
+    if data.perplexity:
+        lines += ["", "Held-out perplexity: " + ", ".join(f"round {r}: {p:.1f}" for r, p in data.perplexity)]
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""Watching a real run: the per-round timeline, `ops status`, Prometheus metrics, `ops report`.
+
+Two `peer serve --train micro` processes on loopback train a small slice of the shipped corpus to
+the end of its data epoch once for the whole module; each test then reads what an operator would.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import matplotlib
+import matplotlib.image
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ops import report
+from peer import timeline
+from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
+
+DOCS = 8  # 141 samples in 3 blocks: several rounds of both sites
+TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "4", "--batch-size", "2",
+         "--round-deadline", "120", "--checkpoint-every", "3"]
+SITES = ("a", "b")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("watch"), preset="lan")
+    try:
+        # Both trainers start at once (a fixed port for the seed): started one after the other on a
+        # loaded machine, the first site trains most of the epoch alone while the second one builds.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            seed = f"127.0.0.1:{s.getsockname()[1]}"
+        with ThreadPoolExecutor(2) as pool:
+            started = [pool.submit(cluster.start, site, join=join, extra=[*TRAIN, *more, "--metrics-listen",
+                                                                          "127.0.0.1:0"])
+                       for site, join, more in (("a", None, ["--listen", seed]), ("b", [seed], []))]
+            for f in started:
+                f.result()
+        wait_for(lambda: any((t := status(p.address)["training"]) and t["epoch_complete"]
+                             for p in cluster.peers.values()), 300.0, "the data epoch to complete")
+        wait_for(lambda: len({status(p.address)["training"]["applied_round"] for p in cluster.peers.values()}) == 1,
+                 60.0, "both peers to apply the last round")
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(420)
+def test_every_site_records_every_round_it_applied(run: Cluster) -> None:
+    for site in SITES:
+        records = timeline.read(run.workdir / site)
+        applied = status(run.peers[site].address)["training"]["applied_round"]
+        assert [r.round for r in records] == list(range(1, applied + 1)), f"{site}: one record per round"
+        for rec in records:
+            assert rec.site == site
+            for phase in timeline.PHASES:
+                assert getattr(rec, f"{phase}_s") >= 0.0
+            assert 0.0 <= rec.overhead_share <= 1.0
+        trained = [r for r in records if r.tokens > 0]
+        assert trained, f"{site} trained no round"
+        assert all(r.compute_s > 0 and r.inner_steps > 0 for r in trained)
+        # A round's phases add up to the site's wall time between two applied rounds.
+        assert all(r.exchange_s + r.outer_s + r.persist_s > 0 for r in records)
+
+
+def test_status_shows_each_sites_last_round(run: Cluster) -> None:
+    for site in SITES:
+        doc = status(run.peers[site].address)
+        last = doc["training"]["last_round"]
+        rec = timeline.read(run.workdir / site)[-1]
+        assert last["round"] == rec.round == doc["training"]["applied_round"]
+        assert last["compute_s"] == pytest.approx(rec.compute_s, abs=1e-3)
+        assert last["overhead_share"] == pytest.approx(rec.overhead_share, abs=1e-3)
+        assert last["tokens_per_s"] == pytest.approx(rec.tokens_per_s, abs=0.1)
+    table = ops("status", "--peer", run.peers["a"].address)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("SITE  ROUND"))
+    rows = {line.split()[0]: line.split() for line in lines[head + 1:head + 3]}
+    assert set(rows) == set(SITES), table.stdout  # b's row comes from b itself
+    for site, row in rows.items():
+        rec = timeline.read(run.workdir / site)[-1]
+        assert row[1] == str(rec.round) and row[8] == f"{100 * rec.overhead_share:.0f}%"
+
+
+def _metrics_url(peer: Peer) -> str:
+    """The second line a peer prints names its metrics endpoint (the first, its gRPC address)."""
+    assert peer.proc.stdout is not None
+    if not hasattr(peer, "metrics_url"):
+        line = peer.proc.stdout.readline()
+        assert " metrics on " in line, line
+        peer.metrics_url = line.strip().rsplit(" ", 1)[-1]  # type: ignore[attr-defined]
+    return peer.metrics_url  # type: ignore[attr-defined]
+
+
+def _scrape(peer: Peer) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """family name -> {labels: value} of one scrape, parsed by prometheus_client's own parser."""
+    with urllib.request.urlopen(_metrics_url(peer), timeout=10) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_of_a_live_peer(run: Cluster) -> None:
+    for site in SITES:
+        m = _scrape(run.peers[site])
+        doc = status(run.peers[site].address)
+        assert m["sitemesh_members"][(("state", "alive"),)] == 2
+        assert m["sitemesh_members"][(("state", "dead"),)] == 0
+        assert m["sitemesh_consensus_epoch"][()] == doc["epoch"] >= 1
+        assert m["sitemesh_consensus_leader"] == {(("site", doc["leader"]),): 1.0}
+        assert m["sitemesh_rounds_committed_total"][()] == doc["committed_round"]
+        assert m["sitemesh_round_applied"][()] == doc["training"]["applied_round"]
+        rec = timeline.read(run.workdir / site)[-1]
+        phases = m["sitemesh_round_last_phase_seconds"]
+        assert phases[(("phase", "compute"),)] == pytest.approx(rec.compute_s)
+        assert sum(phases.values()) == pytest.approx(rec.wall_s)
+        assert m["sitemesh_round_last_overhead_ratio"][()] == pytest.approx(rec.overhead_share)
+        records = timeline.read(run.workdir / site)
+        assert m["sitemesh_trainer_tokens_total"][()] == sum(r.tokens for r in records) > 0
+        assert m["sitemesh_round_phase_seconds_total"][(("phase", "compute"),)] == pytest.approx(
+            sum(r.compute_s for r in records))
+        assert m["sitemesh_samples_committed_total"][()] == doc["training"]["samples_committed"] == 141
+        assert m["sitemesh_trainer_peak_memory_bytes"][()] > 10 << 20  # a torch process
+        assert 0 < m["sitemesh_trainer_loss"][()] < 20
+        other = next(s for s in SITES if s != site)
+        assert m["sitemesh_exchange_received_bytes_total"][(("peer", other),)] > 0
+        assert m["sitemesh_exchange_hash_mismatches_total"][(("peer", other),)] == 0
+        assert {k for ((_, k),) in m["sitemesh_lease_events_total"]} >= {"grant", "reclaim", "steal"}
+        assert (("reason", "not_leased"),) in m["sitemesh_rounds_excluded_total"]  # every reason, 0 or not
+    grants = sum(_scrape(run.peers[s])["sitemesh_lease_events_total"][(("kind", "grant"),)] for s in SITES)
+    assert grants >= 3, "141 samples in 3 blocks: at least one grant per block"
+    leader = next(s for s in SITES if _scrape(run.peers[s])["sitemesh_consensus_is_leader"][()] == 1)
+    latency = _scrape(run.peers[leader])
+    assert latency["sitemesh_consensus_commit_latency_seconds_count"][()] >= 1
+
+
+def test_report_draws_the_run(run: Cluster, tmp_path: Path) -> None:
+    dirs = [run.workdir / s for s in SITES]
+    data = report.collect(dirs, heldout_documents=DOCS)
+    assert data.sites == list(SITES)
+    for site in SITES:
+        records = timeline.read(run.workdir / site)
+        assert data.seconds(site) == [(r.round, r.compute_s, r.wall_s - r.compute_s) for r in records]
+        assert data.tokens_cumulative(site)[-1][1] == sum(r.tokens for r in records) > 0
+        assert data.loss(site) and all(0 < loss < 20 for _, loss in data.loss(site))
+    assert [(e.site, e.kind) for e in data.members] == [("b", "join")]
+    assert sum(v["grant"] for v in data.leases.values()) >= 3
+    last = status(run.peers["a"].address)["training"]["applied_round"]
+    ckpt_rounds = [r for r, _ in data.perplexity]
+    assert ckpt_rounds == list(range(3, last + 1, 3)), "every checkpoint evaluated, oldest first"
+    initial = report.untrained_perplexity("micro", DOCS)
+    assert all(1 < p < initial for _, p in data.perplexity), (data.perplexity, initial)
+    out = tmp_path / "report.png"
+    result = ops("report", *(a for d in dirs for a in ("--data-dir", str(d))), "--out", str(out),
+                 "--heldout-documents", str(DOCS), timeout=120)
+    assert result.returncode == 0, result.stderr
+    image = matplotlib.image.imread(out)
+    assert image.shape[0] > 500 and image.shape[1] > 1000 and image.std() > 0.05  # drawn, not blank
+    md = ops("report", *(a for d in dirs for a in ("--data-dir", str(d))), "--format", "md")
+    assert md.returncode == 0, md.stderr
+    rows = [line for line in md.stdout.splitlines() if line.startswith(("| a ", "| b "))]
+    assert len(rows) == 2 and all(f"| {len(timeline.read(run.workdir / r[2]))} |" in r for r in rows)
+
+
+def test_report_refuses_a_dir_without_rounds(tmp_path: Path) -> None:
+    result = ops("report", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r.png"))
+    assert result.returncode == 2 and "no round timeline" in result.stderr
+
+
+def test_status_watch_refreshes_until_interrupted(run: Cluster) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "status", "--peer", run.peers["a"].address,
+                             "--watch", "--interval", "0.3"], stdout=subprocess.PIPE, text=True,
+                            env=_env(), cwd=REPO,
+                            # SIGINT is what Ctrl-C sends; a test runner started in the background
+                            # may ignore it, and children inherit that.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    assert proc.stdout is not None
+    stamps = 0
+    deadline = time.monotonic() + 60
+    while stamps < 3 and time.monotonic() < deadline:
+        if "Ctrl-C to stop" in proc.stdout.readline():
+            stamps += 1
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0
+    assert stamps == 3, "three refreshes (stdout is a pipe: plain repeated tables)"

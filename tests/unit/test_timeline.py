@@ -1,0 +1,62 @@
+"""The round timeline: records, the file, and how RoundClock splits wall time into phases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peer import timeline
+from peer.timeline import PHASES, RoundClock, RoundTimeline
+
+
+def test_phases_partition_the_wall_time_and_idle_takes_the_rest() -> None:
+    clock = RoundClock("a", now=100.0)
+    clock.add(1, "gather", 0.5)
+    clock.add(1, "compute", 6.0)
+    clock.add(1, "publish", 0.5)
+    clock.trained(1, tokens=4096, inner_steps=10)
+    clock.reported(1, now=107.0)
+    clock.add(1, "exchange", 1.0)  # a leader pulls the pseudo-gradients while it waits
+    clock.committed(1, now=109.0)  # 2 s after the report, 1 s of it exchanging: 1 s commit_wait
+    clock.add(1, "outer", 0.25)
+    clock.add(1, "persist", 0.25)
+    rec = clock.finish(1, now=110.0)
+    assert rec.wall_s == pytest.approx(10.0)
+    assert (rec.compute_s, rec.commit_wait_s, rec.exchange_s, rec.idle_s) == (6.0, 1.0, 1.0, 0.5)
+    assert rec.tokens == 4096 and rec.inner_steps == 10
+    assert rec.overhead_share == pytest.approx(0.4)
+    assert rec.tokens_per_s == pytest.approx(409.6)
+
+
+def test_seconds_of_the_next_round_stay_out_of_this_record() -> None:
+    clock = RoundClock("a", now=0.0)
+    clock.add(1, "compute", 3.0)
+    clock.add(2, "gather", 0.5)  # round 2 started gathering while round 1 was still persisting
+    first = clock.finish(1, now=4.0)
+    assert (first.compute_s, first.gather_s, first.idle_s) == (3.0, 0.0, 1.0)
+    second = clock.finish(2, now=5.0)
+    assert (second.gather_s, second.idle_s, second.wall_s) == (0.5, 0.5, 1.0)
+
+
+def test_a_commit_of_another_round_does_not_end_the_wait() -> None:
+    clock = RoundClock("a", now=0.0)
+    clock.reported(2, now=1.0)
+    clock.committed(1, now=2.0)
+    clock.committed(2, now=4.0)
+    assert clock.finish(2, now=4.0).commit_wait_s == pytest.approx(3.0)
+
+
+def test_unknown_phase_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown round phase"):
+        RoundClock("a", 0.0).add(1, "lunch", 1.0)
+
+
+def test_file_round_trip_and_torn_tail(tmp_path: Path) -> None:
+    recs = [RoundTimeline(r, "a", compute_s=1.0 * r, idle_s=0.5, tokens=10, loss=4.5) for r in (1, 2)]
+    for rec in recs:
+        timeline.append(tmp_path, rec)
+    with open(tmp_path / timeline.TIMELINE_FILE, "a") as f:
+        f.write('{"round": 3, "si')  # a crash mid-append
+    assert timeline.read(tmp_path) == recs
+    assert set(PHASES) <= {k.removesuffix("_s") for k in recs[0].to_json()}
