@@ -161,15 +161,16 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def site_timelines(doc: dict[str, Any], timeout: float) -> dict[str, dict[str, Any] | None | str]:
+def site_timelines(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, Any] | None | str]:
     """site -> last round's timeline of every live member, asked directly (the answering peer's own
     from `doc`): None for a site that has not finished a round or does not train, a string when it
-    did not answer."""
+    did not answer. Each site is asked with the caller's own credentials (`args`), within 2 s."""
     live = [m for m in doc["members"] if m["state"] in ("alive", "suspect") and m["site"] != doc["self"]]
 
     def ask(address: str) -> dict[str, Any] | None | str:
         try:
-            other = status_document(_call(address, "Status", admin_pb2.StatusRequest(), timeout))
+            there = argparse.Namespace(**{**vars(args), "peer": address, "timeout": min(args.timeout, 2.0)})
+            other = status_document(_call(there, "Status", admin_pb2.StatusRequest()))
         except grpc.RpcError as err:
             return f"no answer ({err.code().name})"
         return other["training"]["last_round"] if other["training"] else None
@@ -235,7 +236,7 @@ def _render(args: argparse.Namespace) -> tuple[int, str]:
         return 0, json.dumps(doc, indent=2, sort_keys=True)
     text = _table(doc)
     if doc["training"] is not None:
-        text += "\n" + _timeline_table(site_timelines(doc, min(args.timeout, 2.0)))
+        text += "\n" + _timeline_table(site_timelines(doc, args))
     return 0, text
 
 

@@ -253,8 +253,8 @@ def render(data: ReportData, out: Path) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small", ncols=2 if ax is ax_time else 1)
-    rounds = max((r.round for rs in data.timelines.values() for r in rs), default=0)
-    fig.suptitle(f"sitemesh run: {len(data.sites)} sites ({', '.join(data.sites)}), {rounds} rounds", fontsize=14)
+    last_round = max((r.round for rs in data.timelines.values() for r in rs), default=0)
+    fig.suptitle(f"sitemesh run: {len(data.sites)} sites ({', '.join(data.sites)}), {last_round} rounds", fontsize=14)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)

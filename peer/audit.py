@@ -173,7 +173,7 @@ def audit(universe: Mapping[int, int], commits: Iterable[tuple[int, Iterable[Con
     stats = _event_counts(events)
     last = ledger.data_epoch
     out = []
-    for epoch in range(0, last + 1):
+    for epoch in map(DataEpoch, range(0, last + 1)):
         st = per.get(epoch, {"rounds": 0, "foreign": 0, "committed": 0})
         if epoch == last and not st["rounds"] and not run_ended and epoch not in stats:
             break

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 from peer import rounds as r
 from peer import timeline
-from peer.commitlog import Contributor, Entry, RoundCommit
-from peer.election import Header, Role, SiteId
+from peer.commitlog import Contributor, Entry, Round, RoundCommit
+from peer.election import Epoch, Header, Role, SiteId
 from peer.lease_types import Message as LeaseMessage, Voucher
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing
@@ -317,7 +317,7 @@ class Coordinator:
 
     def _report(self, round_: int, ranges: tuple[SampleRange, ...], tokens: int, root: bytes,
                 vouchers: tuple[Voucher, ...] = ()) -> r.Contribution:
-        header = Header(SiteId(self.node.config.site), self.node.address, 0, round_ - 1)
+        header = Header(SiteId(self.node.config.site), self.node.address, Epoch(0), round_ - 1)
         return r.Contribution(header, round_, self.node.config.site, self.node.address, tokens, ranges, root, vouchers)
 
     def _contribute(self, report: r.Contribution) -> None:
@@ -361,7 +361,7 @@ class Coordinator:
                     log.warning("round %d: could not pull every pseudo-gradient (%s); committing it empty",
                                 decide.round, err)
                     admitted = []
-            commit = RoundCommit(decide.round, tuple(
+            commit = RoundCommit(Round(decide.round), tuple(
                 Contributor(SiteId(c.site), c.tokens, c.ranges, c.pseudo_gradient_root) for c in admitted),
                 outcome.weights_hash)
             if not self.node.propose(commit) and self.leader is not None:

@@ -65,7 +65,6 @@ from peer.lease_types import (
     fmt,
     fresh_record,
     mint_base,
-    intersect,
     next_gen,
     normalize,
     subtract,

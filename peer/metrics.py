@@ -79,7 +79,8 @@ class Histogram:
         self.total += seconds
 
     def cumulative(self) -> list[tuple[str, float]]:
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, n in zip((*self.buckets, math.inf), self.counts):
             running += n
             out.append(("+Inf" if bound == math.inf else repr(bound), running))

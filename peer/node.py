@@ -30,7 +30,7 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_dela
 from peer import __version__
 from peer import consensus as c
 from peer import membership as m
-from peer.commitlog import Entry, RoundCommit
+from peer.commitlog import Entry, Round, RoundCommit
 from peer.config import PeerConfig
 from peer.durable import write_atomic
 from peer.election import Role, SiteId
@@ -401,7 +401,7 @@ class Node:
         self._next_round_at = now + self.config.round_interval_s
         status = raft.status()
         _, _, weights = raft.log.last_round_entry(status.commit_index)
-        self.propose(RoundCommit(status.committed_round + 1, (), weights))
+        self.propose(RoundCommit(Round(status.committed_round + 1), (), weights))
 
     async def _execute(self, effects: Sequence[m.Effect], wait: bool = False) -> None:
         sends = []
@@ -503,6 +503,6 @@ class Node:
         self._spawn(coro)
 
     def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

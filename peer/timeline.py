@@ -170,8 +170,9 @@ def read(data_dir: Path) -> list[RoundTimeline]:
     for i, line in enumerate(lines):
         try:
             out.append(RoundTimeline.from_json(json.loads(line)))
-        except (json.JSONDecodeError, TypeError, ValueError):
+        except (json.JSONDecodeError, TypeError, ValueError) as err:
             if i == len(lines) - 1:
                 continue  # a torn tail from a crash mid-append
-            raise ValueError(f"{path}: line {i + 1} is not a timeline record; move the file aside to reset it")
+            raise ValueError(
+                f"{path}: line {i + 1} is not a timeline record; move the file aside to reset it") from err
     return out

@@ -186,8 +186,8 @@ class SiteTraining:
             self.weights = await asyncio.to_thread(read_state, hello.weights)
             self.momentum = {n: torch.zeros_like(t) for n, t in self.weights.items()}
         else:
-            self.applied_index, self.applied_round = pointer["index"], pointer["round"]
-            both = await asyncio.to_thread(load_file, self.dir / pointer["file"])
+            self.applied_index, self.applied_round = int(pointer["index"]), int(pointer["round"])
+            both = await asyncio.to_thread(load_file, self.dir / str(pointer["file"]))
             self.weights, self.momentum = self._split_state(both)
         self.weights_hash = bytes.fromhex(await asyncio.to_thread(state_dict_hash, self.weights))
         if codec.WireDtype.named(self.trainer_config.wire).quantized:

@@ -6,4 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup_slurm_packages.sh
 export PYTHONUNBUFFERED=1
+# Static checks first (seconds): lint, types, and the layer contract (pyproject.toml).
+.venv/bin/ruff check .
+.venv/bin/mypy peer ops
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -128,7 +128,7 @@ class WindowedReducer:
         while self._frontier < self._end:
             index = self._frontier
             async with self._changed:
-                await self._changed.wait_for(lambda: len(self._pending[index]) == self._remote)
+                await self._changed.wait_for(lambda i=index: len(self._pending[i]) == self._remote)
                 held = self._pending.pop(index)
             # torch releases the GIL: the event loop keeps streaming while the chunk is reduced.
             await asyncio.to_thread(self._reduce, index, held)

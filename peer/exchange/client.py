@@ -244,7 +244,8 @@ async def _one_stream(
                 raise _Retry("channel closed (reconnect after another stream's stall)") from None
             except grpc.aio.AioRpcError as err:
                 if err.code() in _FATAL:
-                    raise FetchError(f"{manifest.key} from {source.address}: {err.code().name}: {err.details()}")
+                    raise FetchError(
+                        f"{manifest.key} from {source.address}: {err.code().name}: {err.details()}") from err
                 stats.transport_errors += 1
                 raise _Retry(f"{err.code().name}: {err.details()}") from None
             if msg is grpc.aio.EOF:

@@ -54,6 +54,7 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
         if encoded is None:
             what = f" reduced over {[s for s, _, _ in inputs]}" if inputs else ""
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no {key}{what} here")
+            raise AssertionError("unreachable: context.abort raises")
         return codec.manifest_to_proto(encoded.manifest)
 
     async def FetchChunks(
@@ -63,6 +64,7 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
         encoded = self._store.get(key)
         if encoded is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no {key} here")
+            return  # unreachable: context.abort raises
         manifest = encoded.manifest
         if request.root_hash != manifest.root_hash:
             await context.abort(

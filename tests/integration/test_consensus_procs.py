@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from peer.commitlog import AppendEntries, LogIndex
 from peer.election import ElectionConfig, Epoch, Header, SiteId
