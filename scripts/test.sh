@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup_slurm_packages.sh
 export PYTHONUNBUFFERED=1
-# Static checks first (seconds): lint, types, and the layer contract (pyproject.toml).
+# Static checks first (seconds): lint, types, the layer contract (pyproject.toml), the Dockerfile.
 .venv/bin/ruff check .
 .venv/bin/mypy peer ops
 .venv/bin/lint-imports
+.venv/bin/hadolint Dockerfile
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
