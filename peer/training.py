@@ -281,8 +281,7 @@ class SiteTraining:
         if not self._fault_done and commit.round >= int(os.environ.get(FLIP_THETA_ENV) or 1 << 62):
             self._fault_done = True
             self._flip_one_bit()
-        if self.outer.checkpoint_every and commit.round % self.outer.checkpoint_every == 0:
-            await self.checkpoint()
+        await self._checkpoint_if_due(commit.round - 1)
         self._book("persist", started)
 
     def take_spent(self) -> dict[str, float]:
@@ -313,13 +312,22 @@ class SiteTraining:
                 continue
             result = Outcome(round_, (), weights, momentum, got)
             await asyncio.to_thread(self._persist, index, round_, result)
+            before = self.applied_round
             self.weights, self.momentum, self.weights_hash = weights, momentum, got
             self.applied_index, self.applied_round = index, round_
             self._cache = None
             await self._publish_state()
             log.info("caught up by state transfer from %s: round %d, θ %s", site, round_, got.hex()[:16])
+            await self._checkpoint_if_due(before)
             return True
         return False
+
+    async def _checkpoint_if_due(self, before: int) -> None:
+        """Checkpoints θ_applied_round when the step from round `before` crossed a multiple of
+        checkpoint_every: a state transfer that skips rounds must not skip their checkpoint too."""
+        every = self.outer.checkpoint_every
+        if every and self.applied_round // every > before // every:
+            await self.checkpoint()
 
     async def checkpoint(self) -> Path:
         """A Hugging Face checkpoint of θ (+ outer momentum) that from_pretrained loads."""
