@@ -232,6 +232,12 @@ def _training_families(node: Node) -> Iterator[Metric]:
         refetches.add_metric([site], s.corrupt_chunks + s.misplaced_chunks + s.truncated_streams + s.stalls
                              + s.transport_errors)
     yield received
+    sent = CounterMetricFamily("sitemesh_exchange_sent_bytes",
+                               "Chunk bytes this peer's exchange service streamed to other peers, by object kind "
+                               "(pseudo_gradient, mean_shard, global_state)", labels=["kind"])
+    for kind, n in sorted(training.store.sent_bytes.items()):
+        sent.add_metric([kind], n)
+    yield sent
     yield mismatches
     yield refetches
 

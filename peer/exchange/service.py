@@ -75,9 +75,12 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"{key}: chunks [{request.first_chunk}, {request.end_chunk}) outside [0, {manifest.num_chunks})",
             )
+        kind = key.kind.name.lower()
         for index in range(request.first_chunk, request.end_chunk):
             # A view, not a copy: chunkwire.serialize copies it once into the message.
-            yield chunkwire.WireChunk(index, codec.as_memoryview(encoded.chunk(index)))
+            view = codec.as_memoryview(encoded.chunk(index))
+            self._store.sent_bytes[kind] = self._store.sent_bytes.get(kind, 0) + view.nbytes
+            yield chunkwire.WireChunk(index, view)
 
 
 async def _key(msg: exchange_pb2.ObjectKey, context: grpc.aio.ServicerContext) -> codec.ObjectKey:

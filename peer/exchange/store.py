@@ -38,6 +38,8 @@ class ExchangeStore:
         self.on_mean_request: Callable[[int, MeanInputs], None] | None = None
         """Called (on the loop; it must not block) when a peer asks for this peer's mean shard of a
         round over contributors it holds no shard for: the node starts reducing that shard."""
+        self.sent_bytes: dict[str, int] = {}
+        """Chunk bytes this peer's exchange service streamed, by the kind of object (for metrics)."""
 
     async def publish(self, encoded: Encoded, replace: bool = False) -> None:
         """Makes `encoded` fetchable. ValueError if the key already holds different content, unless

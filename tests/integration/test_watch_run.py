@@ -139,6 +139,10 @@ def test_metrics_of_a_live_peer(run: Cluster) -> None:
         assert 0 < m["sitemesh_trainer_loss"][()] < 20
         other = next(s for s in SITES if s != site)
         assert m["sitemesh_exchange_received_bytes_total"][(("peer", other),)] > 0
+        # Every site pulled from the other, so every site also served chunks.
+        assert sum(m["sitemesh_exchange_sent_bytes_total"].values()) > 0
+        assert {k for ((_, k),) in m["sitemesh_exchange_sent_bytes_total"]} <= {
+            "pseudo_gradient", "mean_shard", "global_state"}
         assert m["sitemesh_exchange_hash_mismatches_total"][(("peer", other),)] == 0
         assert {k for ((_, k),) in m["sitemesh_lease_events_total"]} >= {"grant", "reclaim", "steal"}
         assert (("reason", "not_leased"),) in m["sitemesh_rounds_excluded_total"]  # every reason, 0 or not
