@@ -20,7 +20,9 @@ def _load() -> ModuleType:
 
 
 def test_grants_starts_renewals_and_claims_are_delivered_over_grpc_and_compared_to_bare() -> None:
-    out = _load().bench_grpc(1.0, inflight=8)
+    # The window must hold a whole lease cycle (grant, start, renew, trained claim, replicate): 1 s
+    # did not on a loaded 2-core CI run (no trained claim in the window), 3 s leaves room.
+    out = _load().bench_grpc(3.0, inflight=8)
     for key in ("grpc_grant_requests", "grpc_starts", "grpc_renewals", "grpc_trained", "grpc_replicates"):
         assert out[key] > 0, (key, out)
     assert out["grpc_lease_samples_committed_per_s"] > 0, "rounds commit what the owners vouched"
