@@ -27,6 +27,9 @@ _OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Each channel its own TCP connection: with gRPC's global pool a channel opened to escape a
+    # wedged connection (ExchangeClient.reconnect) would share that very connection.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

@@ -389,3 +389,25 @@ def test_streams_sharing_a_stalled_connection_both_recover() -> None:
 
     stats = run(scenario)
     assert sum(s.stalls + s.transport_errors for s in stats) >= 2  # both streams saw the fault
+
+
+def test_a_reconnect_gets_its_own_connection_not_the_wedged_one() -> None:
+    """Two clients of one address, the second opened while the first is still open, as
+    `reconnect` does: they must not share a TCP connection (gRPC's global subchannel pool would hand
+    the new channel the wedged connection it was opened to escape)."""
+
+    async def scenario() -> int:
+        store, enc = _published(seed=3, site="a")
+        async with serving(store) as address:
+            host, port = address.rsplit(":", 1)
+            async with FaultProxy((host, int(port)), []) as proxy:
+                first, second = ExchangeClient(proxy.address), ExchangeClient(proxy.address)
+                for client in (first, second):
+                    d = _dest(enc)
+                    await fetch_into(enc.manifest, [client], d, POLICY)
+                    _assert_exact(d, enc)
+                await first.close()
+                await second.close()
+                return proxy.connections
+
+    assert run(scenario) == 2
