@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -44,8 +44,6 @@ LOG_FILE = "trainer-worker.log"
 _TAIL_LINES = 20
 _MAX_REPLY_BYTES = 256 << 20
 """A reply line may be long: hello lists every block of the epoch (~30 bytes each)."""
-_EXIT_POLL_S = 0.2
-"""How often a caller waiting on the worker checks whether it has exited (a dict lookup)."""
 
 
 class TrainerError(RuntimeError):
@@ -128,12 +126,35 @@ def default_shm_dir(workdir: Path) -> Path:
     return base / f"sitemesh-trainer-{os.getuid()}-{tag}"
 
 
-async def _exit_status(proc: asyncio.subprocess.Process) -> int:
-    """Like `proc.wait()`, without waiting for the pipes to close as asyncio's does: a forked child
-    of the worker may hold them long after the worker itself is gone. `returncode` is set as soon as
-    the worker is reaped."""
-    while proc.returncode is None:
-        await asyncio.sleep(_EXIT_POLL_S)
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's stream protocol plus a future resolved when the worker is reaped. `proc.wait()`
+    (Python < 3.12) resolves only once the pipes close too, and a forked child of the worker (a
+    data-loader or compile worker) may hold them long after the worker itself is gone."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _spawn(*args: str, log: IO[bytes], env: Mapping[str, str]) -> tuple[asyncio.subprocess.Process,
+                                                                              asyncio.Future[None]]:
+    """`asyncio.create_subprocess_exec` with pipes for stdin/stdout, and the worker's exit future."""
+    loop = asyncio.get_running_loop()
+    protocol = _ExitProtocol(_MAX_REPLY_BYTES, loop)
+    transport, _ = await loop.subprocess_exec(lambda: protocol, *args, stdin=asyncio.subprocess.PIPE,
+                                              stdout=asyncio.subprocess.PIPE, stderr=log, env=env)
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
+async def _exit_status(proc: asyncio.subprocess.Process, exited: asyncio.Future[None]) -> int:
+    """The worker's exit status, as soon as it is reaped (see _ExitProtocol)."""
+    await asyncio.shield(exited)
+    assert proc.returncode is not None  # set by the transport before process_exited
     return proc.returncode
 
 
@@ -155,6 +176,8 @@ class TrainerProcess:
         self._threads = threads
         self._env = dict(env or {})
         self._proc: asyncio.subprocess.Process | None = None
+        self._exited: asyncio.Future[None] | None = None
+        """Resolved when the worker is reaped."""
         self._lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._dead: TrainerError | None = None
@@ -176,8 +199,8 @@ class TrainerProcess:
 
     async def exited(self) -> int:
         """Wait until the worker (the launcher, with several ranks) has exited; its exit status."""
-        assert self._proc is not None, "not started"
-        return await _exit_status(self._proc)
+        assert self._proc is not None and self._exited is not None, "not started"
+        return await _exit_status(self._proc, self._exited)
 
     async def start(self, config: TrainerConfig, workdir: Path, shm_dir: Path | None = None) -> Hello:
         """Spawn the worker with `config` and wait until its `Trainer` is built (tokenizing the
@@ -208,9 +231,7 @@ class TrainerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
         with open(self._log_path, "ab") as log:
             self._log_start = log.tell()
-            self._proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
-                env=env, limit=_MAX_REPLY_BYTES)
+            self._proc, self._exited = await _spawn(*args, log=log, env=env)
         try:
             r = await self._call({"cmd": "hello"})
         except BaseException:
@@ -284,7 +305,7 @@ class TrainerProcess:
                 pass  # dead already, or wedged: the kill below settles it either way
         if proc.returncode is None:
             proc.kill()
-            await _exit_status(proc)
+            await self.exited()
         if self._dead is None:
             self._dead = TrainerError(f"trainer worker (pid {proc.pid}) was stopped", fatal=True)
         if self._owns_shm and self.shm_dir is not None:
@@ -293,7 +314,7 @@ class TrainerProcess:
 
     async def _ask_to_exit(self, proc: asyncio.subprocess.Process) -> None:
         await self._call({"cmd": "stop"})
-        await _exit_status(proc)
+        await self.exited()
 
     # -- the pipe ------------------------------------------------------------------------------------
     async def _call(self, command: dict[str, Any]) -> dict[str, Any]:
@@ -311,7 +332,7 @@ class TrainerProcess:
             except (BrokenPipeError, ConnectionResetError):
                 raise await self._died(command["cmd"]) from None
             while True:
-                line = await self._next_line(proc, proc.stdout)
+                line = await self._next_line(proc.stdout)
                 if not line:
                     raise await self._died(command["cmd"])
                 try:
@@ -326,26 +347,23 @@ class TrainerProcess:
                 raise TrainerError(str(reply.get("error", reply)), fatal=bool(reply.get("fatal")))
             return reply
 
-    @staticmethod
-    async def _next_line(proc: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> bytes:
+    async def _next_line(self, stdout: asyncio.StreamReader) -> bytes:
         """The next reply line, or b"" once the worker has exited. EOF alone is not enough: a forked
         child of the worker (a data-loader or compile worker) may hold the pipe open after it died."""
+        assert self._exited is not None
         read = asyncio.ensure_future(stdout.readline())
         try:
-            while True:
-                done, _ = await asyncio.wait({read}, timeout=_EXIT_POLL_S)
-                if done:
-                    return read.result()
-                if proc.returncode is not None:
-                    read.cancel()
-                    return b""
-        except asyncio.CancelledError:
-            read.cancel()
-            raise
+            waiters: set[asyncio.Future[Any]] = {read, self._exited}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not read.done():
+                read.cancel()
+        # Both may be done: a last reply written just before the exit still counts.
+        return read.result() if read.done() and not read.cancelled() else b""
 
     async def _died(self, during: str) -> TrainerError:
         assert self._proc is not None
-        code = await _exit_status(self._proc)
+        code = await self.exited()
         self._dead = TrainerError(
             f"trainer worker (pid {self._proc.pid}) died during {during!r}: {_describe_exit(code)}. "
             f"Last lines of {self._log_path}:\n{self._log_tail()}", fatal=True)

@@ -19,7 +19,7 @@ from peer.leases import LeaseConfig
 from tests.integration.peers import Cluster, ops, status, wait_for
 from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
 
-DOCS = 48
+DOCS = 64  # enough epoch left for every fault on a slow CI machine (48 ran out there during the restart)
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
          "--round-deadline", "60"]
 LEASE = LeaseConfig.lan()
