@@ -11,7 +11,7 @@ metrics export its phases, `ops report` draws them. The phases partition the rou
     exchange     pulling the contributors' Δ for the committed round
     commit_wait  waiting for the leader's commit after publishing
     outer        the outer step (token-weighted mean, Nesterov)
-    persist      writing θ and the outer momentum durably
+    persist      waiting for the previous round's θ and momentum writes (they run in the background)
     idle         everything else (waiting for the next round to open)
 
 overhead_share = 1 - compute / wall: the share of wall time the accelerators did not train.

@@ -172,6 +172,10 @@ class SiteTraining:
         """Seconds per round phase (peer/timeline.py: exchange, outer, persist) since `take_spent`."""
         self.fetched: dict[str, FetchStats] = {}
         """Pseudo-gradient fetches per remote site since start: bytes and the faults survived."""
+        self._writing: asyncio.Future[None] | None = None
+        """The last applied round's persist, GLOBAL_STATE publish and checkpoint, in the background."""
+        self.background_s = 0.0
+        """Seconds those background writes took since start (overlapped with the next round's work)."""
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -192,12 +196,15 @@ class SiteTraining:
         self.weights_hash = bytes.fromhex(await asyncio.to_thread(state_dict_hash, self.weights))
         if codec.WireDtype.named(self.trainer_config.wire).quantized:
             self._feedback = await asyncio.to_thread(ErrorFeedback, self.dir / RESIDUAL_FILE, self.weights)
-        await self._publish_state()
+        await self._publish_state(self.applied_round, self.weights, self.momentum)
         log.info("training state: round %d, θ %s, %d blocks", self.applied_round, self.weights_hash.hex()[:16],
                  len(self.blocks))
 
     async def close(self) -> None:
-        await self.process.stop()
+        try:
+            await self.settle()  # a graceful stop leaves the last applied round durable
+        finally:
+            await self.process.stop()
         for client in self._clients.values():
             await client.close()
 
@@ -264,7 +271,8 @@ class SiteTraining:
         return self._cache
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
-        """Makes the committed round this peer's state: verify the hash (I7), persist, checkpoint."""
+        """Makes the committed round this peer's state: verify the hash (I7), then persist, serve and
+        checkpoint it in the background (`settle` waits for that)."""
         contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root, c.tokens)
                         for c in commit.contributors]
         result = await self.outcome(commit.round, contributors)
@@ -272,17 +280,33 @@ class SiteTraining:
             raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
                                f"{commit.weights_hash.hex()[:16]} (I7): this peer must re-sync its state")
         started = self.clock()
-        await asyncio.to_thread(self._persist, index, commit.round, result)
+        await self.settle()  # θ_{r-1}'s writes read self.weights: it moves on only after them
+        self._book("persist", started)
         self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
         self.applied_index, self.applied_round = index, commit.round
         self.store.drop_rounds_before(commit.round - KEEP_EXCHANGE_ROUNDS)
         self._shards = {k: f for k, f in self._shards.items() if k[0] > commit.round}
-        await self._publish_state()
+        # Off the critical path: the next round trains from θ_r in memory while θ_r and m_r are
+        # written, fsynced and served. A crash before the pointer moves leaves θ_{r-1} on disk and
+        # the log kept from there (node.py, keep_through), so the restarted peer applies r again.
+        self._writing = asyncio.ensure_future(self._make_durable(index, commit.round, result))
         if not self._fault_done and commit.round >= int(os.environ.get(FLIP_THETA_ENV) or 1 << 62):
             self._fault_done = True
             self._flip_one_bit()
-        await self._checkpoint_if_due(commit.round - 1)
-        self._book("persist", started)
+
+    async def _make_durable(self, index: int, round_: int, result: Outcome) -> None:
+        """θ_round and m_round to disk (the pointer last), served as GLOBAL_STATE, checkpointed when due."""
+        started = self.clock()
+        await asyncio.to_thread(self._persist, index, round_, result)
+        await self._publish_state(round_, result.weights, result.momentum)
+        await self._checkpoint_if_due(round_ - 1)
+        self.background_s += self.clock() - started
+
+    async def settle(self) -> None:
+        """Waits for the last applied round's writes (see apply); raises, once, why they failed."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            await writing
 
     def take_spent(self) -> dict[str, float]:
         """The phase seconds booked since the last call, and a fresh count."""
@@ -311,12 +335,13 @@ class SiteTraining:
                             got.hex()[:16], weights_hash.hex()[:16])
                 continue
             result = Outcome(round_, (), weights, momentum, got)
+            await self.settle()
             await asyncio.to_thread(self._persist, index, round_, result)
             before = self.applied_round
             self.weights, self.momentum, self.weights_hash = weights, momentum, got
             self.applied_index, self.applied_round = index, round_
             self._cache = None
-            await self._publish_state()
+            await self._publish_state(round_, weights, momentum)
             log.info("caught up by state transfer from %s: round %d, θ %s", site, round_, got.hex()[:16])
             await self._checkpoint_if_due(before)
             return True
@@ -404,14 +429,15 @@ class SiteTraining:
         momentum = {n[len(MOMENTUM_PREFIX):]: t for n, t in both.items() if n.startswith(MOMENTUM_PREFIX)}
         return weights, momentum
 
-    async def _publish_state(self) -> None:
-        """Serves θ and m of the applied round (exact fp32) for peers that fell behind; only the
+    async def _publish_state(self, round_: int, weights: dict[str, torch.Tensor],
+                             momentum: dict[str, torch.Tensor]) -> None:
+        """Serves θ and m of applied round `round_` (exact fp32) for peers that fell behind; only the
         newest state is kept."""
         encoded = await asyncio.to_thread(
-            codec.encode, self._state_tensors(self.weights, self.momentum), round=self.applied_round, site=self.site,
+            codec.encode, self._state_tensors(weights, momentum), round=round_, site=self.site,
             tokens=0, wire=codec.WireDtype.FP32, kind=codec.ObjectKind.GLOBAL_STATE)
         await self.store.publish(encoded)
-        for old in range(max(0, self.applied_round - KEEP_EXCHANGE_ROUNDS), self.applied_round):
+        for old in range(max(0, round_ - KEEP_EXCHANGE_ROUNDS), round_):
             self.store.drop(codec.ObjectKey(old, self.site, codec.ObjectKind.GLOBAL_STATE))
 
     def _shm(self, name: str) -> Path:

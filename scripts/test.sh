@@ -11,4 +11,4 @@ export PYTHONUNBUFFERED=1
 .venv/bin/mypy peer ops
 .venv/bin/lint-imports
 .venv/bin/hadolint Dockerfile
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

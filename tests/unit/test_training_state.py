@@ -8,11 +8,13 @@ loopback, no trainer process (θ is a small state dict here).
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
+from peer.commitlog import RoundCommit
 from peer.exchange import publish_pseudo_gradient
 from peer.outer import state_dict_hash
 from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig
@@ -52,7 +54,7 @@ def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tm
     async def scenario() -> None:
         healthy, behind = site("b", tmp_path, seed=7), site("a", tmp_path, seed=8)
         healthy.applied_round, healthy.applied_index = 3, 12
-        await healthy._publish_state()
+        await healthy._publish_state(3, healthy.weights, healthy.momentum)
         async with serving(healthy.store) as address:
             peers = {"b": address}
             wrong = bytes(32)
@@ -63,5 +65,40 @@ def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tm
         assert all(torch.equal(behind.weights[n], healthy.weights[n]) for n in SIZES)
         assert behind.pointer() == (12, 3), "the transferred state is durable"
         await behind.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_round_is_written_in_the_background_and_the_next_apply_waits_for_it(tmp_path: Path) -> None:
+    """apply(r) returns with θ_r in memory while θ_r is still being written (the next round need not
+    wait for the disk); the pointer names r only once its file is durable; apply(r+1) moves θ on
+    only after r's writes finished, so they never read a newer θ."""
+    t = site("a", tmp_path)
+    release, writing = threading.Event(), threading.Event()
+    persist = t._persist
+
+    def slow_persist(index: int, round_: int, result: object) -> None:
+        writing.set()
+        release.wait(30)
+        persist(index, round_, result)  # type: ignore[arg-type]
+
+    t._persist = slow_persist  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        first = await t.outcome(1, [])
+        await asyncio.wait_for(t.apply(7, RoundCommit(1, (), first.weights_hash), {}), 10)
+        assert (t.applied_round, t.weights_hash) == (1, first.weights_hash), "θ_1 in memory at once"
+        await asyncio.to_thread(writing.wait, 10)
+        assert t.pointer() == (0, 0), "the pointer moves only when θ_1 is durable"
+        second = await t.outcome(2, [])
+        nxt = asyncio.ensure_future(t.apply(8, RoundCommit(2, (), second.weights_hash), {}))
+        await asyncio.sleep(0.3)
+        assert not nxt.done() and t.applied_round == 1, "round 2 waits for round 1's writes"
+        release.set()
+        await asyncio.wait_for(nxt, 10)
+        assert t.applied_round == 2
+        await t.settle()
+        assert t.pointer() == (8, 2)
+        await t.close()
 
     asyncio.run(scenario())
