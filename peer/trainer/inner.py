@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +75,11 @@ def _dist() -> tuple[int, int]:
 class Trainer:
     """One site's trainer. Construct on every rank of the site with the same config."""
 
-    def __init__(self, cfg: TrainerConfig, index: BlockIndex | None = None) -> None:
+    def __init__(self, cfg: TrainerConfig, index: BlockIndex | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.cfg = cfg
+        self.clock = clock
+        """Times rounds and their compute budget (injected in tests)."""
         self.rank, self.world = _dist()
         inner = cfg.inner
         if inner.batch_size % (self.world * inner.micro_batch_size):
@@ -193,8 +197,11 @@ class Trainer:
         ranges: list[SampleRange] | None,
         inner_steps: int | None,
         start_step: int | None = None,
+        budget_s: float | None = None,
     ) -> RoundResult:
         """Run up to `inner_steps` AdamW steps from `global_state` on the samples of `ranges`.
+        With `budget_s` (a time-boxed round), stop after the first step that ends past it: at least
+        one step, at most `inner_steps`; the samples not reached are absent from `trained`.
 
         Samples are taken in the order of `ranges`, `batch_size` per step; a remainder smaller than
         one batch is left untrained (and absent from `trained`). `start_step` places the round on the
@@ -202,13 +209,15 @@ class Trainer:
         LR); by default the site's own step counter continues. With torch.distributed, only rank 0's
         arguments count.
         """
-        ranges, inner_steps, start_step = self._broadcast((ranges, inner_steps, start_step))
+        ranges, inner_steps, start_step, budget_s = self._broadcast((ranges, inner_steps, start_step, budget_s))
         assert ranges is not None and inner_steps is not None, "rank 0 must pass ranges and inner_steps"
         if inner_steps < 0:
             raise ValueError(f"inner_steps={inner_steps} must be >= 0")
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"budget_s={budget_s} must be > 0 seconds (or None: no time box)")
         if start_step is not None:
             self.step = start_step
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._load_from_rank0(global_state)
         start = self.model_weights()  # bit-equal to global_state on rank 0; the broadcast copy elsewhere
         inner, L = self.cfg.inner, self.cfg.data.seq_len
@@ -222,13 +231,16 @@ class Trainer:
                 break
             losses.append(self._step(self.index.read_ranges(batch_ranges)))
             trained.extend(batch_ranges)
+            # Rank 0's clock decides for every rank: they must run the same number of steps.
+            if budget_s is not None and self._broadcast(self.clock() - t0 >= budget_s):
+                break
         local = self.model_weights()
         delta = {n: torch.sub(start[n], local[n]) for n in local}
         samples = sum(r.num_samples for r in trained)
         return RoundResult(
             pseudo_gradient=delta, tokens=samples * L, trained=merge_ranges(trained),
             steps=len(losses), mean_loss=sum(losses) / len(losses) if losses else float("nan"),
-            seconds=time.perf_counter() - t0, losses=losses,
+            seconds=self.clock() - t0, losses=losses,
         )
 
     def _step(self, batch: torch.Tensor) -> float:

@@ -250,14 +250,16 @@ class TrainerProcess:
         ranges: Iterable[Sequence[int]],
         steps: int,
         start_step: int | None = None,
+        budget_s: float | None = None,
     ) -> TrainOutput:
         """Up to `steps` inner steps from θ_{r-1} (`weights_path`) on the samples of `ranges`
         ((block_id, start, end) each, trained in the order given). `start_step` places the round on
-        the LR schedule (round x H); None continues the worker's own step counter."""
+        the LR schedule (round x H); None continues the worker's own step counter. `budget_s`: a
+        time-boxed round (Trainer.train_round)."""
         r = await self._call({
             "cmd": "train", "round": round, "weights": str(weights_path),
             "ranges": [[int(b), int(s), int(e)] for b, s, e in ranges], "steps": steps,
-            "start_step": start_step,
+            "start_step": start_step, "budget_s": budget_s,
         })
         return TrainOutput(
             pseudo_gradient=Path(r["pseudo_gradient"]), tokens=int(r["tokens"]),

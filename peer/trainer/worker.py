@@ -15,7 +15,8 @@ keeps serving):
             "weights": PATH (θ_0, the seeded initial model), "weights_hash": state_dict_hash(θ_0),
             "seq_len": L, "device": "cpu"}
     {"cmd": "train", "round": r, "weights": PATH (θ_{r-1}), "ranges": [[block_id, start, end], ...],
-     "steps": H, "start_step": s or null}
+     "steps": H, "start_step": s or null, "budget_s": seconds or null (optional: a time-boxed round,
+     at least one step, at most H)}
         -> {"pseudo_gradient": PATH (Δ = θ_{r-1} − θ_local), "tokens": n, "trained": [[b, s, e], ...],
             "steps": k, "mean_loss": x or null (no step ran), "losses": [...], "seconds": t}
     {"cmd": "evaluate", "weights": PATH} -> {"perplexity": p}
@@ -248,10 +249,15 @@ class Worker:
         start_step = msg.get("start_step")
         if start_step is not None:
             start_step = _int(msg, "start_step", "null or the schedule position, an integer >= 0")
+        budget = msg.get("budget_s")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not math.isfinite(budget) or budget <= 0):
+            raise ValueError(f"budget_s must be null or seconds > 0, got {budget!r}")
         ranges = self._check_ranges(_ranges(_get(msg, "ranges", list, "[[block_id, start, end], ...]"),
                                             "ranges"))
         theta = self._read_weights(msg, "weights")
-        r = self._collective("train", lambda: self.trainer.train_round(theta, ranges, steps, start_step))
+        r = self._collective("train", lambda: self.trainer.train_round(theta, ranges, steps, start_step,
+                                                                        budget_s=budget))
         out = write_state(self.shm_dir / f"pseudo_gradient-r{rnd}.safetensors", r.pseudo_gradient)
         log.info("round %d: %d steps, %d tokens, mean loss %.4f, %.1fs", rnd, r.steps, r.tokens,
                  r.mean_loss, r.seconds)

@@ -179,6 +179,8 @@ def test_bad_commands_get_a_clear_error_and_the_worker_keeps_serving(worker: Sta
     assert "unknown command 'fly'" in error(p._call({"cmd": "fly"}))
     no_steps = {"cmd": "train", "round": 1, "weights": "x", "ranges": []}
     assert "missing field 'steps'" in error(p._call(no_steps))
+    assert "budget_s must be null or seconds > 0, got -1" in error(p.train(1, h.weights, [(b, 0, 4)], 1, budget_s=-1))
+    assert worker.run(p.train(1, h.weights, [(b, 0, 8)], 4, budget_s=1e-6)).steps == 1  # a time box
     assert math.isfinite(worker.run(p.evaluate(h.weights)))  # still serving
 
 

@@ -96,3 +96,30 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
     assert lrs[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert lrs[110] == lrs[129] == pytest.approx(1e-4)
+
+
+class _Ticks:
+    """A clock that advances one second per reading: a time box of B seconds then ends a round
+    after a known number of steps, on any machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_time_boxed_round_stops_after_the_step_that_ends_past_its_budget(index: BlockIndex) -> None:
+    theta = make(index).model_weights()
+    # Readings: t0 = 1, then one per step (2, 3, 4, ...): elapsed 1, 2, 3 -> the 3rd step reaches 2.5 s.
+    boxed = Trainer(make(index).cfg, index=index, clock=_Ticks()).train_round(theta, queue(index), 10, budget_s=2.5)
+    assert boxed.steps == 3 and boxed.tokens == 3 * 8 * 32
+    assert sum(r.num_samples for r in boxed.trained) == 24, "only the samples of the steps taken"
+    # At least one step, however small the budget; never more than H, however large.
+    assert Trainer(make(index).cfg, index=index, clock=_Ticks()).train_round(
+        theta, queue(index), 10, budget_s=1e-9).steps == 1
+    assert Trainer(make(index).cfg, index=index, clock=_Ticks()).train_round(
+        theta, queue(index), 4, budget_s=1e9).steps == 4
+    with pytest.raises(ValueError, match="budget_s=0 must be > 0"):
+        make(index).train_round(theta, queue(index), 4, budget_s=0)
