@@ -15,6 +15,8 @@ are trained (I4, I5).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Union
@@ -33,6 +35,9 @@ class RoundOpen:
     inner_steps: int
     deadline_s: float
     base_weights_hash: bytes
+    budget_s: float = 0.0
+    """> 0: a time-boxed round, each site trains as many of the inner steps as fit in this many
+    seconds (at least one); the token-weighted mean absorbs the unequal work. 0: all H steps."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +74,23 @@ class RoundsConfig:
     gather_s: float = 2.0
     """A site stops collecting leased samples for a round when none came for this long (its next
     block needs the owner's Start ack; at the end of the data epoch nothing may come at all)."""
+    budget_s: float = 0.0
+    """Time-boxed rounds (RoundOpen.budget_s); 0: every site runs all inner_steps."""
+    deadline_k: float = 0.0
+    """> 0: the deadline adapts to the sites' pace, median + k x MAD of the report delays of the
+    last `pace_rounds` rounds (plus `deadline_slack_s`), never above deadline_s. 0: deadline_s."""
+    pace_rounds: int = 8
+    deadline_slack_s: float = 2.0
+    """Added to the adaptive deadline: a round's delays vary by more than their spread when the
+    leader's own work (fetching, the outer step) lands on them."""
 
     def __post_init__(self) -> None:
         if (self.inner_steps < 1 or self.samples_per_step < 1 or self.deadline_s <= 0 or self.data_epochs < 1
                 or self.idle_wait_s < 0 or self.gather_s <= 0):
             raise ValueError("inner_steps, samples_per_step, deadline_s and data_epochs must be positive")
+        if self.budget_s < 0 or self.deadline_k < 0 or self.pace_rounds < 1 or self.deadline_slack_s < 0:
+            raise ValueError(f"budget_s ({self.budget_s}), deadline_k ({self.deadline_k}) and deadline_slack_s "
+                             f"({self.deadline_slack_s}) must be >= 0 and pace_rounds ({self.pace_rounds}) >= 1")
 
     @property
     def samples_per_round(self) -> int:
@@ -111,6 +128,7 @@ Effect = Union[Broadcast, Decide, EpochComplete]
 @dataclass
 class _Open:
     round: int
+    opened: float
     deadline: float
     expected: frozenset[str]
     got: dict[str, Contribution] = field(default_factory=dict)
@@ -136,6 +154,10 @@ class RoundLeader:
         self._decided: int | None = None  # round handed to the node, awaiting its commit
         self._idle_until = float("-inf")
         self._epoch_reported = False
+        self._pace: deque[tuple[int, float]] = deque()
+        """(round, seconds from its open to a site's report) of recent reports, late ones included."""
+        self._last: tuple[int, float] | None = None
+        """(round, opened at) of the last round closed: its late reports still tell the pace."""
 
     @property
     def done(self) -> bool:
@@ -167,8 +189,10 @@ class RoundLeader:
             if now < self._idle_until or not live_sites:
                 return []
             rnd = committed_round + 1
-            self._open = _Open(rnd, now + self.config.deadline_s, frozenset(live_sites))
-            return [Broadcast(RoundOpen(header, rnd, self.config.inner_steps, self.config.deadline_s, base_hash))]
+            deadline_s = self.deadline_s()
+            self._open = _Open(rnd, now, now + deadline_s, frozenset(live_sites))
+            return [Broadcast(RoundOpen(header, rnd, self.config.inner_steps, deadline_s, base_hash,
+                                        self.config.budget_s))]
         o.dead |= o.expected - set(live_sites)
         # Waiting for a site that membership no longer counts as live cannot pay off: decide now.
         if now >= o.deadline or not self._waiting(o) - o.dead:
@@ -188,11 +212,32 @@ class RoundLeader:
     def _waiting(o: _Open) -> set[str]:
         return set(o.expected - set(o.got) - o.idle)
 
+    def deadline_s(self) -> float:
+        """The next round's deadline: deadline_s, or (deadline_k > 0) the sites' recent pace."""
+        c = self.config
+        delays = [d for _, d in self._pace]
+        if c.deadline_k <= 0 or len(delays) < 3:
+            return c.deadline_s
+        mid = statistics.median(delays)
+        mad = statistics.median(abs(d - mid) for d in delays)
+        return min(c.deadline_s, mid + c.deadline_k * mad + c.deadline_slack_s)
+
+    def _paced(self, round_: int, delay: float) -> None:
+        self._pace.append((round_, delay))
+        while self._pace and self._pace[0][0] <= round_ - self.config.pace_rounds:
+            self._pace.popleft()
+
     def receive(self, msg: Contribution, now: float) -> list[Effect]:
         """Collects one report; decides once every expected site has reported."""
         o = self._open
         if o is None or msg.round != o.round or msg.site in o.got:
+            if o is None and self._last is not None and msg.round == self._last[0] and msg.ranges:
+                # A report that missed the deadline: the next deadline must learn this site's pace,
+                # or a slowed-down mesh would be cut off round after round.
+                self._paced(msg.round, now - self._last[1])
             return []  # late, early, or a duplicate delivery of what we have
+        if msg.ranges:
+            self._paced(msg.round, now - o.opened)
         if msg.ranges:
             o.got[msg.site] = msg
             o.idle.discard(msg.site)
@@ -206,6 +251,7 @@ class RoundLeader:
         o = self._open
         assert o is not None
         self._open = None
+        self._last = (o.round, o.opened)
         if not o.got:
             self._idle_until = now + self.config.idle_wait_s
             return []

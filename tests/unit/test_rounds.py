@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from peer.audit import EpochLedger
 from peer.commitlog import SampleRange
 from peer.election import Epoch, Header, SiteId
@@ -175,3 +179,54 @@ def test_member_down_after_its_report_drops_it_when_the_others_come_in() -> None
     assert leader.member_down("c", 0.2) == [], "a is still training"
     (decide,) = leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 0.3)
     assert [c.site for c in decide.admitted] == ["a"] and "c is dead" in dict(decide.excluded)["c"]
+
+
+def _paced_round(leader: RoundLeader, rnd: int, opened: float, delays: dict[str, float]) -> RoundOpen:
+    """Opens round `rnd` at `opened`; each site reports `delays[site]` seconds later (in that order)."""
+    msg = _open(leader, sorted(delays), now=opened, committed=rnd - 1)
+    for i, (site, delay) in enumerate(sorted(delays.items(), key=lambda kv: kv[1])):
+        leader.receive(_report(site, rnd, SampleRange(10 + i % 2, 0, 1)), opened + delay)
+    leader.on_commit(rnd)
+    return msg
+
+
+def test_an_adaptive_deadline_follows_the_sites_pace_and_stays_under_the_fixed_one() -> None:
+    cfg = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=300.0, deadline_k=4.0, deadline_slack_s=1.0)
+    leader = RoundLeader(cfg, EpochLedger(UNIVERSE))
+    first = _paced_round(leader, 1, 0.0, {"a": 10.0, "b": 12.0})
+    assert first.deadline_s == 300.0, "no pace measured yet: the configured deadline"
+    _paced_round(leader, 2, 100.0, {"a": 10.0, "b": 14.0})
+    # delays 10, 12, 10, 14: median 11, MAD 1 -> 11 + 4 x 1 + 1 s of slack.
+    assert _open(leader, ["a", "b"], now=200.0, committed=2).deadline_s == 16.0
+    # A slow mesh never gets a deadline above the configured one.
+    slow = RoundLeader(dataclasses.replace(cfg, deadline_s=12.0), EpochLedger(UNIVERSE))
+    _paced_round(slow, 1, 0.0, {"a": 10.0, "b": 11.0})
+    _paced_round(slow, 2, 100.0, {"a": 30.0, "b": 40.0})
+    assert _open(slow, ["a", "b"], now=200.0, committed=2).deadline_s == 12.0
+
+
+def test_a_site_that_missed_the_adaptive_deadline_is_excluded_alone_and_its_late_report_counts() -> None:
+    cfg = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=300.0, deadline_k=2.0, deadline_slack_s=0.0,
+                       pace_rounds=2)
+    leader = RoundLeader(cfg, EpochLedger(UNIVERSE))
+    _paced_round(leader, 1, 0.0, {"a": 10.0, "b": 10.0})
+    _paced_round(leader, 2, 100.0, {"a": 10.0, "b": 10.0})
+    msg = _open(leader, ["a", "b"], now=200.0, committed=2)
+    assert msg.deadline_s == 10.0
+    leader.receive(_report("a", 3, SampleRange(10, 0, 1)), 205.0)
+    (decide,) = leader.tick(210.0, H, 2, ["a", "b"], b"base")
+    assert isinstance(decide, Decide) and [c.site for c in decide.admitted] == ["a"]
+    assert decide.excluded == (("b", "excluded: b did not report (deadline passed)"),)
+    # b's report comes in late: its pace (40 s) still moves the next deadline up.
+    assert leader.receive(_report("b", 3, SampleRange(11, 0, 1)), 240.0) == []
+    leader.on_commit(3)
+    # The last 2 rounds' delays: 10, 10 (round 2), 5, 40 (round 3): median 10, MAD 2.5 -> 15.
+    assert _open(leader, ["a", "b"], now=300.0, committed=3).deadline_s == 15.0
+
+
+def test_a_time_boxed_round_carries_its_budget_to_every_site() -> None:
+    cfg = dataclasses.replace(CFG, budget_s=30.0)
+    assert _open(RoundLeader(cfg, EpochLedger(UNIVERSE)), ["a"]).budget_s == 30.0
+    assert _open(_leader(), ["a"]).budget_s == 0.0
+    with pytest.raises(ValueError, match="budget_s"):
+        RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=5.0, budget_s=-1.0)

@@ -10,18 +10,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RoundOpen(_message.Message):
-    __slots__ = ("header", "round", "inner_steps", "deadline_s", "base_weights_hash")
+    __slots__ = ("header", "round", "inner_steps", "deadline_s", "base_weights_hash", "budget_s")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     BASE_WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     header: _consensus_pb2.ConsensusHeader
     round: int
     inner_steps: int
     deadline_s: float
     base_weights_hash: bytes
-    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., inner_steps: _Optional[int] = ..., deadline_s: _Optional[float] = ..., base_weights_hash: _Optional[bytes] = ...) -> None: ...
+    budget_s: float
+    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., inner_steps: _Optional[int] = ..., deadline_s: _Optional[float] = ..., base_weights_hash: _Optional[bytes] = ..., budget_s: _Optional[float] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("header", "round", "site", "address", "tokens", "ranges", "pseudo_gradient_root", "vouchers")
