@@ -20,7 +20,7 @@ import pytest
 from ops.certs import LOOPBACK, init_ca, issue
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, consensus_pb2, membership_pb2
 from peer.transport.channels import PLAINTEXT, Credentials, open_blocking_channel
-from tests.integration.peers import REPO, Cluster, _env, wait_for
+from tests.integration.peers import REPO, Cluster, _env, ops, wait_for
 
 SETTLE_S = 30.0
 
@@ -248,3 +248,20 @@ def test_hostile_messages_of_an_authenticated_site_are_refused(tls: Cluster) -> 
         assert now["epoch"] < before[p.site]["epoch"] + 10 and now["leader"] in ("a", "b")
         assert {m["site"] for m in now["members"]} == {"a", "b"}
         assert "Traceback" not in p.log(), p.log()[-3000:]
+
+
+def test_ops_place_reads_an_mtls_peer(tls: Cluster, tmp_path: Path) -> None:
+    """`ops place --peer` dials with --certs like every ops command (it spoke only plaintext)."""
+    a = tls.start("a")
+    run_file = tmp_path / "run.toml"
+    # The peer is asked first; the Slurm probe after it cannot run here, which shows the call passed.
+    run_file.write_text('[placement]\ntarget_tokens = 1.0\nprobe_timeout_s = 5\n[sites.a.slurm]\nnodes = 1\n'
+                        'time = "1"\ncommand_prefix = ["/nonexistent/login"]\n')
+    plain = ops("place", "--config", str(run_file), "--peer", a.address)
+    assert plain.returncode == 1 and f"peer {a.address} did not answer Admin/Status: UNAVAILABLE" in plain.stderr
+    nobody = ops("place", "--config", str(run_file), "--peer", a.address, "--certs", str(tls.certs), "--as", "x")
+    assert nobody.returncode == 1 and "x.crt does not exist" in nobody.stderr, nobody.stderr
+    placed = tls.ops("place", "--config", str(run_file), "--peer", a.address)
+    assert placed.returncode == 1, placed.stderr
+    assert "did not answer Admin/Status" not in placed.stderr
+    assert "error: site a: cannot run /nonexistent/login" in placed.stderr, placed.stderr
