@@ -83,8 +83,8 @@ class Node:
         self._clock = clock
         self._rng = rng or random.Random()
         # Certificates are read here, so a missing or wrong one stops the peer before it binds.
-        self.creds, self.guard = site_security(config.certs, config.site)
-        self._server = new_server(() if self.guard is None else (self.guard,))
+        self.creds, self.guard = site_security(config.certs, config.site, config.run_name)
+        self._server = new_server((self.guard,))
         self._pool = ChannelPool(self.creds)
         delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)

@@ -37,7 +37,7 @@ class CallLimits:
     """How many calls may run at once and for how long (every call but health, status, reflection)."""
 
     per_caller: int = 64
-    """Open calls of one caller (a certificate's name; the client's host without TLS). A site holds a
+    """Open calls of one caller (a certificate's name; a connection without TLS). A site holds a
     few exchange streams per peer and round; one-way messages finish in milliseconds."""
     total: int = 1024
     """Open calls of all callers together."""
@@ -58,15 +58,17 @@ def limited(method: str) -> bool:
 
 
 def caller_of(context: grpc.aio.ServicerContext) -> str:
-    """Who is calling: the verified certificate's name, else the client's host (`ipv4:1.2.3.4:5678`
-    -> `ipv4:1.2.3.4`: one host's connections share one budget)."""
+    """Who is calling: the verified certificate's name, else (plaintext) the client's connection
+    (`ipv4:1.2.3.4:5678`). Not its host: on loopback every site shares one, and a peer dials each
+    other peer over one connection; the connections one host opens are bounded by the server's
+    connection limit (channels.MAX_CONNECTIONS) and all their calls by `CallLimits.total`."""
     pems = (context.auth_context() or {}).get("x509_pem_cert")
     if pems:
         try:
             return identity_of(pems[0]).name
         except (BadCertificate, ValueError):
             pass
-    return context.peer().rsplit(":", 1)[0]
+    return context.peer()
 
 
 class CallLimiter(grpc.aio.ServerInterceptor):

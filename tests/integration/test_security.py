@@ -324,3 +324,27 @@ def test_stale_epoch_replays_and_epoch_jumps_are_fenced(tls: Cluster) -> None:
             assert now["committed_round"] >= before[p.site]["committed_round"]
         assert "Traceback" not in p.log(), p.log()[-3000:]
     assert any("implausible epoch" in p.log() for p in others)
+
+
+def test_an_insecure_peer_of_another_run_is_refused(tmp_path: Path) -> None:
+    """Without certificates the run id still travels (the user agent of every call): a plaintext
+    peer of another run is refused with the reason; one of the same run joins."""
+    plain = Cluster(tmp_path)
+    files = {}
+    for run in ("x", "y"):
+        files[run] = tmp_path / f"{run}.toml"
+        files[run].write_text(f'[run]\nname = "{run}"\ninsecure = true\n[sites.a]\n[sites.b]\n[sites.c]\n')
+    try:
+        a = plain.start("a", extra=["--config", str(files["x"])])
+        alien = subprocess.run(
+            [sys.executable, "-m", "peer.cli", "serve", "--config", str(files["y"]), "--site", "b", "--listen",
+             "127.0.0.1:0", "--preset", "local_test", "--data-dir", str(tmp_path / "b"), "--join", a.address,
+             "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
+        assert alien.returncode == 2
+        assert "PERMISSION_DENIED: caller of run y, this peer serves run x" in alien.stderr, alien.stderr
+        assert [m["site"] for m in plain.status(a.address)["members"]] == ["a"]
+        assert a.log().count("caller of run y, this peer serves run x") == 1  # logged once, then counted
+        plain.start("c", join=[a.address], extra=["--config", str(files["x"])])
+        wait_for(lambda: len(plain.status(a.address)["members"]) == 2, SETTLE_S, "c of the same run to join")
+    finally:
+        plain.close()

@@ -35,8 +35,7 @@ LIMITS = CallLimits(per_caller=16, total=40, max_call_s=8.0)
 
 
 async def _serve(certs: Path) -> tuple[grpc.aio.Server, str, CallLimiter, codec.Encoded]:
-    creds, guard = site_security(certs, "a")
-    assert guard is not None
+    creds, guard = site_security(certs, "a", "test")
     limiter = CallLimiter(LIMITS)
     server = new_server((guard,), limiter)
     store = ExchangeStore()
