@@ -1,6 +1,6 @@
-"""Held-open streams and slow-loris clients are bounded in count and in time, while health, status
-and honest peers keep being served (peer/transport/limits.py, the server options in
-peer/transport/channels.py).
+"""Held-open streams and slow-loris clients are bounded in count and in time, and announced
+manifests in count, while health, status and honest peers keep being served
+(peer/transport/limits.py, the server options in peer/transport/channels.py, peer/exchange/store.py).
 
 The stream test runs a peer's real gRPC server (`channels.new_server`, mutual TLS, the guard, the
 exchange servicer) in this process, so it can hold a large object without a trainer; the slow-loris
@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ops.certs import make_run
 from peer.exchange import codec
 from peer.exchange.service import add_exchange_service
-from peer.exchange.store import ExchangeStore
+from peer.exchange.store import MAX_ANNOUNCED_PER_SITE, ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
 from peer.transport.channels import HANDSHAKE_TIMEOUT_MS, Credentials, bind, new_server, open_channel
 from peer.transport.guard import site_security
@@ -150,3 +150,34 @@ def test_slow_loris_connections_are_dropped_and_the_peer_keeps_serving(tls: Clus
         s.close()
         assert closed, f"a stalled connection was still open {time.monotonic() - started:.1f} s later"
     assert tls.status(a.address)["self"] == "a"
+
+
+def test_announcements_held_are_bounded_per_site(tmp_path: Path) -> None:
+    """A site announcing round after future round (nothing would ever drop them) is refused past
+    MAX_ANNOUNCED_PER_SITE; another site's announcement is still taken."""
+    certs = tmp_path / "certs"
+    make_run("test", certs, ["a", "b", "d"])
+
+    def manifest(site: str, round_: int) -> exchange_pb2.Manifest:
+        enc = codec.encode({"w": torch.ones(8)}, round=round_, site=site, tokens=1, chunk_size=16)
+        return codec.manifest_to_proto(enc.manifest)
+
+    async def scenario() -> None:
+        server, address, _, _ = await _serve(certs)
+        channels = {s: open_channel(address, Credentials.from_dir(certs, s)) for s in ("b", "d")}
+        try:
+            d = exchange_pb2_grpc.ExchangeStub(channels["d"])
+            for round_ in range(1, MAX_ANNOUNCED_PER_SITE + 1):
+                await d.Announce(manifest("d", 10**6 + round_), timeout=5)
+            await d.Announce(manifest("d", 10**6 + 1), timeout=5)  # the same key again: held already
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await d.Announce(manifest("d", 1), timeout=5)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"d has {MAX_ANNOUNCED_PER_SITE} announcements held here" in (err.value.details() or "")
+            await exchange_pb2_grpc.ExchangeStub(channels["b"]).Announce(manifest("b", 1), timeout=5)
+        finally:
+            for channel in channels.values():
+                await channel.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())
