@@ -129,6 +129,24 @@ class Status:
     voters: Voters
 
 
+MAX_EPOCH_JUMP = 1_000
+"""How far above this peer's epoch a message from a site outside its voter set may be
+(docs/decisions/security-epoch-jumps.md). With PreVote an epoch grows only by elections a majority
+agreed to start, so a non-voter (a joiner, a removed voter) is never far ahead of the voters; a
+voter may be far ahead of a peer that was away, and is always believed."""
+
+
+def implausible_epoch(msg: Message, epoch: Epoch, voters: Voters) -> str | None:
+    """Why `msg` must be ignored for its epoch, or None: it names an epoch more than MAX_EPOCH_JUMP
+    above `epoch` and its sender (whose name mTLS has verified) is not one of `voters`. A peer with
+    no voters yet (a joiner before its first entries) has nothing to protect and believes anyone."""
+    claimed = max(msg.header.epoch, msg.proposed_epoch if isinstance(msg, RequestVote) else 0)
+    if claimed <= epoch + MAX_EPOCH_JUMP or not voters or msg.header.from_site in dict(voters):
+        return None
+    return (f"implausible epoch {claimed}: more than {MAX_EPOCH_JUMP} above ours ({epoch}) from "
+            f"{msg.header.from_site}, which is not a voter")
+
+
 def fencing_epoch(msg: Message) -> Epoch:
     """The epoch a message is judged by. A pre-vote reply answers a question asked at
     proposed_epoch - 1; every other message is as fresh as its header's epoch."""
@@ -217,6 +235,9 @@ class ConsensusCore:
         now = self._advance(now)
         effects: list[Effect] = []
         h = msg.header
+        implausible = implausible_epoch(msg, self.hard.epoch, self.log.voters())
+        if implausible is not None:
+            return [Rejected(h.from_site, type(msg).__name__, implausible)]
         if isinstance(msg, RequestVote):
             self._on_request_vote(msg, effects)
             return effects

@@ -83,8 +83,8 @@ class Node:
         self._clock = clock
         self._rng = rng or random.Random()
         # Certificates are read here, so a missing or wrong one stops the peer before it binds.
-        self.creds, self.guard = site_security(config.certs, config.site)
-        self._server = new_server(() if self.guard is None else (self.guard,))
+        self.creds, self.guard = site_security(config.certs, config.site, config.run_name)
+        self._server = new_server((self.guard,))
         self._pool = ChannelPool(self.creds)
         delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
@@ -455,7 +455,7 @@ class Node:
                     self.coordinator.on_leader_changed(effect.leader, effect.epoch)
             elif isinstance(effect, c.Rejected):
                 # Fencing a stale epoch is an event operators want to see; log repair is routine.
-                level = logging.INFO if effect.reason.startswith("stale epoch") else logging.DEBUG
+                level = logging.INFO if effect.reason.startswith(("stale epoch", "implausible")) else logging.DEBUG
                 log.log(level, "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
         if committed:
             # Durable before anything acts on it: `ops audit` trusts entries up to this index only.

@@ -24,11 +24,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import grpc
+
+from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import queue_model, templates
 from ops.placement.plan import Option, Plan, after, make_plan
 from ops.placement.predictions import Calibration, PredictionLog, PredictionLogError
 from ops.placement.slurm import JobStart, Prediction, SlurmError, SlurmSite, utc_now
+from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
+from peer.transport.channels import open_blocking_channel
 
 
 @dataclass(frozen=True)
@@ -100,15 +105,15 @@ class PeerError(RuntimeError):
     """The peer named by --peer did not answer."""
 
 
-def _gossiped_tokens_per_s(address: str, timeout_s: float) -> dict[str, float]:
-    """tokens/s that running peers measured and gossiped, as one peer's Admin/Status reports them."""
-    # Imported here: only --peer needs gRPC, and probe/simulate-queue should start fast without it.
-    import grpc
-
-    from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
-    from peer.transport.channels import open_blocking_channel
-
-    with open_blocking_channel(address) as channel:
+def _gossiped_tokens_per_s(args: argparse.Namespace, timeout_s: float) -> dict[str, float]:
+    """tokens/s that running peers measured and gossiped, as the Admin/Status of the peer named by
+    --peer reports them; dialled with --certs/--as (mutual TLS) like every other ops command."""
+    address = args.peer
+    try:
+        creds = client_credentials(args)
+    except CertError as err:
+        raise PeerError(str(err)) from err
+    with open_blocking_channel(address, creds) as channel:
         try:
             reply = admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=timeout_s)
         except grpc.RpcError as err:
@@ -131,7 +136,7 @@ def _throughputs(run: cfg.PlacementRun, args: argparse.Namespace) -> cfg.Placeme
     """The run with tokens/s from running peers (--peer), then from --tokens-per-s, applied."""
     rates: dict[str, float] = {}
     if getattr(args, "peer", None):
-        rates.update(_gossiped_tokens_per_s(args.peer, run.placement.probe_timeout_s))
+        rates.update(_gossiped_tokens_per_s(args, run.placement.probe_timeout_s))
     given = dict(getattr(args, "tokens_per_s", None) or [])
     unknown = sorted(set(given) - set(run.sites))
     if unknown:
@@ -363,6 +368,7 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help="a running peer whose Admin/Status gives the tokens/s the sites gossip",
     )
+    add_client_flags(rates)  # --certs/--as: dial --peer with mutual TLS
 
     p = subparsers.add_parser(
         "probe", parents=[common], help="predicted start per site and shape (sbatch --test-only)"

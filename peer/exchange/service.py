@@ -1,7 +1,7 @@
 """Thin gRPC servicer of sitemesh.v1.Exchange: decodes requests, reads the store, streams chunks.
 
 Every refusal is a status with the reason (NOT_FOUND, INVALID_ARGUMENT, FAILED_PRECONDITION,
-OUT_OF_RANGE) and touches nothing, so a bad request never stops the server serving others. The node
+OUT_OF_RANGE, RESOURCE_EXHAUSTED) and touches nothing, so a bad request never stops the server serving others. The node
 registers it on the peer's server:
 
     server = channels.new_server(); add_exchange_service(server, store); channels.bind(server, addr)
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from peer.exchange import chunkwire, codec
-from peer.exchange.store import ExchangeStore, MeanInputs, reduced_over
+from peer.exchange.store import AnnouncementRefused, ExchangeStore, MeanInputs, reduced_over
 from peer.gen.sitemesh.v1 import common_pb2, exchange_pb2, exchange_pb2_grpc
 
 SERVICE = "sitemesh.v1.Exchange"
@@ -31,7 +31,10 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
             manifest = codec.manifest_from_proto(request)
         except codec.ManifestError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"manifest refused: {err}")
-        await self._store.record_announcement(manifest)
+        try:
+            await self._store.record_announcement(manifest)
+        except AnnouncementRefused as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         return common_pb2.Accepted()
 
     async def GetManifest(

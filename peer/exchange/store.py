@@ -27,6 +27,18 @@ def reduced_over(manifest: Manifest, inputs: MeanInputs) -> bool:
     )
 
 
+MAX_ANNOUNCED_PER_SITE = 32
+"""Announced manifests held per producing site. An honest site announces a few objects per round and
+rounds are dropped once committed; without a bound a site could announce round after future round
+(each manifest up to the 8 MB message limit) and nothing would ever drop them."""
+MAX_ANNOUNCED = 1024
+"""Announced manifests held in all (plaintext peers do not verify who a producer is)."""
+
+
+class AnnouncementRefused(ValueError):
+    """An announcement over the bounds above; the reason says which."""
+
+
 class ExchangeStore:
     """Objects this peer serves and manifests other peers announced. Single event loop only."""
 
@@ -53,7 +65,16 @@ class ExchangeStore:
             self._changed.notify_all()
 
     async def record_announcement(self, manifest: Manifest) -> None:
-        self._announced[manifest.key] = manifest
+        """Holds `manifest` until its round is dropped; AnnouncementRefused over the bounds."""
+        key = manifest.key
+        if key not in self._announced:
+            of_site = sum(1 for k in self._announced if k.site == key.site)
+            if of_site >= MAX_ANNOUNCED_PER_SITE:
+                raise AnnouncementRefused(f"{key.site} has {of_site} announcements held here, the most one site "
+                                          "may have: they are dropped when their rounds commit")
+            if len(self._announced) >= MAX_ANNOUNCED:
+                raise AnnouncementRefused(f"{len(self._announced)} announcements are held here, the most in all")
+        self._announced[key] = manifest
         async with self._changed:
             self._changed.notify_all()
 

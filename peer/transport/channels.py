@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from peer.transport.intercept import SafeDecode
+from peer.transport.limits import CallLimiter
 
 # Chunked transfers keep messages far below this; it is a guard against garbage, not a tuning knob.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -46,6 +47,9 @@ class Credentials:
     key: bytes = b""
     name: str = ""
     """Whose certificate this is (the file stem), for messages."""
+    run_id: str = ""
+    """The run this process belongs to, named to every peer it calls (`RUN_AGENT`); a peer's own
+    (guard.site_security), empty for `ops` and other tools."""
 
     def __post_init__(self) -> None:
         if bool(self.ca) != bool(self.cert) or bool(self.cert) != bool(self.key):
@@ -79,39 +83,69 @@ class Credentials:
 PLAINTEXT = Credentials()
 
 
-def channel_options() -> list[tuple[str, int]]:
-    return list(_OPTIONS)
+RUN_AGENT = "sitemesh-run/"
+"""The run id travels in the user agent of every call (`grpc.primary_user_agent`, which gRPC puts
+before its own): set once per channel, it reaches every method, blocking and asyncio clients alike,
+and a plaintext peer (`--insecure`) has nothing else to carry it (peer/transport/guard.py)."""
+
+
+def run_named(user_agent: str) -> str | None:
+    """The run id a caller's user agent names, or None (a tool such as grpcurl names none)."""
+    first = user_agent.split(" ", 1)[0]
+    return first.removeprefix(RUN_AGENT) if first.startswith(RUN_AGENT) else None
+
+
+def channel_options(creds: Credentials = PLAINTEXT) -> list[tuple[str, int | str]]:
+    options: list[tuple[str, int | str]] = list(_OPTIONS)
+    if creds.run_id:
+        options.append(("grpc.primary_user_agent", RUN_AGENT + creds.run_id))
+    return options
 
 
 def open_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.aio.Channel:
     """An asyncio channel to `host:port`."""
     if creds.plaintext:
-        return grpc.aio.insecure_channel(address, options=channel_options())
-    return grpc.aio.secure_channel(address, creds.client(), options=channel_options())
+        return grpc.aio.insecure_channel(address, options=channel_options(creds))
+    return grpc.aio.secure_channel(address, creds.client(), options=channel_options(creds))
 
 
 def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.Channel:
     """A blocking channel, for command-line tools that make one call and exit."""
     if creds.plaintext:
-        return grpc.insecure_channel(address, options=channel_options())
-    return grpc.secure_channel(address, creds.client(), options=channel_options())
+        return grpc.insecure_channel(address, options=channel_options(creds))
+    return grpc.secure_channel(address, creds.client(), options=channel_options(creds))
 
+
+HANDSHAKE_TIMEOUT_MS = 10_000
+MAX_CONNECTIONS = 512
+MAX_STREAMS_PER_CONNECTION = 256
 
 # Servers must accept the clients' keepalive pings, or gRPC's default policy (one ping per 5 min)
 # answers them with GOAWAY "too_many_pings" and tears down connections mid-transfer.
-_SERVER_OPTIONS: list[tuple[str, int]] = [
+_SERVER_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.max_ping_strikes", 0),
     # Off, so a second peer cannot bind a running peer's port beside it and take its connections.
     ("grpc.so_reuseport", 0),
+    # Bounds on what a client holds without finishing anything (docs/decisions/security-stream-bounds.md).
+    # A TLS handshake (and the HTTP/2 preface) not done in 10 s is dropped: a WAN handshake takes
+    # one or two 150 ms round trips, a slow-loris client that sends a byte now and then takes forever.
+    ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+    # Connections at once, open or handshaking: a few per peer and ops client in any real run.
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+    # HTTP/2 streams open at once on one connection (gRPC's default is unlimited); peer/transport/
+    # limits.py bounds the calls each caller runs over all its connections.
+    ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
 ]
 
 
-def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
-    """A server whose every method refuses unparsable requests with INVALID_ARGUMENT (SafeDecode)
-    before `interceptors` (e.g. peer/transport/guard.py) and the servicer see them."""
+def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+               limiter: CallLimiter | None = None) -> grpc.aio.Server:
+    """A server whose every method refuses unparsable requests with INVALID_ARGUMENT (SafeDecode) and
+    calls over the limiter's bounds (default `CallLimits()`, peer/transport/limits.py) with
+    RESOURCE_EXHAUSTED before `interceptors` (e.g. peer/transport/guard.py) and the servicer see them."""
     return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS,
-                           interceptors=(SafeDecode(), *interceptors))
+                           interceptors=(SafeDecode(), limiter or CallLimiter(), *interceptors))
 
 
 def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) -> int:

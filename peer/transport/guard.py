@@ -7,12 +7,15 @@ identity may not do with PERMISSION_DENIED and a one-line reason. Each refusal i
 cannot flood the log.
 
 It wraps each method's handler (peer/transport/intercept.py) and checks inside it, before the
-servicer runs.
+servicer runs. A plaintext peer (`--insecure`) has no certificates to check; its guard refuses only
+callers that name another run in their user agent (channels.RUN_AGENT), so a peer of another run
+cannot join it by mistake (docs/decisions/security-run-id.md).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +24,7 @@ from typing import Any
 import grpc
 
 from peer.transport.auth import BadCertificate, Identity, Role, authorize, identity_of, run_id_of
-from peer.transport.channels import PLAINTEXT, Credentials
+from peer.transport.channels import Credentials, run_named
 from peer.transport.intercept import wrapped
 
 log = logging.getLogger("sitemesh.guard")
@@ -30,8 +33,10 @@ log = logging.getLogger("sitemesh.guard")
 class Guard(grpc.aio.ServerInterceptor):
     """Checks every call of a server against the run's access rules."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, tls: bool = True) -> None:
         self.run_id = run_id
+        self.tls = tls
+        """False: plaintext, only the run a caller names is checked."""
         self.denied: collections.Counter[tuple[str, str]] = collections.Counter()
         """(method, peer name) -> calls refused; exported by the metrics helper."""
 
@@ -53,9 +58,21 @@ class Guard(grpc.aio.ServerInterceptor):
         except (BadCertificate, ValueError) as err:
             return f"certificate not usable: {err}"
 
+    def other_run(self, context: grpc.aio.ServicerContext) -> str | None:
+        """Why a plaintext caller is refused: it names a run that is not this peer's."""
+        agents = [str(v) for k, v in (context.invocation_metadata() or ()) if k == "user-agent"]
+        named = run_named(agents[0]) if agents else None
+        if named is None or named == self.run_id:
+            return None
+        return f"caller of run {named}, this peer serves run {self.run_id}"
+
     async def _check(self, method: str, request: Any | None, context: grpc.aio.ServicerContext) -> None:
-        who = self.identity(context)
-        reason = who if isinstance(who, str) else authorize(who, self.run_id, method, request)
+        who: Identity | str | None
+        if self.tls:
+            who = self.identity(context)
+            reason = who if isinstance(who, str) else authorize(who, self.run_id, method, request)
+        else:
+            who, reason = None, self.other_run(context)
         if reason is None:
             return
         peer = who.name if isinstance(who, Identity) else context.peer()
@@ -68,11 +85,12 @@ class Guard(grpc.aio.ServerInterceptor):
 
 
 
-def site_security(certs: Path | None, site: str) -> tuple[Credentials, Guard | None]:
-    """A site's TLS credentials and guard from its certificate directory; plaintext and no guard
-    for None (`--insecure`). OSError naming the file when the certificate is not this site's."""
+def site_security(certs: Path | None, site: str, run_name: str) -> tuple[Credentials, Guard]:
+    """A site's TLS credentials and guard from its certificate directory, the run id from its CA;
+    for None (`--insecure`), plaintext under the run file's `run_name`. OSError naming the file when
+    the certificate is not this site's."""
     if certs is None:
-        return PLAINTEXT, None
+        return Credentials(run_id=run_name), Guard(run_name, tls=False)
     creds = Credentials.from_dir(certs, site)
     try:
         run_id, who = run_id_of(creds.ca), identity_of(creds.cert)
@@ -84,4 +102,4 @@ def site_security(certs: Path | None, site: str) -> tuple[Credentials, Guard | N
     if who.run_id != run_id:
         raise OSError(f"{certs / (site + '.crt')} belongs to run {who.run_id}, but {certs / 'ca.crt'} is the CA of "
                       f"run {run_id}: copy the ca.crt of the run that issued it")
-    return creds, Guard(run_id)
+    return dataclasses.replace(creds, run_id=run_id), Guard(run_id)

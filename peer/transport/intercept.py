@@ -9,8 +9,10 @@ answers UNKNOWN, so garbage would fill the log.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
@@ -19,6 +21,9 @@ from google.protobuf.message import DecodeError
 Check = Callable[[str, Any, grpc.aio.ServicerContext], Awaitable[None]]
 """check(method, request, context): aborts the call to refuse it. `request` is None for calls with
 a stream of requests (they are not looked at)."""
+Scope = Callable[[str, Any, grpc.aio.ServicerContext], AbstractAsyncContextManager[None]]
+"""scope(method, request, context): entered before the behaviour runs, left when the call ends
+(peer/transport/limits.py counts open calls with one)."""
 
 
 class _Garbage:
@@ -61,45 +66,56 @@ async def _refuse_garbage(method: str, request: Any, context: grpc.aio.ServicerC
 def wrapped(handler: grpc.RpcMethodHandler, method: str, check: Check, lenient: bool = False) -> grpc.RpcMethodHandler:
     """`handler` with `check(method, request, context)` run before its behaviour; with `lenient`,
     a request that does not parse reaches `check` as GARBAGE instead of raising inside gRPC."""
+
+    @contextlib.asynccontextmanager
+    async def checked(method: str, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        await check(method, request, context)
+        yield
+
+    return enclosed(handler, method, checked, lenient)
+
+
+def enclosed(handler: grpc.RpcMethodHandler, method: str, scope: Scope, lenient: bool = False) -> grpc.RpcMethodHandler:
+    """`handler` whose behaviour runs inside `scope(method, request, context)`, streams included."""
     deserializer = _lenient(handler.request_deserializer) if lenient else handler.request_deserializer
     if handler.unary_unary is not None:
         inner = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(method, request, context)
-            return await inner(request, context)
+            async with scope(method, request, context):
+                return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, deserializer, handler.response_serializer)
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(
-            _streaming(handler.unary_stream, lambda req: req, method, check), deserializer,
+            _streaming(handler.unary_stream, lambda req: req, method, scope), deserializer,
             handler.response_serializer)
     if handler.stream_unary is not None:
         inner_su = handler.stream_unary
 
         async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(method, None, context)
-            return await inner_su(requests, context)
+            async with scope(method, None, context):
+                return await inner_su(requests, context)
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, deserializer, handler.response_serializer)
     return grpc.stream_stream_rpc_method_handler(
-        _streaming(handler.stream_stream, lambda _: None, method, check), deserializer,
+        _streaming(handler.stream_stream, lambda _: None, method, scope), deserializer,
         handler.response_serializer)
 
 
-def _streaming(inner: Any, checked: Callable[[Any], Any], method: str, check: Check) -> Any:
+def _streaming(inner: Any, checked: Callable[[Any], Any], method: str, scope: Scope) -> Any:
     """A streaming-response behaviour in the same style as `inner`: an async generator, or a
     coroutine that writes with context.write (gRPC refuses a mix of the two)."""
     if inspect.isasyncgenfunction(inner):
         async def generator(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(method, checked(request), context)
-            async for item in inner(request, context):
-                yield item
+            async with scope(method, checked(request), context):
+                async for item in inner(request, context):
+                    yield item
 
         return generator
 
     async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await check(method, checked(request), context)
-        return await inner(request, context)
+        async with scope(method, checked(request), context):
+            return await inner(request, context)
 
     return coroutine

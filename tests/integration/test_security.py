@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,13 @@ import grpc
 import pytest
 
 from ops.certs import LOOPBACK, init_ca, issue
+from peer.commitlog import AppendEntries, Entry, InstallSnapshot, LogIndex, Round, RoundCommit, Snapshot
+from peer.election import Epoch, Header, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, consensus_pb2, membership_pb2
 from peer.transport.channels import PLAINTEXT, Credentials, open_blocking_channel
-from tests.integration.peers import REPO, Cluster, _env, wait_for
+from peer.transport.consensus_rpc import CONSENSUS
+from peer.transport.wire import to_proto
+from tests.integration.peers import REPO, Cluster, _env, ops, wait_for
 
 SETTLE_S = 30.0
 
@@ -248,3 +253,98 @@ def test_hostile_messages_of_an_authenticated_site_are_refused(tls: Cluster) -> 
         assert now["epoch"] < before[p.site]["epoch"] + 10 and now["leader"] in ("a", "b")
         assert {m["site"] for m in now["members"]} == {"a", "b"}
         assert "Traceback" not in p.log(), p.log()[-3000:]
+
+
+def test_ops_place_reads_an_mtls_peer(tls: Cluster, tmp_path: Path) -> None:
+    """`ops place --peer` dials with --certs like every ops command (it spoke only plaintext)."""
+    a = tls.start("a")
+    run_file = tmp_path / "run.toml"
+    # The peer is asked first; the Slurm probe after it cannot run here, which shows the call passed.
+    run_file.write_text('[placement]\ntarget_tokens = 1.0\nprobe_timeout_s = 5\n[sites.a.slurm]\nnodes = 1\n'
+                        'time = "1"\ncommand_prefix = ["/nonexistent/login"]\n')
+    plain = ops("place", "--config", str(run_file), "--peer", a.address)
+    assert plain.returncode == 1 and f"peer {a.address} did not answer Admin/Status: UNAVAILABLE" in plain.stderr
+    nobody = ops("place", "--config", str(run_file), "--peer", a.address, "--certs", str(tls.certs), "--as", "x")
+    assert nobody.returncode == 1 and "x.crt does not exist" in nobody.stderr, nobody.stderr
+    placed = tls.ops("place", "--config", str(run_file), "--peer", a.address)
+    assert placed.returncode == 1, placed.stderr
+    assert "did not answer Admin/Status" not in placed.stderr
+    assert "error: site a: cannot run /nonexistent/login" in placed.stderr, placed.stderr
+
+
+def _consensus_send(address: str, creds: Credentials, msg: object) -> grpc.RpcError | None:
+    """One consensus message as the core would send it (peer/transport/consensus_rpc.py's route)."""
+    route = CONSENSUS.route_of(msg)
+    return _raw(address, creds, f"/{CONSENSUS.full_name}/{route.method}",
+                to_proto(msg, route.proto_cls).SerializeToString())
+
+
+def test_stale_epoch_replays_and_epoch_jumps_are_fenced(tls: Cluster) -> None:
+    """The leader's own messages of an epoch that is over (a paused leader's, a delayed or duplicated
+    delivery) are fenced by every peer, and a site outside the voters cannot jump the epoch."""
+    sites = ("a", "b", "c")
+    first = tls.start("a", extra=["--round-interval", "0.5"])
+    for site in sites[1:]:
+        tls.start(site, join=[first.address], extra=["--round-interval", "0.5"])
+    wait_for(lambda: len(tls.status(first.address)["voters"]) == 3 and tls.status(first.address)["committed_round"]
+             >= 2, SETTLE_S, "three voters and committed rounds")
+    old = tls.status(first.address)
+    leader, old_epoch = tls.peers[old["leader"]], old["epoch"]
+    others = [tls.peers[s] for s in sites if s != leader.site]
+    as_leader = Credentials.from_dir(tls.certs, leader.site)
+    # What the leader of old_epoch could send: an entry 1 and a snapshot far ahead, each of which,
+    # if believed, would cut the followers' logs.
+    header = Header(SiteId(leader.site), leader.address, Epoch(old_epoch), 0)
+    rewrite = AppendEntries(header, LogIndex(0), Epoch(0),
+                            (Entry(LogIndex(1), Epoch(old_epoch), RoundCommit(Round(1), (), b"forged")),),
+                            LogIndex(1), 10**6)
+    snapshot = InstallSnapshot(header, Snapshot(LogIndex(10**6), Epoch(old_epoch), Round(10**6), b"x", ()), 10**6)
+    leader.proc.send_signal(signal.SIGSTOP)  # the others elect a new leader in a later epoch
+    wait_for(lambda: all(tls.status(p.address)["epoch"] > old_epoch and tls.status(p.address)["leader"]
+                         for p in others), SETTLE_S, "a new leader in a later epoch")
+    leader.proc.send_signal(signal.SIGCONT)
+    before = {p.site: tls.status(p.address) for p in others}
+    for p in others:
+        for msg in (rewrite, snapshot):
+            assert _consensus_send(p.address, as_leader, msg) is None  # one-way: delivered, then fenced
+    # A site of the run that is not a voter claims an epoch 10^6 above: ignored, not adopted.
+    issue(tls.certs, "d", "site", tls.certs, LOOPBACK)
+    jump = AppendEntries(Header(SiteId("d"), "127.0.0.1:1", Epoch(before[others[0].site]["epoch"] + 10**6), 0),
+                         LogIndex(0), Epoch(0), (), LogIndex(0), 1)
+    for p in others:
+        assert _consensus_send(p.address, Credentials.from_dir(tls.certs, "d"), jump) is None
+    wait_for(lambda: tls.status(first.address)["committed_round"] >= before[others[0].site]["committed_round"] + 2,
+             SETTLE_S, "rounds to go on committing")
+    for p in tls.peers.values():
+        now = tls.status(p.address)
+        assert now["epoch"] < old_epoch + 100, now["epoch"]
+        assert now["voters"] == old["voters"] and now["leader"] in sites
+        if p.site in before:
+            assert now["consensus"]["commit_index"] >= before[p.site]["consensus"]["commit_index"]
+            assert now["committed_round"] >= before[p.site]["committed_round"]
+        assert "Traceback" not in p.log(), p.log()[-3000:]
+    assert any("implausible epoch" in p.log() for p in others)
+
+
+def test_an_insecure_peer_of_another_run_is_refused(tmp_path: Path) -> None:
+    """Without certificates the run id still travels (the user agent of every call): a plaintext
+    peer of another run is refused with the reason; one of the same run joins."""
+    plain = Cluster(tmp_path)
+    files = {}
+    for run in ("x", "y"):
+        files[run] = tmp_path / f"{run}.toml"
+        files[run].write_text(f'[run]\nname = "{run}"\ninsecure = true\n[sites.a]\n[sites.b]\n[sites.c]\n')
+    try:
+        a = plain.start("a", extra=["--config", str(files["x"])])
+        alien = subprocess.run(
+            [sys.executable, "-m", "peer.cli", "serve", "--config", str(files["y"]), "--site", "b", "--listen",
+             "127.0.0.1:0", "--preset", "local_test", "--data-dir", str(tmp_path / "b"), "--join", a.address,
+             "--join-timeout", "3"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60, check=False)
+        assert alien.returncode == 2
+        assert "PERMISSION_DENIED: caller of run y, this peer serves run x" in alien.stderr, alien.stderr
+        assert [m["site"] for m in plain.status(a.address)["members"]] == ["a"]
+        assert a.log().count("caller of run y, this peer serves run x") == 1  # logged once, then counted
+        plain.start("c", join=[a.address], extra=["--config", str(files["x"])])
+        wait_for(lambda: len(plain.status(a.address)["members"]) == 2, SETTLE_S, "c of the same run to join")
+    finally:
+        plain.close()
