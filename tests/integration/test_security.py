@@ -250,7 +250,9 @@ def test_hostile_messages_of_an_authenticated_site_are_refused(tls: Cluster) -> 
              "rounds to go on committing")
     for p in (a, b):
         now = tls.status(p.address)
-        assert now["epoch"] < before[p.site]["epoch"] + 10 and now["leader"] in ("a", "b")
+        # The attacker's epochs were 99 and 2^64-1: neither took. (Honest elections may still raise
+        # the epoch by a dozen on a machine loaded enough to starve the leader's lease renewals.)
+        assert before[p.site]["epoch"] <= now["epoch"] < 99 and now["leader"] in ("a", "b")
         assert {m["site"] for m in now["members"]} == {"a", "b"}
         assert "Traceback" not in p.log(), p.log()[-3000:]
 
