@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="passes over the data; no round opens once the log completed them (default 1)")
     train.add_argument("--round-deadline", type=float, default=300.0,
                        help="seconds the leader waits for a round's contributions (default 300)")
+    train.add_argument("--round-deadline-k", type=float, default=0.0, metavar="K",
+                       help="adapt the round deadline to the sites' pace: median + K x MAD of recent report "
+                            "delays (+2 s), never above --round-deadline (default 0: the fixed deadline)")
     train.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov learning rate (default 0.7)")
     train.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum (default 0.9)")
     train.add_argument("--checkpoint-every", type=int, default=0,
@@ -147,7 +150,8 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
         "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner, ranks=ranks,
                                  wire=args.wire),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
-                               deadline_s=args.round_deadline, data_epochs=args.data_epochs),
+                               deadline_s=args.round_deadline, data_epochs=args.data_epochs,
+                               deadline_k=args.round_deadline_k),
         "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),
     }
 
