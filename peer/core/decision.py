@@ -73,7 +73,8 @@ class Decision:
         if isinstance(event, ev.OutcomeReady) and (event.round, event.attempt) == (f.round, f.attempt):
             self.fetching = None
             commit = RoundCommit(Round(f.round), tuple(
-                Contributor(SiteId(c.site), c.tokens, c.ranges, c.pseudo_gradient_root) for c in f.admitted),
+                Contributor(SiteId(c.site), c.tokens, c.ranges, c.pseudo_gradient_root)
+                for c in sorted(f.admitted, key=lambda c: c.site)),  # the log wants them sorted by site
                 event.weights_hash)
             return [ev.Note(f"round {f.round}: proposing {len(f.admitted)} contributor(s)"), ev.Propose(commit)]
         return []

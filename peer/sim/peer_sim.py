@@ -15,7 +15,8 @@ the node's executor (peer/coordinator.py) does with I/O is done here in simulate
 
 Faults per seed, at seeded times: a late join, a contributor killed mid-round (kill -9: its pending
 training and Δ are lost) and restarted, the leader killed mid-round (a leader change reopens the
-round) and restarted, message loss, duplication and reordering, skewed clocks.
+round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
+reordering, skewed clocks. (Partitions are not simulated here yet.)
 
 Checked after every event: no sample in two commits of a data epoch (I4); every commit's θ hash is
 the function of its contributions and θ_{r-1} (I7 at the leader); every peer applies the committed
@@ -91,7 +92,8 @@ class PeerSimConfig:
     rounds: r.RoundsConfig = field(default_factory=lambda: r.RoundsConfig(
         inner_steps=2, samples_per_step=8, deadline_s=4.0, data_epochs=2, idle_wait_s=0.5, gather_s=0.5))
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
-    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash")
+    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause")
+    """Of `peer.sim.faults.KINDS`, these act here; partitions and one-way cuts are not simulated yet."""
     max_time: float = 600.0
     fetch_s: float = 0.3
     apply_s: float = 0.2
@@ -211,9 +213,11 @@ class PeerNode:
 
     def _run(self, effect: ev.Effect, now: float, queue: list[ev.Event]) -> list[Any]:
         w = self.world
-        if isinstance(effect, LeaseSend):
+        if isinstance(effect, ev.Note):
+            w.notes.append(f"{self.site}: {effect.text}")
+        elif isinstance(effect, LeaseSend):
             return [effect]
-        if isinstance(effect, ev.Report):
+        elif isinstance(effect, ev.Report):
             leader = self.raft.leader
             if leader is None:
                 return []
@@ -369,6 +373,8 @@ class PeerSim:
         self.epochs_done = 0
         self.faults: list[tuple[float, str]] = []
         self.excluded = 0
+        self.notes: list[str] = []
+        """Every decision the sites' round cores took, with its reason (in event order)."""
 
     # ----- what the nodes ask -----------------------------------------------------------------------
     def serving(self, site: str) -> bool:
@@ -454,6 +460,8 @@ class PeerSim:
         if "crash" in cfg.faults:
             at(rng.uniform(4, 12), lambda: self._kill_contributor(20), "kill a contributor mid-round")
             at(rng.uniform(8, 20), self._kill_leader, "kill the leader mid-round")
+        if "pause" in cfg.faults:
+            at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
         res = self.sim.run(cfg.max_time, _Checker(self))
         return res
 
@@ -489,6 +497,24 @@ class PeerSim:
         self.sim.crash(name)
         self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_down", name), f"{name} dead")
         self.sim.schedule(self.sim.now + self.rng.uniform(4, 10), lambda: self._join(name), f"restart {name}")
+
+    def _pause(self, seconds: float) -> None:
+        """SIGSTOP of a site that is not the leader for longer than a lease: its messages wait, its
+        leases are reclaimed meanwhile, membership declares it dead, then alive again on SIGCONT."""
+        leader = self._leader()
+        others = [n for n in self._up() if n != leader]
+        if len(self._up()) <= len(self.names) // 2 + 1 or not others:
+            self.sim.schedule(self.sim.now + 1.0, lambda: self._pause(seconds), "SIGSTOP (retry)")
+            return
+        name = self.rng.choice(others)
+        self._note(f"pause {name} for {seconds:.1f}s")
+        self.sim.pause(name)
+        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_down", name), f"{name} dead")
+        self.sim.schedule(self.sim.now + seconds, lambda: self._resume(name), f"resume {name}")
+
+    def _resume(self, name: SiteId) -> None:
+        self.sim.resume(name)
+        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
 
     def _leader(self) -> SiteId | None:
         for n in self._up():
