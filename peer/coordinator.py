@@ -17,8 +17,9 @@ feeds each completion back as an event; nothing here sleeps or polls. A round, e
 
 A site whose lease was lost while it trained (reclaimed after a pause, stolen) still reports what it
 trained, without the missing vouchers: the leader excludes it, and the commit frees its claims.
-A failure in 3 (a contributor's pseudo-gradient cannot be fetched) commits the round without any
-contributor: nothing is lost, its samples go back to free and are leased again.
+In 3, a contributor whose pseudo-gradient cannot be fetched is dropped (peer/core/decision.py); a
+failure no single site is to blame for commits the round without contributors: nothing is lost,
+its samples go back to free and are leased again.
 """
 
 from __future__ import annotations
