@@ -21,8 +21,9 @@ from peer.core.lease_log import Effect, LeaseLog
 from peer.durable import write_atomic
 from peer.election import SiteId
 from peer.lease_client import LeaseClient
-from peer.lease_types import EventKind, LeaseEvent, Message
+from peer.lease_types import EventKind, LeaseEvent, Message, to_ranges
 from peer.leases import LeaseConfig, LeaseOwner
+from peer.samples import SampleRange
 
 log = logging.getLogger("sitemesh.leases")
 
@@ -83,6 +84,15 @@ class Leasing:
 
     def tick(self, now: float) -> None:
         self._run(self.cores.tick(now))
+
+    def take(self, n: int, now: float) -> tuple[SampleRange, ...]:
+        """Up to n samples of started, valid leases, in block order; the client notes them trained
+        (the node's round core calls the client itself; scripts/bench_leases drives this edge)."""
+        return tuple(r for block, spans in self.client.next_samples(n, now) for r in to_ranges(block, spans))
+
+    def end_round(self, round_: int, now: float) -> None:
+        """Claim everything taken since the last claim for `round_` (the owners vouch or refuse)."""
+        self._run(self.client.end_round(round_, now))
 
     def release_all(self, now: float) -> None:
         """Give every lease back and take no more (graceful leave, or the run's data is done)."""

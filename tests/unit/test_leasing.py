@@ -9,7 +9,7 @@ import pytest
 from peer.commitlog import Contributor, Entry, RoundCommit, VoterChange
 from peer.election import Epoch, Header, SiteId
 from peer.gen.sitemesh.v1 import leases_pb2, rounds_pb2
-from peer.lease_types import Gen, Message, Voucher, spans, to_ranges
+from peer.lease_types import Gen, Message, Voucher, spans
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing, next_boot
 from peer.rounds import Contribution
@@ -80,7 +80,7 @@ def test_committed_rounds_reach_the_ledger_and_the_events_the_ledger_file(tmp_pa
             _, msg = sent.pop(0)
             leasing.receive(msg, float(t) / 10)  # type: ignore[arg-type]
     assert leasing.held == 2
-    taken = tuple(r for b, got in leasing.client.next_samples(3, 2.0) for r in to_ranges(b, got))
+    taken = leasing.take(3, 2.0)
     assert sum(r.num_samples for r in taken) == 3
     ledger = (tmp_path / "ledger.jsonl").read_text().splitlines()
     assert len(ledger) == 2 and all('"grant"' in line for line in ledger)
