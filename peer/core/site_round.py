@@ -195,6 +195,14 @@ class SiteRound:
 
     def _claimed(self, b: _Claiming, now: float) -> list[ev.Effect]:
         rnd = b.open.round
+        if self.committed_round >= rnd:
+            # Decided while this site trained it (a new leader reopened it, this site was busy, the
+            # round closed without it): no voucher can come (the lease client drops the claims of
+            # decided rounds) and no leader wants the report; the owners free the samples.
+            self.busy = None
+            self.clock.add(rnd, "publish", now - b.published)
+            return [ev.Note(f"round {rnd}: committed while this site trained it; not reporting, its "
+                            "samples go back to free when their leases lapse", warning=True)]
         accounted = self.client.contribution(rnd)
         if accounted is None and now < b.until:
             return []

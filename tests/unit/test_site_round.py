@@ -145,6 +145,17 @@ def test_a_trainer_that_trained_other_samples_is_a_failed_round() -> None:
     assert report.tokens == 0 and "other samples than the leased ones" in s.core.last_reason
 
 
+def test_a_round_committed_while_this_site_trained_it_does_not_wait_for_vouchers() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 1.5)  # decided without this site
+    out = s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    assert _reports(out) == [] and s.core.site.busy is None
+    assert "committed while this site trained it" in s.core.last_reason
+    assert s.core.site.sent is None, "nothing to answer a reopen with: the round is decided"
+
+
 def test_a_leave_waits_for_the_commit_of_the_reported_round_then_gives_every_lease_back() -> None:
     s = OneSite()
     s.lease_ticks(0.3)
