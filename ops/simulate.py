@@ -9,7 +9,9 @@ command that replays it with a full event trace. The last line is always the sum
     ops simulate --members 20 --seed 137 --faults all --trace
     ops simulate --faults network,pause --preset wan --seeds 0:50 --json
 
-New protocols (consensus, leases) register a `SimProtocol` in `PROTOCOLS`: a function running one
+    ops simulate --protocol peer --members 5 --seeds 0:100     # whole peers: rounds, leases, consensus
+
+New protocols (consensus, leases, peer) register a `SimProtocol` in `PROTOCOLS`: a function running one
 seed from the parsed arguments and the flags that reproduce it.
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 from peer.sim.faults import parse_faults
 from peer.sim.membership_sim import PRESETS, MembershipScenario
 from peer.sim.membership_sim import run_seed as run_membership_seed
-from peer.sim import consensus_sim, leases_sim
+from peer.sim import consensus_sim, leases_sim, peer_sim
 from peer.sim.runner import RunResult
 
 
@@ -58,6 +60,7 @@ PROTOCOLS: dict[str, SimProtocol] = {
     "membership": SimProtocol(_membership_run, _membership_flags),
     "consensus": SimProtocol(consensus_sim.ops_run_seed, consensus_sim.ops_replay_flags),
     "leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags),
+    "peer": SimProtocol(peer_sim.run_seed, peer_sim.replay_flags),
 }
 
 
@@ -115,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         parse_faults(args.faults)
         if args.protocol == "membership":
             _membership_scenario(args)  # validates --members, --preset
+        elif args.protocol == "peer":
+            peer_sim.PeerSimConfig(sites=args.members)  # validates --members
     except ValueError as e:
         print(f"ops simulate: {e}", file=sys.stderr)
         return 2

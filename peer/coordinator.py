@@ -1,8 +1,10 @@
-"""Runs DiLoCo outer rounds on a node: the leader opens and decides, every site leases, trains, applies.
+"""Runs DiLoCo outer rounds on a node: the effect executor of the round cores.
 
-Glue between parts that know nothing of each other: the round core (peer/rounds.py), the data-lease
-cores (peer/leasing.py), the consensus core (peer/consensus.py, through the node) and the training
-edge (peer/training.py). A round, end to end:
+The decisions are taken by pure cores: the leader's `RoundLeader` (peer/rounds.py) and this peer's
+`RoundCore` (peer/core/: the site's half, the leader's fetch, applying the log), with the data-lease
+cores (peer/leasing.py). This file runs their effects (trainer calls, pseudo-gradient fetches, θ
+applies and state transfers in peer/training.py, round and lease sends through the node) as tasks and
+feeds each completion back as an event; nothing here sleeps or polls. A round, end to end:
 
 1. The leader opens round r once r-1 is committed and applied here.
 2. Each site takes up to H x batch samples from its started, valid data leases, trains them from
@@ -15,30 +17,33 @@ edge (peer/training.py). A round, end to end:
 
 A site whose lease was lost while it trained (reclaimed after a pause, stolen) still reports what it
 trained, without the missing vouchers: the leader excludes it, and the commit frees its claims.
-A failure in 3 (a contributor's pseudo-gradient cannot be fetched) commits the round without any
-contributor: nothing is lost, its samples go back to free and are leased again.
+In 3, a contributor whose pseudo-gradient cannot be fetched is dropped (peer/core/decision.py); a
+failure no single site is to blame for commits the round without contributors: nothing is lost,
+its samples go back to free and are leased again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from peer import rounds as r
 from peer import timeline
-from peer.commitlog import Contributor, Entry, Round, RoundCommit
-from peer.election import Epoch, Header, Role, SiteId
-from peer.lease_types import Message as LeaseMessage, Voucher
+from peer.commitlog import Entry, RoundCommit
+from peer.core import events as ev
+from peer.core.round_core import RoundCore
+from peer.core.site_round import SiteRound
+from peer.election import Header, Role, SiteId
+from peer.lease_types import Message as LeaseMessage, Send as LeaseSend
 from peer.leases import LeaseConfig
 from peer.leasing import Leasing
 from peer.metrics import exclusion_kind
-from peer.samples import SampleRange
 from peer.timeline import RoundClock, RoundTimeline
-from peer.trainer.blocks import merge_ranges
-from peer.training import HashMismatch, InvalidContribution, Outcome, SiteTraining, Unavailable
+from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -46,14 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sitemesh.rounds")
 
 LIVE = ("ALIVE", "SUSPECT")
-
-
-class _ContributorDown(Exception):
-    """An admitted contributor was declared dead while the leader fetched the round."""
-
-    def __init__(self, site: str) -> None:
-        super().__init__(site)
-        self.site = site
 
 
 class Coordinator:
@@ -64,20 +61,14 @@ class Coordinator:
         self.lease_config = leases
         self.leasing: Leasing | None = None
         self.leader: r.RoundLeader | None = None
-        self._applies: asyncio.Queue[tuple[int, RoundCommit]] = asyncio.Queue()
-        self._busy = False
-        self._deciding = False
-        self._sent: r.Contribution | None = None
-        """This site's last report with samples, kept to answer a reopened round without retraining."""
-        self.diverged = ""
-        """The last I7 violation this peer found (its θ disagreed with the log) and whether the
-        state transfer that repairs it is done; empty if θ never disagreed."""
-        self.leaving = False
-        """Set by a graceful leave: the site reports nothing more and trains no more."""
-        self._resync = False
-        """This peer's θ disagrees with the log: the apply loop installs a peer's state first."""
-        self._down_changed: asyncio.Event | None = None
-        """Set by member_down while the leader fetches a round's pseudo-gradients."""
+        self.core: RoundCore | None = None
+        """This peer's round logic (peer/core/); None until start()."""
+        self._events: deque[ev.Event] = deque()
+        self._draining = False
+        self._fetch: asyncio.Task[None] | None = None
+        """The leader's pseudo-gradient fetch in flight (a cancelled one is awaited by the next)."""
+        self._left: asyncio.Future[None] | None = None
+        """Resolved when a graceful leave's round work is done (LeaveReady)."""
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
         self.clock = RoundClock(node.config.site, node.now())
@@ -97,13 +88,16 @@ class Coordinator:
         leasing.apply_entries([e for e in replayed if e is not None], now)
         rnd, index, committed = raft.log.last_round_entry(self.training.applied_index)
         why = self.training.verify_against(index, rnd, committed)
-        if why:
-            self._diverge(why)  # the apply loop re-syncs before it applies anything else
         self.leasing = leasing
         self.leader = r.RoundLeader(self.config, leasing.ledger)
+        site = SiteRound(self.node.config.site, self.node.address, self.config, self.lease_config.ttl,
+                         leasing.client, self.clock, self.training.applied_round, self.training.weights_hash)
+        self.core = RoundCore(site)
         log.info("leases: boot %d, data epoch %d, %d/%d samples committed", leasing.boot,
                  leasing.ledger.data_epoch, leasing.ledger.committed, leasing.ledger.total)
-        self.node.spawn(self._apply_loop())
+        if why:  # the apply queue re-syncs before it applies anything else
+            self._events.appendleft(ev.Diverged(why))
+        self._drain()  # what was committed while the trainer started
 
     # ----- status ------------------------------------------------------------------------------
     @property
@@ -123,23 +117,38 @@ class Coordinator:
         """The log completed every data epoch of the run."""
         return self.leader is not None and self.leader.done
 
+    @property
+    def diverged(self) -> str:
+        """The last I7 violation this peer found (its θ disagreed with the log) and whether the
+        state transfer that repairs it is done; empty if θ never disagreed."""
+        return self.core.applier.diverged if self.core is not None else ""
+
+    @property
+    def last_reason(self) -> str:
+        """The round core's last decision and its reason (why a round was skipped, a site excluded)."""
+        return self.core.last_reason if self.core is not None else ""
+
+    def next_deadline(self) -> float:
+        """When the round core next needs a Tick (node-clock seconds; inf: on events only)."""
+        return self.core.next_deadline() if self.core is not None else float("inf")
+
     # ----- from the node -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        if self.leasing is None or self.leader is None:
+        if self.leasing is None or self.leader is None or self.core is None:
             return
         if self.leader.done:
             self.leasing.release_all(now)  # nothing left to train: lease no more
         self.leasing.tick(now)
-        raft = self.node.consensus_core()
-        if raft.role is not Role.LEADER or self._deciding:
+        self._feed(ev.Tick())
+        status = self.node.consensus_status()
+        if status.role is not Role.LEADER or not self.core.ready_to_open:
             return
-        status = raft.status()
-        if self.training.applied_round != status.committed_round or not self._applies.empty():
+        if self.training.applied_round != status.committed_round:
             return  # θ_{r-1} must be ours before we open r
         live = [v.site for v in self.node.members() if v.state.name in LIVE]
         header = Header(SiteId(self.node.config.site), self.node.address, status.epoch, status.committed_round)
         for effect in self.leader.tick(now, header, status.committed_round, live, self.training.weights_hash):
-            self._run(effect)
+            self._run_leader(effect)
 
     def on_leader_changed(self, leader: str | None, epoch: int) -> None:
         if self.leasing is not None:
@@ -148,7 +157,7 @@ class Coordinator:
             self.leader.step_down()
 
     def on_entries(self, entries: Sequence[Entry]) -> None:
-        """Committed log entries, in order: the lease ledger and views at once, θ by the apply loop."""
+        """Committed log entries, in order: the lease ledger and views at once, θ by the apply queue."""
         if self.leasing is not None:
             self.leasing.apply_entries(entries, self.node.now())
         for entry in entries:
@@ -157,52 +166,111 @@ class Coordinator:
                     self.leader.on_commit(entry.body.round)
                 self._book_spent(entry.body.round)  # a leader's pull and outer step, before commit_wait ends
                 self.clock.committed(entry.body.round, self.node.now())
-                self._applies.put_nowait((entry.index, entry.body))
+                self._feed(ev.Committed(entry.index, entry.body))
 
     def receive(self, msg: r.Message) -> None:
-        raft = self.node.consensus_core()
-        if msg.header.epoch < raft.hard.epoch:
+        status = self.node.consensus_status()
+        if msg.header.epoch < status.epoch:
             log.info("refused %s of round %d from %s: stale epoch %d < %d", type(msg).__name__, msg.round,
-                     msg.header.from_site, msg.header.epoch, raft.hard.epoch)
+                     msg.header.from_site, msg.header.epoch, status.epoch)
             return
         if isinstance(msg, r.RoundOpen):
-            self._on_open(msg)
-        elif self.leader is not None and raft.role is Role.LEADER:
+            self._feed(ev.Opened(msg))
+        elif self.leader is not None and status.role is Role.LEADER:
             for effect in self.leader.receive(msg, self.node.now()):
-                self._run(effect)
+                self._run_leader(effect)
 
     def member_down(self, site: str) -> None:
         """Membership declared `site` DEAD or LEFT: the open round stops waiting for it, and a
         decision that is fetching its pseudo-gradient drops it at once instead of retrying."""
-        if self.leader is not None and self.node.consensus_core().role is Role.LEADER:
+        if self.leader is not None and self.node.consensus_status().role is Role.LEADER:
             for effect in self.leader.member_down(site, self.node.now()):
-                self._run(effect)
-        if self._down_changed is not None:
-            self._down_changed.set()
-
-    def _live(self, site: str) -> bool:
-        view = self.node.member(site)
-        return view is not None and view.state.name in LIVE
+                self._run_leader(effect)
+        self._feed(ev.MemberDown(site))
 
     def receive_lease(self, msg: LeaseMessage) -> None:
         if self.leasing is not None:
             self.leasing.receive(msg, self.node.now())
+            self._feed(ev.LeasesChanged())
 
     async def prepare_leave(self, wait_s: float) -> None:
         """Graceful leave (I8): train no more, give the leader up to `wait_s` to decide a round this
         site already reported samples for (it pulls the pseudo-gradient from here), then give every
-        lease back to its owner."""
-        self.leaving = True
-        sent = self._sent
-        if sent is not None and sent.tokens > 0:
-            deadline = self.node.now() + wait_s
-            while self.node.consensus_core().status().committed_round < sent.round and self.node.now() < deadline:
-                await asyncio.sleep(0.05)
-        if self.leasing is not None:
-            log.info("leaving: giving back %d lease(s)", self.leasing.held)
-            self.leasing.release_all(self.node.now())
+        lease back to its owner. Returns once the core says so (LeaveReady)."""
+        if self.core is None:
+            return
+        self._left = asyncio.get_running_loop().create_future()
+        self._feed(ev.LeaveRequested(wait_s))
+        await self._left
 
-    # ----- internals ---------------------------------------------------------------------------
+    # ----- the executor ------------------------------------------------------------------------
+    def _feed(self, event: ev.Event) -> None:
+        """Hands `event` to the round core and runs its effects. Events raised while effects run
+        (a proposal that commits at once) queue behind, so the core sees them one at a time, in order."""
+        self._events.append(event)
+        self._drain()
+
+    def _drain(self) -> None:
+        if self.core is None or self._draining:
+            return  # before start(): kept for the core (commits arrive while the trainer starts)
+        self._draining = True
+        try:
+            while self._events:
+                for effect in self.core.handle(self._events.popleft(), self.node.now()):
+                    self._run(effect)
+        finally:
+            self._draining = False
+        self.node.wake()  # the core's next deadline may have moved
+
+    def _run(self, effect: ev.Effect) -> None:
+        if isinstance(effect, ev.Note):
+            log.log(logging.WARNING if effect.warning else logging.INFO, "%s", effect.text)
+        elif isinstance(effect, LeaseSend):
+            self._send_lease(effect.to, effect.msg)
+        elif isinstance(effect, ev.Report):
+            self._contribute(effect.contribution)
+        elif isinstance(effect, ev.Train):
+            self._spawn(self._train(effect))
+        elif isinstance(effect, ev.Excluded):
+            self.node.events.excluded[exclusion_kind(effect.reason)] += 1
+        elif isinstance(effect, ev.Fetch):
+            self._fetch = self._spawn(self._outcome(effect, self._fetch))
+        elif isinstance(effect, ev.CancelFetch):
+            if self._fetch is not None:
+                self._fetch.cancel()
+        elif isinstance(effect, ev.Propose):
+            if not self.node.propose(effect.commit) and self.leader is not None:
+                self.leader.step_down()
+        elif isinstance(effect, ev.Apply):
+            self._spawn(self._apply(effect))
+        elif isinstance(effect, ev.CatchUp):
+            self._spawn(self._catch_up())
+        elif isinstance(effect, ev.RoundApplied):
+            log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
+                     self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)
+            self._finish_timeline(self.training.applied_round)
+        elif isinstance(effect, ev.LeaveReady):
+            if self._left is not None and not self._left.done():
+                self._left.set_result(None)
+
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self.node.spawn(task)  # the node cancels it at stop
+        return task
+
+    def _run_leader(self, effect: r.Effect) -> None:
+        if isinstance(effect, r.Broadcast):
+            log.info("round %d open", effect.msg.round)
+            for view in self.node.members():
+                if view.state.name == "ALIVE":
+                    self.node.send_round_message(view.address, effect.msg)
+        elif isinstance(effect, r.Decide):
+            live = frozenset(v.site for v in self.node.members() if v.state.name in LIVE)
+            self._feed(ev.DecideRound(effect, live))
+        elif isinstance(effect, r.EpochComplete):
+            log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
+                     effect.data_epochs, effect.samples)
+
     def _send_lease(self, site: SiteId, msg: LeaseMessage) -> None:
         if site == self.node.config.site:
             # Own shard: no network hop, but never re-entrantly inside the core that produced it.
@@ -212,240 +280,82 @@ class Coordinator:
         if view is not None and view.state.name in LIVE:
             self.node.send_lease_message(view.address, msg)
 
-    def _run(self, effect: r.Effect) -> None:
-        if isinstance(effect, r.Broadcast):
-            log.info("round %d open", effect.msg.round)
-            for view in self.node.members():
-                if view.state.name == "ALIVE":
-                    self.node.send_round_message(view.address, effect.msg)
-        elif isinstance(effect, r.Decide):
-            self._deciding = True
-            self.node.spawn(self._decide(effect))
-        elif isinstance(effect, r.EpochComplete):
-            log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
-                     effect.data_epochs, effect.samples)
-
-    def _on_open(self, msg: r.RoundOpen) -> None:
-        sent = self._sent
-        if sent is not None and sent.round == msg.round:
-            # A new leader (or the same one after an idle close) reopened a round we already trained
-            # from the same θ: the vouchers are for this round, so the report stands as it is.
-            self._contribute(sent)
-            return
-        if self._busy or self.leaving:
-            log.info("round %d: %s; reporting nothing", msg.round, "leaving" if self.leaving else "still training")
-            self._contribute(self._report(msg.round, (), 0, b""))
-            return
-        self._busy = True
-        self.node.spawn(self._train(msg))
-
-    async def _train(self, msg: r.RoundOpen) -> None:
-        try:
-            # θ_{r-1} may still be being applied here (its commit raced the open): wait briefly.
-            for _ in range(100):
-                if self.training.applied_round >= msg.round - 1 and self._applies.empty():
-                    break
-                await asyncio.sleep(0.05)
-            if self.training.applied_round != msg.round - 1 or self.training.weights_hash != msg.base_weights_hash:
-                log.warning("round %d: not at θ_%d (have round %d), not contributing", msg.round, msg.round - 1,
-                            self.training.applied_round)
-                self._contribute(self._report(msg.round, (), 0, b""))
-                return
-            gather_from = self.node.now()
-            ranges = await self._gather(self.config.samples_per_round)
-            self.clock.add(msg.round, "gather", self.node.now() - gather_from)
-            report = self._report(msg.round, ranges, 0, b"")
-            if ranges:
-                try:
-                    report = await self._train_ranges(msg, ranges)
-                except Exception:  # a failed round costs this site its contribution, never the peer
-                    # Reported without a pseudo-gradient: the leader excludes it and the round's
-                    # commit frees the claimed samples (an unreported claim would wait for that).
-                    log.exception("round %d: training failed", msg.round)
-                self._sent = report
-            self._contribute(report)
-            if report.tokens > 0:
-                self.clock.reported(msg.round, self.node.now())
-        finally:
-            self._busy = False
-
-    async def _gather(self, quota: int) -> tuple[SampleRange, ...]:
-        """Samples of started, valid leases, up to `quota`; stops early when none came for gather_s
-        (the client starts the next leased block only when the current one is used up)."""
-        assert self.leasing is not None
-        got: list[SampleRange] = []
-        n, quiet_since = 0, self.node.now()
-        while n < quota and self.node.now() - quiet_since < self.config.gather_s:
-            new = self.leasing.take(quota - n, self.node.now())
-            if new:
-                got.extend(new)
-                n += sum(x.num_samples for x in new)
-                quiet_since = self.node.now()
-                continue
-            await asyncio.sleep(0.02)
-        return tuple(got)
-
-    async def _train_ranges(self, msg: r.RoundOpen, ranges: tuple[SampleRange, ...]) -> r.Contribution:
-        """Train `ranges`, claim them from their owners, and build the report (vouchers included)."""
-        assert self.leasing is not None
-        started = self.node.now()
-        try:
-            trained = await self.training.train(msg.round, ranges, msg.inner_steps)
-        finally:
-            # Whatever happened, what was taken is claimed for this round: the round's commit
-            # settles the claims (admitted: committed; otherwise: free again).
-            self.leasing.end_round(msg.round, self.node.now())
-        log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", msg.round,
-                 sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
-        # Inner steps are what the trainer timed; the rest of train() is encoding and publishing Δ.
-        self.clock.add(msg.round, "compute", trained.seconds)
-        self.clock.trained(msg.round, trained.tokens, trained.steps, trained.mean_loss)
-        published = self.node.now()
-        self.clock.add(msg.round, "publish", published - started - trained.seconds)
-        if merge_ranges(trained.ranges) != merge_ranges(ranges):
-            raise RuntimeError(f"round {msg.round}: the trainer trained other samples than the leased ones")
-        deadline = self.node.now() + max(msg.deadline_s, self.lease_config.ttl)
-        while (accounted := self.leasing.client.contribution(msg.round)) is None and self.node.now() < deadline:
-            await asyncio.sleep(0.02)
-        vouchers = accounted.vouchers if accounted is not None else ()
-        self.clock.add(msg.round, "publish", self.node.now() - published)
-        if accounted is None or merge_ranges(accounted.ranges) != merge_ranges(trained.ranges):
-            why = self.leasing.client.lost_reasons[-1:] or ["no answer from the owners"]
-            log.warning("round %d: not every trained sample was vouched (%s); the leader will exclude this "
-                        "report and free its samples", msg.round, why[0])
-        return self._report(msg.round, trained.ranges, trained.tokens, trained.root, vouchers)
-
-    def _report(self, round_: int, ranges: tuple[SampleRange, ...], tokens: int, root: bytes,
-                vouchers: tuple[Voucher, ...] = ()) -> r.Contribution:
-        header = Header(SiteId(self.node.config.site), self.node.address, Epoch(0), round_ - 1)
-        return r.Contribution(header, round_, self.node.config.site, self.node.address, tokens, ranges, root, vouchers)
-
     def _contribute(self, report: r.Contribution) -> None:
         """Tells the current leader: it may have changed while we trained (a successor reopens the
         same round)."""
-        raft = self.node.consensus_core()
-        leader = self.node.member(raft.leader) if raft.leader else None
+        status = self.node.consensus_status()
+        leader = self.node.member(status.leader) if status.leader else None
         if leader is None:
             log.info("round %d: no leader known; the report waits for the next open", report.round)
             return
-        header = replace(report.header, epoch=raft.hard.epoch)
+        header = replace(report.header, epoch=status.epoch)
         log.info("round %d: reported %d samples, %d tokens to %s", report.round,
                  sum(x.num_samples for x in report.ranges), report.tokens, leader.site)
         self.node.send_round_message(leader.address, replace(report, header=header))
 
-    async def _decide(self, decide: r.Decide) -> None:
+    def _addresses(self) -> dict[str, str]:
+        return {v.site: v.address for v in self.node.members() if v.state.name == "ALIVE"}
+
+    # ----- long effects: each ends in one completion event -------------------------------------
+    async def _train(self, t: ev.Train) -> None:
         try:
-            for site, reason in decide.excluded:
-                log.info("round %d: %s: %s", decide.round, site, reason)
-                self.node.events.excluded[exclusion_kind(reason)] += 1
-            admitted = list(decide.admitted)
-            self._down_changed = asyncio.Event()
-            while True:
-                try:
-                    outcome = await self._outcome_unless_down(decide.round, admitted)
-                    break
-                except _ContributorDown as err:
-                    log.warning("round %d: %s: excluded: %s is dead (membership); deciding without it at once",
-                                decide.round, err.site, err.site)
-                    admitted = [c for c in admitted if c.site != err.site]
-                except InvalidContribution as err:
-                    log.warning("round %d: excluded: %s", decide.round, err)
-                    admitted = [c for c in admitted if c.site != err.site]
-                except Unavailable as err:
-                    # A contributor that went away (crash, leave) costs only its own samples, which
-                    # the commit frees; the others' work stands.
-                    log.warning("round %d: %s: excluded: %s's pseudo-gradient cannot be fetched (%s); deciding "
-                                "without it", decide.round, err.site, err.site, err)
-                    admitted = [c for c in admitted if c.site != err.site]
-                except Exception as err:
-                    log.warning("round %d: could not pull every pseudo-gradient (%s); committing it empty",
-                                decide.round, err)
-                    admitted = []
-            commit = RoundCommit(Round(decide.round), tuple(
-                Contributor(SiteId(c.site), c.tokens, c.ranges, c.pseudo_gradient_root) for c in admitted),
-                outcome.weights_hash)
-            if not self.node.propose(commit) and self.leader is not None:
-                self.leader.step_down()
-        finally:
-            self._deciding = False
-            self._down_changed = None
+            trained = await self.training.train(t.round, t.ranges, t.inner_steps)
+        except Exception as err:  # a failed round costs this site its contribution, never the peer
+            log.exception("round %d: training failed", t.round)
+            self._feed(ev.TrainFailed(t.round, f"{type(err).__name__}: {err}"))
+            return
+        log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", t.round,
+                 sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
+        self._feed(ev.TrainDone(t.round, trained.ranges, trained.tokens, trained.root, trained.seconds,
+                                trained.steps, trained.mean_loss))
 
-    async def _outcome_unless_down(self, round_: int, admitted: Sequence[r.Contribution]) -> Outcome:
-        """The round's outcome from `admitted`; raises _ContributorDown as soon as membership declares
-        one of them dead, instead of letting the fetch retry a dead peer up to its deadline."""
-        assert self._down_changed is not None
-        fetch = asyncio.ensure_future(self.training.outcome(
-            round_, [(c.site, c.address, c.pseudo_gradient_root, c.tokens) for c in admitted]))
+    async def _outcome(self, f: ev.Fetch, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:  # a cancelled fetch unwinds before the next one starts
+            await asyncio.gather(previous, return_exceptions=True)
+        event: ev.Event
         try:
-            while True:
-                down = sorted(c.site for c in admitted if not self._live(c.site))
-                if down:
-                    raise _ContributorDown(down[0])
-                self._down_changed.clear()
-                changed = asyncio.ensure_future(self._down_changed.wait())
-                await asyncio.wait({fetch, changed}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-                if fetch.done():
-                    return fetch.result()
-        finally:
-            if not fetch.done():
-                fetch.cancel()
-                await asyncio.gather(fetch, return_exceptions=True)
+            outcome = await self.training.outcome(
+                f.round, [(c.site, c.address, c.pseudo_gradient_root, c.tokens) for c in f.admitted])
+        except InvalidContribution as err:
+            event = ev.OutcomeFailed(f.round, f.attempt, err.site, str(err))
+        except Unavailable as err:
+            event = ev.OutcomeFailed(f.round, f.attempt, err.site,
+                                     f"{err.site}'s pseudo-gradient cannot be fetched ({err}); deciding without it")
+        except Exception as err:  # noqa: BLE001 - the core commits the round empty: nothing is lost
+            event = ev.OutcomeFailed(f.round, f.attempt, "", str(err))
+        else:
+            event = ev.OutcomeReady(f.round, f.attempt, outcome.weights_hash)
+        self._feed(event)
 
-    def _diverge(self, why: str) -> None:
-        self.diverged = f"{why}; re-syncing by state transfer"
-        self._resync = True
-        log.error("θ diverged from the log: %s", self.diverged)
+    async def _apply(self, a: ev.Apply) -> None:
+        event: ev.Event
+        try:
+            await self.training.apply(a.index, a.commit, self._addresses())
+        except (HashMismatch, InvalidContribution) as err:
+            event = ev.ApplyFailed(a.commit.round, "diverged", str(err))
+        except Unavailable as err:
+            event = ev.ApplyFailed(a.commit.round, "unavailable", str(err))
+        except Exception as err:  # noqa: BLE001 - the apply queue retries it
+            event = ev.ApplyFailed(a.commit.round, "error", str(err))
+        else:
+            event = ev.Persisted(a.index, a.commit.round, self.training.weights_hash)
+        self._feed(event)
 
-    async def _catch_up(self, addresses: dict[str, str]) -> bool:
+    async def _catch_up(self) -> None:
         """State transfer of the newest committed round from a peer whose θ hashes as the log says."""
-        raft = self.node.consensus_core()
-        rnd, rnd_index, weights_hash = raft.log.last_round_entry(raft.commit_index)
-        if not await self.training.catch_up(rnd, rnd_index, weights_hash, addresses):
-            return False
-        if self._resync:
-            self._resync = False
-            self.diverged = self.diverged.replace("re-syncing", f"re-synced to round {rnd}")
-            log.warning("θ re-synced: %s", self.diverged)
-        return True
+        status = self.node.consensus_status()
+        rnd, index, weights_hash = self.node.consensus_core().log.last_round_entry(status.commit_index)
+        event: ev.Event
+        try:
+            ok = await self.training.catch_up(rnd, index, weights_hash, self._addresses())
+        except Exception as err:  # noqa: BLE001 - the apply queue retries it
+            event = ev.CatchUpFailed(str(err))
+        else:
+            event = (ev.Persisted(index, rnd, weights_hash, transfer=True) if ok
+                     else ev.CatchUpFailed(f"no live peer served the state of round {rnd}"))
+        self._feed(event)
 
-    async def _apply_loop(self) -> None:
-        """Applies committed rounds strictly in log order. A pseudo-gradient nobody serves any more
-        (this peer fell behind) is replaced by a state transfer of the newest committed round; so is
-        this peer's θ when its hash disagrees with the log (I7: a bug or a memory or disk error
-        here), with the reason in `diverged`; other failures are retried."""
-        while True:
-            if self._resync:
-                index, commit = 0, None
-            else:
-                index, commit = await self._applies.get()
-                self._applies.task_done()
-                if commit.round <= self.training.applied_round:
-                    continue  # covered by a state transfer
-            for attempt in range(1, 1_000_000):
-                addresses = {v.site: v.address for v in self.node.members() if v.state.name == "ALIVE"}
-                try:
-                    if self._resync:
-                        if await self._catch_up(addresses):
-                            break
-                    elif commit is not None:
-                        await self.training.apply(index, commit, addresses)
-                        break
-                except (HashMismatch, InvalidContribution) as err:
-                    self._diverge(str(err))
-                    continue  # at once: the θ we hold is wrong, retrying the same round cannot help
-                except Unavailable as err:
-                    log.info("%s; catching up by state transfer", err)
-                    if await self._catch_up(addresses):
-                        break
-                except Exception as err:  # noqa: BLE001 - logged and retried
-                    log.warning("apply attempt %d (round %s) failed: %s", attempt,
-                                commit.round if commit else "state transfer", err)
-                await asyncio.sleep(min(0.5 * attempt, 5.0))
-            log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
-                     self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)
-            self._finish_timeline(self.training.applied_round)
-
+    # ----- the timeline ------------------------------------------------------------------------
     def _book_spent(self, round_: int) -> None:
         for phase, seconds in self.training.take_spent().items():
             self.clock.add(round_, phase, seconds)

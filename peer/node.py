@@ -93,6 +93,8 @@ class Node:
         self._leases = OneWaySender(LEASES, self._pool, delivery_timeout)
         self._health = health.aio.HealthServicer()
         self._wake = asyncio.Event()
+        self._changed: set[asyncio.Future[None]] = set()
+        """Waiters of `_wait_until`: woken whenever anything may have changed a core's state."""
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[object]] = set()
         self._started_at = clock()
@@ -259,7 +261,7 @@ class Node:
         if refused is not None:
             return refused
         self._spawn(self._execute(self._core().receive(msg, self._clock())))
-        self._wake.set()
+        self.wake()
         return None
 
     def _table_full(self, msg: m.Message) -> str | None:
@@ -295,21 +297,21 @@ class Node:
             return
         # Synchronously: the effects of one message must all run before the next message's.
         self._execute_consensus(self._raft_core().receive(msg, self._clock()))
-        self._wake.set()
+        self.wake()
 
     def deliver_round(self, msg: RoundMessage) -> None:
         """A round message (open, contribution) arrived."""
         if self._stopped.is_set() or self.coordinator is None:
             return
         self.coordinator.receive(msg)
-        self._wake.set()
+        self.wake()
 
     def deliver_lease(self, msg: LeaseMessage) -> None:
         """A data-lease message (grant, renewal, start, claim, replication...) arrived."""
         if self._stopped.is_set() or self.coordinator is None:
             return
         self.coordinator.receive_lease(msg)
-        self._wake.set()
+        self.wake()
 
     def send_round_message(self, address: str, msg: RoundMessage) -> None:
         self.spawn(self._rounds.send(address, msg))
@@ -381,6 +383,7 @@ class Node:
                 self.coordinator.tick(now)
             else:
                 self._maybe_propose_round(now)
+            self._notify_changed()
             deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
             delay = min(max(deadline - self._clock(), 0.0), 1.0)
             try:
@@ -390,7 +393,9 @@ class Node:
 
     def _next_round_deadline(self) -> float:
         if self.coordinator is not None:
-            return self._clock() + 0.1  # round scheduling polls: its events are few and cheap
+            # The round core's own deadlines, and the leader's and the lease cores' ticks, which
+            # have none to report: their events are few and cheap.
+            return min(self._clock() + 0.1, self.coordinator.next_deadline())
         return self._next_round_at if self.config.round_interval_s > 0 else float("inf")
 
     def _maybe_propose_round(self, now: float) -> None:
@@ -493,10 +498,32 @@ class Node:
         write_atomic(self._applied_path(), json.dumps({"index": index, "round": round_}))
 
     async def _wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Re-checks `predicate` whenever the node handled something (a message, a timer, a send
+        finishing: `_changed` waiters are woken by `wake`), until it holds or `timeout_s` passed."""
         deadline = self._clock() + timeout_s
-        while not predicate() and self._clock() < deadline:
-            await asyncio.sleep(0.02)
-        return predicate()
+        while not predicate():
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            changed = asyncio.get_running_loop().create_future()
+            self._changed.add(changed)
+            try:
+                await asyncio.wait_for(changed, remaining)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._changed.discard(changed)
+        return True
+
+    def wake(self) -> None:
+        """Something changed: the timer loop recomputes its deadline, `_wait_until` re-checks."""
+        self._wake.set()
+        self._notify_changed()
+
+    def _notify_changed(self) -> None:
+        for waiter in self._changed:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def spawn(self, coro: object) -> None:
         """Runs `coro` on the loop; the node keeps it alive and cancels it at stop."""
@@ -505,4 +532,8 @@ class Node:
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        self._notify_changed()  # a send finished (in-flight counts), a join's reply was handled ...

@@ -6,6 +6,7 @@ lease protocols (which grant them), so that "which samples" means the same thing
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -24,3 +25,14 @@ class SampleRange:
     @property
     def num_samples(self) -> int:
         return self.end - self.start
+
+
+def merge_ranges(ranges: Sequence[SampleRange]) -> list[SampleRange]:
+    """Sorted, with adjacent or overlapping ranges of the same block joined (a compact cursor)."""
+    out: list[SampleRange] = []
+    for r in sorted(ranges):
+        if out and out[-1].block_id == r.block_id and r.start <= out[-1].end:
+            out[-1] = SampleRange(r.block_id, out[-1].start, max(out[-1].end, r.end))
+        else:
+            out.append(r)
+    return out

@@ -341,6 +341,9 @@ class SiteTraining:
             self.weights, self.momentum, self.weights_hash = weights, momentum, got
             self.applied_index, self.applied_round = index, round_
             self._cache = None
+            # A peer whose θ on disk diverged served it at start as this round's state: that one is
+            # wrong, and the store refuses a second object under the same key with another root.
+            self.store.drop(codec.ObjectKey(round_, self.site, codec.ObjectKind.GLOBAL_STATE))
             await self._publish_state(round_, weights, momentum)
             log.info("caught up by state transfer from %s: round %d, θ %s", site, round_, got.hex()[:16])
             await self._checkpoint_if_due(before)

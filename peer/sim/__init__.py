@@ -12,6 +12,7 @@ Modules, generic first:
 - `runner`   Simulation: the event heap (deliveries, node timers, scheduled actions), crash /
              restart / pause / resume / clock jumps of nodes, invariant checks after every event.
 - `membership_sim`  the membership scenario and its invariants (an example to copy).
+- `peer_sim`  whole peers: the real round, consensus and lease cores with a fake trainer and θ.
 
 Plugging in a new protocol core (election/commit log, lease table ...):
 

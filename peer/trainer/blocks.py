@@ -27,7 +27,7 @@ import blake3
 import numpy as np
 import torch
 
-from peer.samples import SampleRange
+from peer.samples import SampleRange, merge_ranges  # noqa: F401 - merge_ranges: the trainer's name for it
 from peer.trainer.config import DataConfig
 from peer.trainer.data import Corpus
 
@@ -136,17 +136,6 @@ def take_samples(queue: list[SampleRange], n: int) -> tuple[list[SampleRange], l
             rest.insert(0, SampleRange(r.block_id, r.start + n, r.end))
             n = 0
     return taken, rest
-
-
-def merge_ranges(ranges: Sequence[SampleRange]) -> list[SampleRange]:
-    """Sorted, with adjacent or overlapping ranges of the same block joined (a compact cursor)."""
-    out: list[SampleRange] = []
-    for r in sorted(ranges):
-        if out and out[-1].block_id == r.block_id and r.start <= out[-1].end:
-            out[-1] = SampleRange(r.block_id, out[-1].start, max(out[-1].end, r.end))
-        else:
-            out.append(r)
-    return out
 
 
 def subtract_ranges(queue: Sequence[SampleRange], done: Iterable[SampleRange]) -> list[SampleRange]:

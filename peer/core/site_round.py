@@ -1,0 +1,253 @@
+"""The site's half of an outer round, sans I/O: gather, train, claim, report; and a graceful leave.
+
+A round at this site, as states of `SiteRound`:
+
+1. `Opened(r)` from the leader. θ_{r-1} may still be being applied here (its commit raced the
+   open): wait for `Persisted` up to `base_wait_s`; not at θ_{r-1} with the leader's hash then:
+   report nothing, with the reason.
+2. Gather: take samples of started, valid leases (the lease client core) at every `LeasesChanged`,
+   up to H x batch; stop when the quota is full or none came for `gather_s` (the next block needs
+   its owner's Start ack; at the end of a data epoch nothing may come at all).
+3. `Train` effect; `TrainDone` / `TrainFailed`. Whatever happened, what was taken is claimed for
+   round r (the round's commit settles the claims: admitted, committed; otherwise free again).
+4. Wait for every owner's answer to the claims, up to max(deadline_s, lease ttl), then `Report`
+   what was trained with the vouchers got. A lost lease (reclaimed after a pause, stolen) leaves
+   its samples without a voucher: the leader excludes the report and the commit frees the claims.
+
+A round reopened after a leader change is answered with the report already sent (same θ, same
+vouchers). A site that is busy (still in 1-4 for an earlier open) or leaving reports nothing.
+
+    .venv/bin/python -m pytest -q tests/unit/test_site_round.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peer.core import events as ev
+from peer.election import Epoch, Header, SiteId
+from peer.lease_client import LeaseClient
+from peer.lease_types import Voucher, to_ranges
+from peer.rounds import Contribution, RoundOpen, RoundsConfig
+from peer.samples import SampleRange, merge_ranges
+from peer.timeline import RoundClock
+
+BASE_WAIT_S = 5.0
+"""How long an open waits for θ_{r-1} to be applied here before the site sits the round out."""
+
+
+@dataclass
+class _Waiting:
+    open: RoundOpen
+    until: float
+
+
+@dataclass
+class _Gathering:
+    open: RoundOpen
+    since: float
+    quiet_since: float
+    got: list[SampleRange]
+    count: int = 0
+
+
+@dataclass
+class _Training:
+    open: RoundOpen
+    ranges: tuple[SampleRange, ...]
+    started: float
+
+
+@dataclass
+class _Claiming:
+    open: RoundOpen
+    trained: ev.TrainDone
+    published: float
+    until: float
+
+
+_Busy = _Waiting | _Gathering | _Training | _Claiming
+
+
+class SiteRound:
+    """This site's part of each round; feed it events, run the effects it returns."""
+
+    def __init__(self, site: str, address: str, config: RoundsConfig, claim_wait_s: float, client: LeaseClient,
+                 clock: RoundClock, applied_round: int, weights_hash: bytes) -> None:
+        self.site, self.address, self.config = site, address, config
+        self.claim_wait_s = claim_wait_s
+        """At least this long for the owners' vouchers (the lease ttl: a claim outlives a failover)."""
+        self.client, self.clock = client, clock
+        self.applied_round, self.weights_hash = applied_round, weights_hash
+        self.committed_round = applied_round
+        """The newest round committed in the log as far as this core was told."""
+        self.busy: _Busy | None = None
+        self.sent: Contribution | None = None
+        """This site's last report with samples, kept to answer a reopened round without retraining."""
+        self.leaving = False
+        self._leave_until: float | None = None
+
+    # ----- the state machine -----------------------------------------------------------------
+    def handle(self, event: ev.Event, now: float) -> list[ev.Effect]:
+        if isinstance(event, ev.Opened):
+            return self._opened(event.msg, now)
+        if isinstance(event, ev.Persisted):
+            self.applied_round, self.weights_hash = event.round, event.weights_hash
+            self.committed_round = max(self.committed_round, event.round)
+        elif isinstance(event, ev.Committed):
+            self.committed_round = max(self.committed_round, event.commit.round)
+        elif isinstance(event, ev.TrainDone | ev.TrainFailed):
+            return self._trained(event, now)
+        elif isinstance(event, ev.LeaveRequested):
+            return self._leave(event.wait_s, now)
+        return self._progress(now)
+
+    def next_deadline(self) -> float:
+        times = [self._leave_until if self._leave_until is not None else float("inf")]
+        b = self.busy
+        if isinstance(b, _Waiting | _Claiming):
+            times.append(b.until)
+        elif isinstance(b, _Gathering):
+            times.append(b.quiet_since + self.config.gather_s)
+        return min(times)
+
+    # ----- steps -------------------------------------------------------------------------------
+    def _opened(self, msg: RoundOpen, now: float) -> list[ev.Effect]:
+        sent = self.sent
+        if sent is not None and sent.round == msg.round:
+            return [ev.Note(f"round {msg.round}: reopened; the report of {self._count(sent.ranges)} samples "
+                            "trained from the same θ stands"), ev.Report(sent)]
+        if self.busy is not None or self.leaving:
+            why = "leaving" if self.leaving else f"still busy with round {self.busy.open.round}"  # type: ignore[union-attr]
+            return [ev.Note(f"round {msg.round}: {why}; reporting nothing"), self._report(msg.round)]
+        self.busy = _Waiting(msg, now + BASE_WAIT_S)
+        return self._progress(now)
+
+    def _progress(self, now: float) -> list[ev.Effect]:
+        """Advance whatever state the time and the lease cores allow (called on every event)."""
+        out: list[ev.Effect] = []
+        if self._leave_until is not None and (self.committed_round >= self._sent_round() or now >= self._leave_until):
+            out += self._release(now)
+        b = self.busy
+        if isinstance(b, _Waiting):
+            at_base = self.applied_round >= b.open.round - 1 and self.applied_round >= self.committed_round
+            if not at_base and now < b.until:
+                return out
+            if self.applied_round != b.open.round - 1 or self.weights_hash != b.open.base_weights_hash:
+                self.busy = None
+                return out + [ev.Note(f"round {b.open.round}: not at θ_{b.open.round - 1} (have round "
+                                      f"{self.applied_round}), not contributing", warning=True),
+                              self._report(b.open.round)]
+            b = self.busy = _Gathering(b.open, now, now, [])
+        if isinstance(b, _Gathering):
+            return out + self._gather(b, now)
+        if isinstance(b, _Claiming):
+            return out + self._claimed(b, now)
+        return out
+
+    def _gather(self, b: _Gathering, now: float) -> list[ev.Effect]:
+        quota = self.config.samples_per_round
+        while b.count < quota:
+            new = [r for block, spans in self.client.next_samples(quota - b.count, now)
+                   for r in to_ranges(block, spans)]
+            if not new:
+                break
+            b.got.extend(new)
+            b.count += sum(r.num_samples for r in new)
+            b.quiet_since = now
+        if b.count < quota and now < b.quiet_since + self.config.gather_s:
+            return []  # more may come with the next Start ack
+        rnd = b.open.round
+        self.clock.add(rnd, "gather", now - b.since)
+        if not b.got:
+            self.busy = None
+            return [ev.Note(f"round {rnd}: no leased sample came within {self.config.gather_s:g} s; "
+                            "reporting nothing"), self._report(rnd)]
+        ranges = tuple(b.got)
+        self.busy = _Training(b.open, ranges, now)
+        return [ev.Note(f"round {rnd}: training {b.count} leased samples"),
+                ev.Train(rnd, ranges, b.open.inner_steps)]
+
+    def _trained(self, event: ev.TrainDone | ev.TrainFailed, now: float) -> list[ev.Effect]:
+        b = self.busy
+        if not isinstance(b, _Training) or b.open.round != event.round:
+            return []  # not what this core asked for (cannot happen with one executor)
+        rnd = event.round
+        # Whatever happened, what was taken is claimed for this round: its commit settles the claims.
+        out: list[ev.Effect] = list(self.client.end_round(rnd, now))
+        failure = event.reason if isinstance(event, ev.TrainFailed) else ""
+        if isinstance(event, ev.TrainDone) and merge_ranges(event.ranges) != merge_ranges(b.ranges):
+            failure = "the trainer trained other samples than the leased ones"
+        if failure:
+            # Reported without a pseudo-gradient: the leader excludes it and the round's commit frees
+            # the claimed samples (an unreported claim would wait for that).
+            self.busy = None
+            self.sent = self._report(rnd, b.ranges).contribution
+            return out + [ev.Note(f"round {rnd}: training failed ({failure}); reporting the samples without "
+                                  "a pseudo-gradient so the commit frees them", warning=True), ev.Report(self.sent)]
+        assert isinstance(event, ev.TrainDone)
+        self.clock.add(rnd, "compute", event.seconds)
+        self.clock.trained(rnd, event.tokens, event.steps, event.mean_loss)
+        self.clock.add(rnd, "publish", now - b.started - event.seconds)
+        claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s))
+        self.busy = claim
+        return out + self._claimed(claim, now)
+
+    def _claimed(self, b: _Claiming, now: float) -> list[ev.Effect]:
+        rnd = b.open.round
+        if self.committed_round >= rnd:
+            # Decided while this site trained it (a new leader reopened it, this site was busy, the
+            # round closed without it): no voucher can come (the lease client drops the claims of
+            # decided rounds) and no leader wants the report; the owners free the samples.
+            self.busy = None
+            self.clock.add(rnd, "publish", now - b.published)
+            return [ev.Note(f"round {rnd}: committed while this site trained it; not reporting, its "
+                            "samples go back to free when their leases lapse", warning=True)]
+        accounted = self.client.contribution(rnd)
+        if accounted is None and now < b.until:
+            return []
+        self.busy = None
+        self.clock.add(rnd, "publish", now - b.published)
+        t = b.trained
+        out: list[ev.Effect] = []
+        if accounted is None or merge_ranges(accounted.ranges) != merge_ranges(t.ranges):
+            why = (self.client.lost_reasons[-1:] or ["no answer from the owners"])[0]
+            out.append(ev.Note(f"round {rnd}: not every trained sample was vouched ({why}); the leader will "
+                               "exclude this report and free its samples", warning=True))
+        vouchers = accounted.vouchers if accounted is not None else ()
+        report = self._report(rnd, t.ranges, t.tokens, t.root, vouchers)
+        self.sent = report.contribution
+        self.clock.reported(rnd, now)
+        return out + [ev.Note(f"round {rnd}: reporting {self._count(t.ranges)} samples, {t.tokens} tokens, "
+                              f"{len(vouchers)} voucher(s)"), report]
+
+    def _leave(self, wait_s: float, now: float) -> list[ev.Effect]:
+        """Graceful leave (I8): train no more; give the leader up to `wait_s` to decide a round this
+        site reported samples for (it pulls the pseudo-gradient from here), then give every lease back."""
+        self.leaving = True
+        if self.committed_round < self._sent_round():
+            self._leave_until = now + wait_s
+            return [ev.Note(f"leaving: waiting up to {wait_s:g} s for round {self._sent_round()}, which holds "
+                            "this site's samples, to be committed")]
+        return self._release(now)
+
+    def _release(self, now: float) -> list[ev.Effect]:
+        self._leave_until = None
+        out: list[ev.Effect] = [ev.Note(f"leaving: giving back {len(self.client.held)} lease(s)")]
+        if not self.client.leaving:
+            out += self.client.release_all(now)
+        return out + [ev.LeaveReady()]
+
+    # ----- helpers -------------------------------------------------------------------------------
+    def _sent_round(self) -> int:
+        """The round whose commit this site's reported samples wait for (0: none)."""
+        return self.sent.round if self.sent is not None and self.sent.tokens > 0 else 0
+
+    def _report(self, round_: int, ranges: tuple[SampleRange, ...] = (), tokens: int = 0, root: bytes = b"",
+                vouchers: tuple[Voucher, ...] = ()) -> ev.Report:
+        header = Header(SiteId(self.site), self.address, Epoch(0), round_ - 1)
+        return ev.Report(Contribution(header, round_, self.site, self.address, tokens, ranges, root, vouchers))
+
+    @staticmethod
+    def _count(ranges: tuple[SampleRange, ...]) -> int:
+        return sum(r.num_samples for r in ranges)

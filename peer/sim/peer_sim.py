@@ -1,0 +1,584 @@
+"""Whole-peer simulation of outer rounds: the real round, consensus and lease cores of N sites.
+
+Every site is a `PeerNode`: the real consensus core (peer/consensus.py on a `MemoryStore` that
+survives its crashes), the real lease cores fed from its log (peer/core/lease_log.py), the real
+leader core (`RoundLeader`, peer/rounds.py) and the real round core (`RoundCore`, peer/core/). What
+the node's executor (peer/coordinator.py) does with I/O is done here in simulated time:
+
+- `Train`: a fake trainer "trains" the ranges in simulated time (a site-specific speed) and returns
+  a deterministic Δ root of (site, round, ranges);
+- `Fetch` / `Apply`: θ is a stand-in that is a real function of the contributions: blake2b of θ_{r-1},
+  the round and the contributors' (site, tokens, root). A contributor whose process is down serves
+  no Δ (Unavailable); `CatchUp` copies θ from a live peer that holds the newest committed round;
+- membership: a site's crash is reported to every live core (member_dead, MemberDown) after a
+  detection delay, a (re)start as member_alive after one.
+
+Faults per seed, at seeded times: a late join, a contributor killed mid-round (kill -9: its pending
+training and Δ are lost) and restarted, the leader killed mid-round (a leader change reopens the
+round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
+reordering, skewed clocks. (Partitions are not simulated here yet.)
+
+Checked after every event: no sample in two commits of a data epoch (I4); every commit's θ hash is
+the function of its contributions and θ_{r-1} (I7 at the leader); every peer applies the committed
+rounds in log order with the committed hash, each once (state transfers may skip rounds, never
+reorder them). At the end of every data epoch: every sample committed (I5); at the end: the run
+finished its data epochs (liveness).
+
+    ops simulate --protocol peer --members 5 --seeds 0:100
+    ops simulate --protocol peer --members 5 --seed 7 --trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+from peer import rounds as r
+from peer.commitlog import Entry, RoundCommit
+from peer.consensus import Committed, ConsensusCore, DurableState, LeaderChanged
+from peer.consensus import Message as ConsensusMessage
+from peer.consensus import Send as ConsensusSend
+from peer.core import events as ev
+from peer.core.lease_log import LeaseLog
+from peer.core.round_core import RoundCore
+from peer.core.site_round import SiteRound
+from peer.election import ElectionConfig, Header, Role, SiteId
+from peer.lease_types import Send as LeaseSend
+from peer.leases import LeaseConfig
+from peer.logstore import MemoryStore
+from peer.samples import SampleRange
+from peer.sim.clock import NodeClock
+from peer.sim.faults import parse_faults
+from peer.sim.network import SimNetwork
+from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
+from peer.timeline import RoundClock
+
+RAFT = ElectionConfig(election_timeout_min_s=1.0, election_timeout_max_s=2.0, heartbeat_interval_s=0.2,
+                      max_clock_drift=0.01, max_batch=16)
+"""Consensus timing: failover well within a round deadline and a lease ttl."""
+TICK_S = 0.25
+"""The lease cores retry grants, starts and claims on ticks that report no deadline: tick this often."""
+DETECT_S = 1.5
+"""Membership's delay between a crash (or a start) and the verdict the cores are told."""
+THETA0 = hashlib.blake2b(b"theta_0", digest_size=16).digest()
+_CONSENSUS = typing.get_args(ConsensusMessage)
+_ROUND = typing.get_args(r.Message)
+
+
+def theta(previous: bytes, round_: int, contributors: Sequence[tuple[str, int, bytes]]) -> bytes:
+    """The stand-in θ_round: a function of θ_{round-1} and what every contributor sent."""
+    h = hashlib.blake2b(previous + round_.to_bytes(8, "big"), digest_size=16)
+    for site, tokens, root in sorted(contributors):
+        h.update(site.encode() + b"\0" + tokens.to_bytes(8, "big") + root)
+    return h.digest()
+
+
+def delta_root(site: str, round_: int, ranges: Sequence[SampleRange]) -> bytes:
+    text = f"{site}/{round_}/" + ",".join(f"{x.block_id}:{x.start}-{x.end}" for x in ranges)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class PeerSimConfig:
+    sites: int = 5
+    blocks: int = 24
+    block_samples: int = 16
+    epochs: int = 2
+    rounds: r.RoundsConfig = field(default_factory=lambda: r.RoundsConfig(
+        inner_steps=2, samples_per_step=8, deadline_s=4.0, data_epochs=2, idle_wait_s=0.5, gather_s=0.5))
+    lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
+    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause")
+    """Of `peer.sim.faults.KINDS`, these act here; partitions and one-way cuts are not simulated yet."""
+    max_time: float = 600.0
+    fetch_s: float = 0.3
+    apply_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.sites < 3:
+            raise ValueError(f"--members {self.sites}: the peer simulation needs at least 3 sites (a majority "
+                             "must survive a killed leader)")
+        if self.rounds.data_epochs != self.epochs:
+            raise ValueError("rounds.data_epochs must equal epochs")
+
+
+@dataclass(frozen=True)
+class SimSend:
+    to: str
+    msg: object
+
+
+@dataclass
+class Durable:
+    """What a site's disk keeps across a kill: the log store and θ's pointer."""
+
+    store: MemoryStore
+    index: int = 0
+    round: int = 0
+    weights_hash: bytes = THETA0
+    boot: int = -1
+
+
+class PeerNode:
+    """One site's cores and the simulated executor of their effects."""
+
+    def __init__(self, site: SiteId, world: PeerSim, now: float) -> None:
+        self.site, self.world = site, world
+        disk = world.disks[site]
+        disk.boot += 1
+        self.disk = disk
+        self.raft = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
+                                        derive_rng(world.seed, f"raft/{site}/{disk.boot}"), applied_index=disk.index)
+        self.leases = LeaseLog(site, world.universe, world.cfg.lease, disk.boot)
+        self.leader = r.RoundLeader(world.cfg.rounds, self.leases.ledger)
+        self.core = RoundCore(SiteRound(site, site, world.cfg.rounds, world.cfg.lease.ttl, self.leases.client,
+                                        RoundClock(site, now), disk.round, disk.weights_hash))
+        self.speed = world.speeds[site]
+        self.pending: list[tuple[float, int, ev.Event | _Due]] = []
+        """The fake trainer's and exchange's completions due (lost with the process)."""
+        self._seq = 0
+        self._next_tick = now
+        self.applied: list[tuple[int, bytes]] = []
+        self.started: list[Any] = []
+        log = self.raft.log
+        replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
+        self.started += self.leases.apply_entries([e for e in replay if e is not None], now)
+        for other in world.live:
+            if other != site:
+                self.raft.member_alive(SiteId(other), other)
+
+    # ----- runner.Node ---------------------------------------------------------------------------
+    def tick(self, now: float) -> list[Any]:
+        out: list[Any] = []
+        while self.pending and self.pending[0][0] <= now:
+            _, _, item = self.pending.pop(0)
+            # A fake fetch or apply is decided when it completes: a contributor killed meanwhile serves nothing.
+            out += self._feed(self._due(item) if isinstance(item, _Due) else item, now)
+        out += self._consensus(self.raft.tick(now), now)
+        if now >= self._next_tick:
+            self._next_tick = now + TICK_S
+        if self.leader.done:
+            out += self.leases.release_all(now)
+        out += self.leases.tick(now)
+        out += self._feed(ev.Tick(), now)
+        out += self._lead(now)
+        return out
+
+    def receive(self, msg: object, now: float) -> list[Any]:
+        out: list[Any] = []
+        if isinstance(msg, _CONSENSUS):
+            out += self._consensus(self.raft.receive(msg, now), now)  # type: ignore[arg-type]
+        elif isinstance(msg, _ROUND):
+            out += self._round_message(msg, now)  # type: ignore[arg-type]
+        else:
+            out += self.leases.receive(msg, now)  # type: ignore[arg-type]
+            out += self._feed(ev.LeasesChanged(), now)
+        return out
+
+    def next_deadline(self) -> float:
+        times = [self.raft.next_deadline(), self.leases.next_deadline(), self.core.next_deadline(), self._next_tick]
+        if self.pending:
+            times.append(self.pending[0][0])
+        return min(times)
+
+    # ----- membership, as the membership layer reports it ------------------------------------------
+    def member_alive(self, site: str, now: float) -> list[Any]:
+        self.raft.member_alive(SiteId(site), site)
+        return []
+
+    def member_down(self, site: str, now: float) -> list[Any]:
+        self.raft.member_dead(SiteId(site))
+        out: list[Any] = []
+        if self.raft.role is Role.LEADER:
+            out += self._leader_effects(self.leader.member_down(site, now), now)
+        return out + self._feed(ev.MemberDown(site), now)
+
+    # ----- the executor --------------------------------------------------------------------------
+    def _feed(self, event: ev.Event, now: float) -> list[Any]:
+        out: list[Any] = []
+        queue = [event]
+        while queue:
+            for effect in self.core.handle(queue.pop(0), now):
+                out += self._run(effect, now, queue)
+        return out
+
+    def _later(self, at: float, event: ev.Event | _Due) -> None:
+        self._seq += 1
+        self.pending.append((at, self._seq, event))
+        self.pending.sort(key=lambda p: (p[0], p[1]))
+
+    def _run(self, effect: ev.Effect, now: float, queue: list[ev.Event]) -> list[Any]:
+        w = self.world
+        if isinstance(effect, ev.Note):
+            w.notes.append(f"{self.site}: {effect.text}")
+        elif isinstance(effect, LeaseSend):
+            return [effect]
+        elif isinstance(effect, ev.Report):
+            leader = self.raft.leader
+            if leader is None:
+                return []
+            header = replace(effect.contribution.header, epoch=self.raft.hard.epoch)
+            return [SimSend(leader, replace(effect.contribution, header=header))]
+        if isinstance(effect, ev.Train):
+            samples = sum(x.num_samples for x in effect.ranges)
+            done = ev.TrainDone(effect.round, effect.ranges, samples * 8, delta_root(self.site, effect.round,
+                                                                                     effect.ranges), 0.0)
+            self._later(now + 0.5 + samples / self.speed, done)
+        elif isinstance(effect, ev.Fetch):
+            self._later(now + w.cfg.fetch_s, _Due(effect))
+        elif isinstance(effect, ev.CancelFetch):
+            self.pending = [p for p in self.pending if not (isinstance(p[2], _Due) and isinstance(p[2].effect, ev.Fetch)
+                                                             and p[2].effect.attempt == effect.attempt)]
+        elif isinstance(effect, ev.Propose):
+            decision = self.raft.propose_round(effect.commit, now)
+            if not decision.accepted:
+                self.leader.step_down()
+            return self._consensus(decision.effects, now, queue)
+        elif isinstance(effect, ev.Apply):
+            self._later(now + w.cfg.apply_s, _Due(effect))
+        elif isinstance(effect, ev.CatchUp):
+            self._later(now + w.cfg.apply_s, _Due(effect))
+        elif isinstance(effect, ev.RoundApplied):
+            w.applied_by(self.site, effect.round, self.disk.weights_hash)
+        return []
+
+    def _consensus(self, effects: Sequence[Any], now: float, queue: list[ev.Event] | None = None) -> list[Any]:
+        out: list[Any] = []
+        entries: list[Entry] = []
+        for e in effects:
+            if self.disk.store.persist(e):
+                continue
+            if isinstance(e, ConsensusSend):
+                out.append(SimSend(e.address, e.msg))
+            elif isinstance(e, Committed):
+                entries.append(e.entry)
+            elif isinstance(e, LeaderChanged):
+                self.leases.note_leader_epoch(e.epoch)
+                if e.leader != self.site:
+                    self.leader.step_down()
+        if entries:
+            out += self.leases.apply_entries(entries, now)
+            for entry in entries:
+                if isinstance(entry.body, RoundCommit):
+                    self.world.see_commit(entry.index, entry.body)
+                    self.leader.on_commit(entry.body.round)
+                    event = ev.Committed(entry.index, entry.body)
+                    if queue is not None:
+                        queue.append(event)  # inside _feed: after the effects being run
+                    else:
+                        out += self._feed(event, now)
+        return out
+
+    def _round_message(self, msg: r.Message, now: float) -> list[Any]:
+        if msg.header.epoch < self.raft.hard.epoch:
+            return []
+        if isinstance(msg, r.RoundOpen):
+            return self._feed(ev.Opened(msg), now)
+        if self.raft.role is Role.LEADER:
+            return self._leader_effects(self.leader.receive(msg, now), now)
+        return []
+
+    def _lead(self, now: float) -> list[Any]:
+        status = self.raft.status()
+        if status.role is not Role.LEADER or not self.core.ready_to_open:
+            return []
+        if self.disk.round != status.committed_round:
+            return []
+        header = Header(self.site, self.site, status.epoch, status.committed_round)
+        live = sorted(self.world.live)
+        return self._leader_effects(self.leader.tick(now, header, status.committed_round, live,
+                                                     self.disk.weights_hash), now)
+
+    def _leader_effects(self, effects: Sequence[r.Effect], now: float) -> list[Any]:
+        out: list[Any] = []
+        for e in effects:
+            if isinstance(e, r.Broadcast):
+                out += [SimSend(s, e.msg) for s in sorted(self.world.live)]
+            elif isinstance(e, r.Decide):
+                out += self._feed(ev.DecideRound(e, frozenset(self.world.live)), now)
+        return out
+
+    # ----- the fake exchange and disk --------------------------------------------------------------
+    def _due(self, item: _Due) -> ev.Event:
+        """The completion event of a fake long effect, decided when it completes."""
+        w = self.world
+        if isinstance(item.effect, ev.Fetch):
+            f = item.effect
+            for c in f.admitted:
+                if c.site != self.site and not w.serving(c.site):
+                    return ev.OutcomeFailed(f.round, f.attempt, c.site, f"{c.site}'s pseudo-gradient cannot be "
+                                                                        "fetched (its process is down)")
+            h = theta(self.disk.weights_hash, f.round, [(c.site, c.tokens, c.pseudo_gradient_root)
+                                                        for c in f.admitted])
+            return ev.OutcomeReady(f.round, f.attempt, h)
+        if isinstance(item.effect, ev.Apply):
+            a = item.effect
+            for who in a.commit.contributors:
+                if who.site != self.site and not w.serving(who.site):
+                    return ev.ApplyFailed(a.commit.round, "unavailable", f"round {a.commit.round}: {who.site}'s "
+                                          "pseudo-gradient is served by nobody")
+            h = theta(self.disk.weights_hash, a.commit.round, [(c.site, c.tokens, c.pseudo_gradient_root)
+                                                               for c in a.commit.contributors])
+            if h != a.commit.weights_hash:
+                return ev.ApplyFailed(a.commit.round, "diverged", f"round {a.commit.round}: θ hash {h.hex()[:8]} "
+                                      f"!= committed {a.commit.weights_hash.hex()[:8]} (I7)")
+            self.disk.index, self.disk.round, self.disk.weights_hash = a.index, a.commit.round, h
+            return ev.Persisted(a.index, a.commit.round, h)
+        got = w.newest_state(self.site)
+        if got is None:
+            return ev.CatchUpFailed("no live peer holds the newest committed round")
+        self.disk.index, self.disk.round, self.disk.weights_hash = got
+        return ev.Persisted(*got, transfer=True)
+
+
+@dataclass(frozen=True)
+class _Due:
+    """A fake fetch, apply or state transfer, resolved into its completion event when it is due."""
+
+    effect: ev.Fetch | ev.Apply | ev.CatchUp
+
+
+class PeerSim:
+    """One seeded run: the world the nodes share (what membership and the disks say), the truth
+    (the committed log in order) and the invariants."""
+
+    def __init__(self, seed: int, cfg: PeerSimConfig, trace: Callable[[str], None] | None = None) -> None:
+        self.seed, self.cfg = seed, cfg
+        self.rng = derive_rng(seed, "peer")
+        self.universe = {1000 + i: cfg.block_samples - (i % 3 == 2) for i in range(cfg.blocks)}
+        net = SimNetwork(derive_rng(seed, "network"), latency_s=(0.001, 0.02))
+        if "drop" in cfg.faults:
+            net.drop_rate = 0.01
+        if "duplicate" in cfg.faults:
+            net.duplicate_rate = 0.01
+        if "reorder" in cfg.faults:
+            net.reorder_rate, net.reorder_window_s = 0.02, 0.05
+        self.sim = Simulation(seed, net, trace)
+        self.names = [SiteId(f"s{i}") for i in range(cfg.sites)]
+        self.disks = {n: Durable(MemoryStore()) for n in self.names}
+        self.speeds = {n: self.rng.choice([20.0, 40.0, 80.0]) for n in self.names}
+        self.live: set[str] = set()
+        """The sites membership reports alive (what the cores were told)."""
+        self.commits: dict[int, RoundCommit] = {}
+        """The committed log's RoundCommits, by round, as the first peer to commit each saw it."""
+        self.by_index: dict[int, int] = {}
+        self.order: list[int] = []
+        self.applied: dict[str, list[int]] = {n: [] for n in self.names}
+        self.violations: list[str] = []
+        self.epoch_samples: set[tuple[int, int]] = set()
+        self.epochs_done = 0
+        self.faults: list[tuple[float, str]] = []
+        self.excluded = 0
+        self.notes: list[str] = []
+        """Every decision the sites' round cores took, with its reason (in event order)."""
+
+    # ----- what the nodes ask -----------------------------------------------------------------------
+    def serving(self, site: str) -> bool:
+        return self.sim.state(site) is NodeState.UP
+
+    def newest_state(self, site: str) -> tuple[int, int, bytes] | None:
+        """θ of the newest committed round from any live peer that applied it (a state transfer)."""
+        if not self.order:
+            return None
+        newest = self.order[-1]
+        for n in sorted(self.names):
+            d = self.disks[n]
+            if n != site and self.serving(n) and d.round == newest:
+                return d.index, d.round, d.weights_hash
+        return None
+
+    def see_commit(self, index: int, commit: RoundCommit) -> None:
+        """A peer's log committed `commit` at `index`: the first sighting is the truth, later ones must
+        agree; the truth's invariants are checked at once."""
+        rnd = commit.round
+        if index in self.by_index:
+            if self.by_index[index] != rnd or self.commits[rnd] != commit:
+                self.violations.append(f"log index {index} holds round {rnd} at one peer and another entry "
+                                       "elsewhere (commit log safety)")
+            return
+        self.by_index[index] = rnd
+        if rnd in self.commits:
+            self.violations.append(f"round {rnd} committed twice (at index {index} and earlier)")
+            return
+        if self.order and rnd != self.order[-1] + 1:
+            self.violations.append(f"round {rnd} committed after round {self.order[-1]} (rounds must be consecutive)")
+        previous = self.commits[self.order[-1]].weights_hash if self.order else THETA0
+        want = theta(previous, rnd, [(c.site, c.tokens, c.pseudo_gradient_root) for c in commit.contributors])
+        if commit.weights_hash != want:
+            self.violations.append(f"round {rnd}: committed θ hash is not the outer step of its contributions "
+                                   "and θ_{r-1} (I7)")
+        self.commits[rnd] = commit
+        self.order.append(rnd)
+        for c in commit.contributors:
+            for x in c.ranges:
+                for i in range(x.start, x.end):
+                    if (x.block_id, i) in self.epoch_samples:
+                        self.violations.append(f"round {rnd}: sample {i} of block {x.block_id} committed twice in "
+                                               f"data epoch {self.epochs_done} (by {c.site}) (I4)")
+                    self.epoch_samples.add((x.block_id, i))
+        total = sum(self.universe.values())
+        if len(self.epoch_samples) >= total:
+            everything = {(b, i) for b, n in self.universe.items() for i in range(n)}
+            if self.epoch_samples != everything:
+                self.violations.append(f"data epoch {self.epochs_done} ended without every sample (I5)")
+            self.epochs_done += 1
+            self.epoch_samples = set()
+            if self.epochs_done >= self.cfg.epochs:
+                self.sim.schedule(self.sim.now + 5.0, self.sim.stop, "run complete")
+
+    def applied_by(self, site: str, round_: int, weights_hash: bytes) -> None:
+        """`site` applied `round_` (in order, or by a state transfer that skips, never reorders)."""
+        seq = self.applied[site]
+        if seq and round_ <= seq[-1]:
+            self.violations.append(f"{site} applied round {round_} after round {seq[-1]} (a round applied twice "
+                                   "or out of log order)")
+        commit = self.commits.get(round_)
+        if commit is None or commit.weights_hash != weights_hash:
+            self.violations.append(f"{site} applied round {round_} with θ {weights_hash.hex()[:8]}, not the "
+                                   "committed one (I7)")
+        seq.append(round_)
+
+    # ----- the run -----------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        founders = self.names[:-1]
+        skew = "skew" in cfg.faults
+        for n in self.names:
+            clock = NodeClock(self.rng.uniform(0, 100), 1 + self.rng.uniform(-0.001, 0.001)) if skew else NodeClock()
+            if n in founders:
+                fresh = DurableState.fresh({f: f for f in founders})
+                self.disks[n].store.save_hard_state(fresh.hard)
+                self.disks[n].store.write_log(1, tuple(fresh.entries))
+                self.live.add(n)
+            self.sim.add_node(n, partial(self._start, n), at=0.0 if n in founders else 1e9, clock=clock)
+        rng, at = self.rng, self.sim.schedule
+        at(rng.uniform(3, 12), lambda: self._join(self.names[-1]), "late join")
+        if "crash" in cfg.faults:
+            at(rng.uniform(4, 12), lambda: self._kill_contributor(20), "kill a contributor mid-round")
+            at(rng.uniform(8, 20), self._kill_leader, "kill the leader mid-round")
+        if "pause" in cfg.faults:
+            at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
+        res = self.sim.run(cfg.max_time, _Checker(self))
+        return res
+
+    def _start(self, name: SiteId, now: float) -> tuple[PeerNode, list[Any]]:
+        node = PeerNode(name, self, now)
+        return node, node.started
+
+    def _note(self, what: str) -> None:
+        self.faults.append((self.sim.now, what))
+
+    def _up(self) -> list[SiteId]:
+        return [n for n in self.names if self.sim.state(n) is NodeState.UP]
+
+    def _tell(self, method: str, site: str) -> None:
+        """Membership's verdict on `site`, told to every running core."""
+        if method == "member_alive":
+            self.live.add(site)
+        else:
+            self.live.discard(site)
+        for n in self._up():
+            if n != site:
+                self.sim.act(n, lambda node, now: getattr(node, method)(site, now))
+
+    def _join(self, name: SiteId) -> None:
+        if self.sim.state(name) is not NodeState.DOWN:
+            return
+        self._note(f"start {name}")
+        self.sim.restart(name)
+        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
+
+    def _kill(self, name: SiteId, why: str) -> None:
+        self._note(f"kill {name} ({why})")
+        self.sim.crash(name)
+        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_down", name), f"{name} dead")
+        self.sim.schedule(self.sim.now + self.rng.uniform(4, 10), lambda: self._join(name), f"restart {name}")
+
+    def _pause(self, seconds: float) -> None:
+        """SIGSTOP of a site that is not the leader for longer than a lease: its messages wait, its
+        leases are reclaimed meanwhile, membership declares it dead, then alive again on SIGCONT."""
+        leader = self._leader()
+        others = [n for n in self._up() if n != leader]
+        if len(self._up()) <= len(self.names) // 2 + 1 or not others:
+            self.sim.schedule(self.sim.now + 1.0, lambda: self._pause(seconds), "SIGSTOP (retry)")
+            return
+        name = self.rng.choice(others)
+        self._note(f"pause {name} for {seconds:.1f}s")
+        self.sim.pause(name)
+        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_down", name), f"{name} dead")
+        self.sim.schedule(self.sim.now + seconds, lambda: self._resume(name), f"resume {name}")
+
+    def _resume(self, name: SiteId) -> None:
+        self.sim.resume(name)
+        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
+
+    def _leader(self) -> SiteId | None:
+        for n in self._up():
+            node = self.sim.node(n)
+            if isinstance(node, PeerNode) and node.raft.role is Role.LEADER:
+                return n
+        return None
+
+    def _kill_contributor(self, tries: int) -> None:
+        """kill -9 of a site that is training or waiting for its claims (after `tries` tries at finding
+        one, of any site but the leader)."""
+        leader = self._leader()
+        busy = [n for n in self._up() if n != leader and (node := self.sim.node(n)) is not None
+                and isinstance(node, PeerNode) and node.core.site.busy is not None]
+        others = [n for n in self._up() if n != leader]
+        if len(self._up()) <= len(self.names) // 2 + 1 or not others or (not busy and tries > 0):
+            self.sim.schedule(self.sim.now + 0.3, lambda: self._kill_contributor(tries - 1), "kill a contributor")
+            return
+        self._kill(self.rng.choice(busy or others), "contributor mid-round" if busy else "a site")
+
+    def _kill_leader(self) -> None:
+        leader = self._leader()
+        node = self.sim.node(leader) if leader else None
+        in_round = isinstance(node, PeerNode) and (node.leader._open is not None or node.core.decision.deciding)
+        if leader is None or not in_round or len(self._up()) <= len(self.names) // 2 + 1:
+            self.sim.schedule(self.sim.now + 0.5, self._kill_leader, "kill the leader (retry)")
+            return
+        self._kill(leader, "the leader, mid-round")
+
+
+class _Checker:
+    def __init__(self, world: PeerSim) -> None:
+        self.world = world
+        self._seen = 0
+
+    def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
+        w = self.world
+        w.excluded += sum(1 for e in effects if isinstance(e, ev.Excluded))
+        if len(w.violations) > self._seen:
+            new = w.violations[self._seen:]
+            self._seen = len(w.violations)
+            return [f"t={sim.now:.2f}: {v}" for v in new]
+        return []
+
+    def at_end(self, sim: Simulation) -> list[str]:
+        w = self.world
+        if w.epochs_done < w.cfg.epochs:
+            return [f"t={sim.now:.1f}: only {w.epochs_done} of {w.cfg.epochs} data epochs committed, "
+                    f"{len(w.order)} rounds (liveness)"]
+        return []
+
+
+def simulate(seed: int, cfg: PeerSimConfig | None = None,
+             trace: Callable[[str], None] | None = None) -> tuple[PeerSim, RunResult]:
+    world = PeerSim(seed, cfg or PeerSimConfig(), trace)
+    return world, world.run()
+
+
+def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None) -> RunResult:
+    """One seed for `ops simulate --protocol peer` (`--members` sites, `--faults`)."""
+    kinds = parse_faults(args.faults)
+    _, res = simulate(seed, PeerSimConfig(sites=args.members, faults=kinds), trace)
+    return res
+
+
+def replay_flags(args: argparse.Namespace) -> list[str]:
+    return ["--members", str(args.members), "--faults", args.faults]

@@ -1,0 +1,264 @@
+"""The round cores (peer/core/) driven alone, with the real lease cores of one site and no I/O.
+
+    .venv/bin/python -m pytest -q tests/unit/test_site_round.py
+"""
+
+from __future__ import annotations
+
+from peer.audit import EpochLedger
+from peer.commitlog import Contributor, Round, RoundCommit
+from peer.core import events as ev
+from peer.core.round_core import RoundCore
+from peer.core.site_round import BASE_WAIT_S, SiteRound
+from peer.election import Epoch, Header, SiteId
+from peer.lease_client import LeaseClient
+from peer.lease_types import Send, Trained
+from peer.leases import LeaseConfig, LeaseOwner
+from peer.ring import RingView
+from peer.rounds import Contribution, Decide, RoundOpen, RoundsConfig
+from peer.samples import SampleRange
+from peer.timeline import RoundClock
+
+CONFIG = RoundsConfig(inner_steps=2, samples_per_step=8, deadline_s=10.0, gather_s=2.0)
+THETA0 = b"theta0"
+
+
+class OneSite:
+    """Site "a" owning every block: its lease owner and client answer each other at once."""
+
+    def __init__(self, blocks: int = 3) -> None:
+        cfg = LeaseConfig.local_test()
+        self.ledger = EpochLedger({1000 + i: 32 for i in range(blocks)})
+        self.owner = LeaseOwner(SiteId("a"), self.ledger, cfg, amnesiac=False, boot=0)
+        self.client = LeaseClient(SiteId("a"), self.ledger, cfg)
+        self.core = RoundCore(SiteRound("a", "addr-a", CONFIG, cfg.ttl, self.client, RoundClock("a", 0.0), 0, THETA0))
+        self.sent: list[Send] = []
+        view = RingView.of(1, ["a"])
+        self.pump(self.owner.set_view(view, 1, 0.0) + self.client.set_view(view, 1, 0.0), 0.0)
+
+    def pump(self, effects: list, now: float) -> list:
+        """Delivers lease sends between the site's own cores; returns every other effect."""
+        out, queue = [], list(effects)
+        while queue:
+            e = queue.pop(0)
+            if isinstance(e, Send):
+                self.sent.append(e)
+                queue += self.owner.receive(e.msg, now) + self.client.receive(e.msg, now)
+                queue += self.core.handle(ev.LeasesChanged(), now)
+            else:
+                out.append(e)
+        return out
+
+    def lease_ticks(self, until: float) -> None:
+        t = 0.0
+        while t <= until:
+            self.pump(self.owner.tick(t) + self.client.tick(t), t)
+            t += 0.1
+
+    def handle(self, event: ev.Event, now: float) -> list:
+        return self.pump(self.core.handle(event, now), now)
+
+
+def _open(rnd: int = 1, base: bytes = THETA0) -> ev.Opened:
+    return ev.Opened(RoundOpen(Header(SiteId("lead"), "addr-lead", Epoch(1), rnd - 1), rnd, 2, 10.0, base))
+
+
+def _reports(effects: list) -> list[Contribution]:
+    return [e.contribution for e in effects if isinstance(e, ev.Report)]
+
+
+def _trains(effects: list) -> list[ev.Train]:
+    return [e for e in effects if isinstance(e, ev.Train)]
+
+
+def test_a_round_trains_a_full_quota_of_leased_samples_and_reports_them_vouched() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    assert sum(r.num_samples for r in train.ranges) == CONFIG.samples_per_round
+    out = s.handle(ev.TrainDone(1, train.ranges, 160, b"root", 0.5, 2, 3.0), 2.0)
+    assert any(isinstance(e.msg, Trained) for e in s.sent), "the samples are claimed from their owner"
+    (report,) = _reports(out)
+    assert (report.round, report.ranges, report.tokens, report.pseudo_gradient_root) == (1, train.ranges, 160, b"root")
+    assert sum(v.spans[0].end - v.spans[0].start for v in report.vouchers) == CONFIG.samples_per_round
+    assert s.core.site.busy is None and s.core.site.sent == report
+
+
+def test_a_reopened_round_is_answered_with_the_same_report_without_training_again() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    (first,) = _reports(s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0))
+    again = s.handle(_open(), 3.0)  # a new leader reopens round 1
+    assert _reports(again) == [first] and not _trains(again)
+    assert "reopened" in s.core.last_reason
+
+
+def test_an_open_while_busy_is_answered_with_nothing_and_why() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    assert _trains(s.handle(_open(), 1.0))
+    (empty,) = _reports(s.handle(_open(2), 1.5))
+    assert (empty.round, empty.ranges, empty.tokens) == (2, (), 0)
+    assert "still busy with round 1" in s.core.last_reason
+
+
+def test_an_open_waits_for_the_base_round_to_be_applied_then_sits_out_if_it_never_is() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    s.handle(ev.Committed(5, RoundCommit(Round(1), (), b"theta1")), 0.5)
+    assert s.handle(_open(2, b"theta1"), 1.0) == []  # θ_1 committed but not applied yet: wait
+    assert s.core.next_deadline() == 1.0 + BASE_WAIT_S
+    out = s.handle(ev.Persisted(5, 1, b"theta1"), 1.2)
+    assert _trains(out), "applied: the round trains at once"
+
+    s = OneSite()
+    s.lease_ticks(0.3)
+    assert s.handle(_open(2, b"theta1"), 1.0) == []
+    out = s.handle(ev.Tick(), 1.0 + BASE_WAIT_S)
+    assert [c.tokens for c in _reports(out)] == [0] and "not at θ_1 (have round 0)" in s.core.last_reason
+
+
+def test_gathering_stops_when_no_sample_came_for_gather_s() -> None:
+    s = OneSite(blocks=0)  # nothing to lease at all (the end of a data epoch)
+    assert s.handle(_open(), 1.0) == []
+    assert s.core.next_deadline() == 1.0 + CONFIG.gather_s
+    (empty,) = _reports(s.handle(ev.Tick(), 1.0 + CONFIG.gather_s))
+    assert empty.ranges == () and "no leased sample came within 2 s" in s.core.last_reason
+
+
+def test_a_failed_training_reports_its_claimed_samples_without_a_pseudo_gradient() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    (report,) = _reports(s.handle(ev.TrainFailed(1, "trainer died"), 2.0))
+    assert report.ranges == train.ranges and report.tokens == 0 and report.pseudo_gradient_root == b""
+    assert any(isinstance(e.msg, Trained) for e in s.sent)
+    assert "training failed (trainer died)" in s.core.last_reason
+
+
+def test_a_trainer_that_trained_other_samples_is_a_failed_round() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    (report,) = _reports(s.handle(ev.TrainDone(1, (SampleRange(1000, 0, 3),), 30, b"root"), 2.0))
+    assert report.tokens == 0 and "other samples than the leased ones" in s.core.last_reason
+
+
+def test_a_round_committed_while_this_site_trained_it_does_not_wait_for_vouchers() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 1.5)  # decided without this site
+    out = s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    assert _reports(out) == [] and s.core.site.busy is None
+    assert "committed while this site trained it" in s.core.last_reason
+    assert s.core.site.sent is None, "nothing to answer a reopen with: the round is decided"
+
+
+def test_a_leave_waits_for_the_commit_of_the_reported_round_then_gives_every_lease_back() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    out = s.handle(ev.LeaveRequested(5.0), 3.0)
+    assert not any(isinstance(e, ev.LeaveReady) for e in out) and s.core.next_deadline() == 8.0
+    assert [c.tokens for c in _reports(s.handle(_open(2), 3.5))] == [0]  # leaving: trains no more
+    out = s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 4.0)
+    assert any(isinstance(e, ev.LeaveReady) for e in out) and s.client.held == {}
+
+
+def test_a_leave_gives_up_waiting_at_its_deadline() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    s.handle(ev.LeaveRequested(5.0), 3.0)
+    assert any(isinstance(e, ev.LeaveReady) for e in s.handle(ev.Tick(), 8.0))
+
+
+# ----- the leader's fetch --------------------------------------------------------------------------
+
+def _contribution(site: str, tokens: int = 10) -> Contribution:
+    header = Header(SiteId(site), f"addr-{site}", Epoch(1), 0)
+    return Contribution(header, 1, site, f"addr-{site}", tokens, (SampleRange(1000, 0, 1),), b"r-" + site.encode())
+
+
+def _decide(*sites: str) -> ev.DecideRound:
+    return ev.DecideRound(Decide(1, tuple(_contribution(s) for s in sites), (("z", "excluded: z did not report"),)),
+                          frozenset(sites))
+
+
+def test_decision_drops_a_contributor_whose_delta_cannot_be_fetched_and_proposes_the_rest() -> None:
+    core = OneSite().core
+    out = core.handle(_decide("a", "b"), 0.0)
+    assert [e.site for e in out if isinstance(e, ev.Excluded)] == ["z"]
+    (fetch,) = [e for e in out if isinstance(e, ev.Fetch)]
+    assert [c.site for c in fetch.admitted] == ["a", "b"] and not core.ready_to_open
+    (refetch,) = [e for e in core.handle(ev.OutcomeFailed(1, fetch.attempt, "b", "b is gone"), 0.1)
+                  if isinstance(e, ev.Fetch)]
+    assert [c.site for c in refetch.admitted] == ["a"] and "b: excluded: b is gone" in core.last_reason
+    assert core.handle(ev.OutcomeReady(1, fetch.attempt, b"stale"), 0.2) == []  # an old attempt's answer
+    (propose,) = [e for e in core.handle(ev.OutcomeReady(1, refetch.attempt, b"t1"), 0.3) if isinstance(e, ev.Propose)]
+    assert propose.commit == RoundCommit(Round(1), (Contributor(SiteId("a"), 10, (SampleRange(1000, 0, 1),),
+                                                               b"r-a"),), b"t1")
+    assert core.ready_to_open
+
+
+def test_decision_cancels_a_fetch_at_once_when_a_contributor_is_declared_dead() -> None:
+    core = OneSite().core
+    (fetch,) = [e for e in core.handle(_decide("a", "b"), 0.0) if isinstance(e, ev.Fetch)]
+    out = core.handle(ev.MemberDown("b"), 0.1)
+    assert ev.CancelFetch(1, fetch.attempt) in out
+    assert [[c.site for c in e.admitted] for e in out if isinstance(e, ev.Fetch)] == [["a"]]
+
+
+def test_decision_commits_the_round_empty_when_no_single_site_is_to_blame() -> None:
+    core = OneSite().core
+    (fetch,) = [e for e in core.handle(_decide("a", "b"), 0.0) if isinstance(e, ev.Fetch)]
+    (empty,) = [e for e in core.handle(ev.OutcomeFailed(1, fetch.attempt, "", "disk full"), 0.1)
+                if isinstance(e, ev.Fetch)]
+    assert empty.admitted == () and "committing it empty" in core.last_reason
+
+
+# ----- applying the log ----------------------------------------------------------------------------
+
+def _commit(rnd: int) -> ev.Committed:
+    return ev.Committed(10 + rnd, RoundCommit(Round(rnd), (), f"t{rnd}".encode()))
+
+
+def test_apply_queue_applies_in_order_one_at_a_time() -> None:
+    core = OneSite().core
+    (first,) = [e for e in core.handle(_commit(1), 0.0) if isinstance(e, ev.Apply)]
+    assert [e for e in core.handle(_commit(2), 0.0) if isinstance(e, ev.Apply)] == []  # one at a time
+    out = core.handle(ev.Persisted(11, 1, b"t1"), 0.1)
+    assert ev.RoundApplied(1) in out and [e.commit.round for e in out if isinstance(e, ev.Apply)] == [2]
+    assert first.commit.round == 1
+
+
+def test_a_hash_mismatch_re_syncs_by_state_transfer_at_once_and_skips_what_it_covered() -> None:
+    core = OneSite().core
+    core.handle(_commit(1), 0.0)
+    core.handle(_commit(2), 0.0)
+    out = core.handle(ev.ApplyFailed(1, "diverged", "round 1: θ hash ab != committed cd (I7)"), 0.1)
+    assert ev.CatchUp() in out and core.applier.diverged.endswith("re-syncing by state transfer")
+    out = core.handle(ev.Persisted(12, 2, b"t2", transfer=True), 0.2)
+    assert "re-synced to round 2" in core.applier.diverged
+    assert not [e for e in out if isinstance(e, ev.Apply)] and core.applier.idle  # round 2 was covered
+
+
+def test_an_apply_error_is_retried_with_back_off() -> None:
+    core = OneSite().core
+    core.handle(_commit(1), 0.0)
+    assert [e for e in core.handle(ev.ApplyFailed(1, "error", "EIO"), 1.0) if isinstance(e, ev.Apply)] == []
+    assert core.next_deadline() == 1.5
+    assert core.handle(ev.Tick(), 1.4) == []
+    assert [e.commit.round for e in core.handle(ev.Tick(), 1.5) if isinstance(e, ev.Apply)] == [1]
+
+
+def test_an_unavailable_delta_is_replaced_by_a_state_transfer_and_retried_if_that_fails() -> None:
+    core = OneSite().core
+    core.handle(_commit(1), 0.0)
+    assert ev.CatchUp() in core.handle(ev.ApplyFailed(1, "unavailable", "nobody serves b's Δ"), 1.0)
+    core.handle(ev.CatchUpFailed("no peer"), 1.1)
+    assert [e.commit.round for e in core.handle(ev.Tick(), 1.1 + 1.0) if isinstance(e, ev.Apply)] == [1]
