@@ -299,7 +299,7 @@ class Coordinator:
     # ----- long effects: each ends in one completion event -------------------------------------
     async def _train(self, t: ev.Train) -> None:
         try:
-            trained = await self.training.train(t.round, t.ranges, t.inner_steps)
+            trained = await self.training.train(t.round, t.ranges, t.inner_steps, t.budget_s)
         except Exception as err:  # a failed round costs this site its contribution, never the peer
             log.exception("round %d: training failed", t.round)
             self._feed(ev.TrainFailed(t.round, f"{type(err).__name__}: {err}"))

@@ -17,6 +17,7 @@ Protocol (docs/leases.md), from the holder's side:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from peer.admission import Contribution
@@ -43,12 +44,16 @@ from peer.lease_types import (
     TrainedReply,
     Voucher,
     count,
+    intersect,
     normalize,
+    of_range,
+    subtract,
     take,
     to_ranges,
 )
 from peer.leases import LeaseConfig
 from peer.ring import RingView, score, site_seed
+from peer.samples import SampleRange
 
 VALID_FRACTION = 0.8
 """A holder trusts a lease for this fraction of ttl after the renewal it sent: margin for clock
@@ -147,6 +152,23 @@ class LeaseClient:
             self.trained[key] = normalize(self.trained.get(key, ()) + got)
             out.append((h.block, got))
         return tuple(out)
+
+    def untake(self, ranges: Sequence[SampleRange]) -> None:
+        """Samples `next_samples` handed out that the trainer did not reach (a time-boxed round ended
+        first): no longer noted trained, so not claimed; back on their lease for the next round (or,
+        if the lease changed meanwhile, left for its owner to free)."""
+        for r in ranges:
+            back = of_range(r)
+            h = self.held.get(BlockId(r.block_id))
+            for key in [k for k in self.trained if k[0] == r.block_id]:
+                got = intersect(self.trained[key], back)
+                if not got:
+                    continue
+                self.trained[key] = subtract(self.trained[key], got)
+                if not self.trained[key]:
+                    del self.trained[key]
+                if h is not None and h.gen == key[1]:
+                    h.spans = normalize(h.spans + got)
 
     def end_round(self, round_: int, now: float) -> list[Send]:
         """The leader closed `round_`: claim everything trained since the last claim."""

@@ -209,13 +209,15 @@ class SiteTraining:
             await client.close()
 
     # ----- a site's part of a round ----------------------------------------------------------
-    async def train(self, round_: int, ranges: Sequence[SampleRange], inner_steps: int) -> Trained:
-        """Trains `ranges` from θ_{round-1} in the trainer process and publishes the pseudo-gradient."""
+    async def train(self, round_: int, ranges: Sequence[SampleRange], inner_steps: int,
+                    budget_s: float | None = None) -> Trained:
+        """Trains `ranges` from θ_{round-1} in the trainer process and publishes the pseudo-gradient
+        (`budget_s`: a time-boxed round, Trainer.train_round)."""
         await self._restarted()
         base = await asyncio.to_thread(write_state, self._shm("base"), self.weights)
         try:
             out = await self.process.train(round_, base, [(r.block_id, r.start, r.end) for r in ranges],
-                                           inner_steps, (round_ - 1) * inner_steps)
+                                           inner_steps, (round_ - 1) * inner_steps, budget_s)
         except TrainerError as err:
             if err.fatal:  # the round reports nothing (the caller); the next one trains on fresh ranks
                 self._restart = asyncio.ensure_future(self._restart_trainer())

@@ -160,6 +160,8 @@ class Train:
     round: int
     ranges: tuple[SampleRange, ...]
     inner_steps: int
+    budget_s: float | None = None
+    """A time-boxed round (RoundOpen.budget_s): as many of the inner steps as fit, at least one."""
 
 
 @dataclass(frozen=True)

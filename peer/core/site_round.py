@@ -22,12 +22,13 @@ vouchers). A site that is busy (still in 1-4 for an earlier open) or leaving rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from peer.core import events as ev
 from peer.election import Epoch, Header, SiteId
 from peer.lease_client import LeaseClient
-from peer.lease_types import Voucher, to_ranges
+from peer.lease_types import Spans, Voucher, normalize, of_range, subtract, to_ranges
 from peer.rounds import Contribution, RoundOpen, RoundsConfig
 from peer.samples import SampleRange, merge_ranges
 from peer.timeline import RoundClock
@@ -165,19 +166,35 @@ class SiteRound:
                             "reporting nothing"), self._report(rnd)]
         ranges = tuple(b.got)
         self.busy = _Training(b.open, ranges, now)
-        return [ev.Note(f"round {rnd}: training {b.count} leased samples"),
-                ev.Train(rnd, ranges, b.open.inner_steps)]
+        budget = b.open.budget_s
+        boxed = budget if math.isfinite(budget) and budget > 0 else None
+        return [ev.Note(f"round {rnd}: training {b.count} leased samples"
+                        + (f", time-boxed to {boxed:g} s" if boxed else "")),
+                ev.Train(rnd, ranges, b.open.inner_steps, boxed)]
 
     def _trained(self, event: ev.TrainDone | ev.TrainFailed, now: float) -> list[ev.Effect]:
         b = self.busy
         if not isinstance(b, _Training) or b.open.round != event.round:
             return []  # not what this core asked for (cannot happen with one executor)
         rnd = event.round
-        # Whatever happened, what was taken is claimed for this round: its commit settles the claims.
-        out: list[ev.Effect] = list(self.client.end_round(rnd, now))
         failure = event.reason if isinstance(event, ev.TrainFailed) else ""
-        if isinstance(event, ev.TrainDone) and merge_ranges(event.ranges) != merge_ranges(b.ranges):
-            failure = "the trainer trained other samples than the leased ones"
+        notes: list[ev.Effect] = []
+        if isinstance(event, ev.TrainDone):
+            taken, trained = _by_block(b.ranges), _by_block(event.ranges)
+            if any(subtract(spans, taken.get(block, ())) for block, spans in trained.items()):
+                failure = "the trainer trained other samples than the leased ones"
+            else:
+                # A time-boxed round (or a short last batch) ends before every sample taken: those
+                # go back on their leases for the next round instead of being claimed.
+                left = [r for block, spans in taken.items() for r in to_ranges(block, subtract(spans, trained.get(
+                    block, ())))]
+                if left:
+                    self.client.untake(left)
+                    notes.append(ev.Note(f"round {rnd}: {sum(r.num_samples for r in left)} taken samples not "
+                                         "reached by the trainer go back on their leases"))
+        # Whatever happened, what was trained (or, on failure, taken) is claimed for this round: its
+        # commit settles the claims.
+        out: list[ev.Effect] = [*notes, *self.client.end_round(rnd, now)]
         if failure:
             # Reported without a pseudo-gradient: the leader excludes it and the round's commit frees
             # the claimed samples (an unreported claim would wait for that).
@@ -251,3 +268,10 @@ class SiteRound:
     @staticmethod
     def _count(ranges: tuple[SampleRange, ...]) -> int:
         return sum(r.num_samples for r in ranges)
+
+
+def _by_block(ranges: tuple[SampleRange, ...]) -> dict[int, Spans]:
+    out: dict[int, Spans] = {}
+    for r in ranges:
+        out[r.block_id] = normalize(out.get(r.block_id, ()) + of_range(r))
+    return out

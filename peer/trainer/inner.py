@@ -38,6 +38,22 @@ from peer.trainer.evaluate import perplexity
 from peer.trainer.model import autocast, build_model, load_weights, pick_device, weights
 
 
+SLOW_ENV = "SITEMESH_FAULT_SLOW_TRAINER"
+"""Test and benchmark fault, never set in a real run: a factor F > 1 makes every inner step take F
+times as long (the trainer sleeps after each step), as on a slower accelerator."""
+
+
+def _slowdown() -> float:
+    raw = os.environ.get(SLOW_ENV, "")
+    try:
+        factor = float(raw) if raw else 1.0
+    except ValueError:
+        raise ValueError(f"{SLOW_ENV}={raw!r}: expected a factor >= 1") from None
+    if not factor >= 1:
+        raise ValueError(f"{SLOW_ENV}={raw!r}: expected a factor >= 1")
+    return factor
+
+
 @dataclass
 class RoundResult:
     """What a site returns after a round; rank 0's copy is the one the mesh uses."""
@@ -80,6 +96,7 @@ class Trainer:
         self.cfg = cfg
         self.clock = clock
         """Times rounds and their compute budget (injected in tests)."""
+        self.slowdown = _slowdown()
         self.rank, self.world = _dist()
         inner = cfg.inner
         if inner.batch_size % (self.world * inner.micro_batch_size):
@@ -229,7 +246,10 @@ class Trainer:
             # tail): otherwise those samples could never be trained and the epoch never completes.
             if n < inner.batch_size and (queue or n < self.world):
                 break
+            step_started = time.perf_counter()
             losses.append(self._step(self.index.read_ranges(batch_ranges)))
+            if self.slowdown > 1:  # test/bench fault: a slower accelerator (SLOW_ENV)
+                time.sleep((self.slowdown - 1) * (time.perf_counter() - step_started))
             trained.extend(batch_ranges)
             # Rank 0's clock decides for every rank: they must run the same number of steps.
             if budget_s is not None and self._broadcast(self.clock() - t0 >= budget_s):

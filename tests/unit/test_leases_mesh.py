@@ -190,3 +190,21 @@ def test_a_block_trained_under_two_leases_is_claimed_under_the_newest() -> None:
     claims = [c for _, msg in m.delivered[sent:] if isinstance(msg, Trained) for c in msg.claims
               if c.lease.block_id == block]
     assert [c.lease.generation for c in claims] == [newer]
+
+
+def test_samples_taken_but_not_trained_go_back_on_the_lease_and_are_not_claimed() -> None:
+    from peer.samples import SampleRange
+
+    m = Mesh("abc")
+    m.set_view("abc")
+    _settle(m)
+    a = m.clients[SiteId("a")]
+    (block, taken), = a.next_samples(5, m.now)
+    # A time-boxed round reached samples 0..2 only: 2..5 go back, ahead of the lease's other samples.
+    a.untake([SampleRange(block, 2, 5)])
+    m.effects(SiteId("a"), a.end_round(1, m.now))
+    m.run()
+    c = a.contribution(1)
+    assert c is not None and [(r.block_id, r.start, r.end) for r in c.ranges] == [(block, 0, 2)]
+    (again, spans), = a.next_samples(3, m.now)
+    assert again == block and [(x.start, x.end) for x in spans] == [(2, 5)], "trained next, from the same lease"

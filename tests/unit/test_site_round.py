@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from peer.audit import EpochLedger
 from peer.commitlog import Contributor, Round, RoundCommit
 from peer.core import events as ev
@@ -12,7 +14,7 @@ from peer.core.round_core import RoundCore
 from peer.core.site_round import BASE_WAIT_S, SiteRound
 from peer.election import Epoch, Header, SiteId
 from peer.lease_client import LeaseClient
-from peer.lease_types import Send, Trained
+from peer.lease_types import Send, Trained, to_ranges
 from peer.leases import LeaseConfig, LeaseOwner
 from peer.ring import RingView
 from peer.rounds import Contribution, Decide, RoundOpen, RoundsConfig
@@ -141,8 +143,32 @@ def test_a_trainer_that_trained_other_samples_is_a_failed_round() -> None:
     s = OneSite()
     s.lease_ticks(0.3)
     (train,) = _trains(s.handle(_open(), 1.0))
-    (report,) = _reports(s.handle(ev.TrainDone(1, (SampleRange(1000, 0, 3),), 30, b"root"), 2.0))
+    other = SampleRange(999, 0, 3)  # no block of this site's leases
+    assert other.block_id not in {r.block_id for r in train.ranges}
+    (report,) = _reports(s.handle(ev.TrainDone(1, (other,), 30, b"root"), 2.0))
     assert report.tokens == 0 and "other samples than the leased ones" in s.core.last_reason
+
+
+def test_a_time_boxed_round_claims_what_was_trained_and_puts_the_rest_back_on_its_lease() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    opened = _open()
+    boxed = ev.Opened(dataclasses.replace(opened.msg, budget_s=4.0))
+    (train,) = _trains(s.handle(boxed, 1.0))
+    assert train.budget_s == 4.0
+    first = train.ranges[0]
+    part = (SampleRange(first.block_id, first.start, first.start + 3),)  # the box ended after 3 samples
+    out = s.handle(ev.TrainDone(1, part, 3 * 32, b"root", 4.1, 1, 3.0), 2.0)
+    (report,) = _reports(out)
+    assert report.ranges == part and report.tokens == 3 * 32
+    assert [r for v in report.vouchers for r in to_ranges(v.block_id, v.spans)] == list(part), "claimed: only those"
+    assert any("not reached by the trainer go back on their leases" in why for why in s.core.reasons)
+    # The rest is trained next round, from the same lease: nothing lost, nothing claimed twice.
+    s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 2.5)
+    s.handle(ev.Persisted(7, 1, b"t1"), 2.6)
+    (again,) = _trains(s.handle(_open(2, b"t1"), 3.0))
+    back = {(r.block_id, i) for r in again.ranges for i in range(r.start, r.end)}
+    assert {(first.block_id, i) for i in range(first.start + 3, first.end)} <= back
 
 
 def test_a_round_committed_while_this_site_trained_it_does_not_wait_for_vouchers() -> None:

@@ -123,3 +123,15 @@ def test_a_time_boxed_round_stops_after_the_step_that_ends_past_its_budget(index
         theta, queue(index), 4, budget_s=1e9).steps == 4
     with pytest.raises(ValueError, match="budget_s=0 must be > 0"):
         make(index).train_round(theta, queue(index), 4, budget_s=0)
+
+
+def test_the_slow_trainer_fault_takes_a_factor_and_refuses_anything_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    from peer.trainer.inner import SLOW_ENV, _slowdown
+
+    assert _slowdown() == 1.0
+    monkeypatch.setenv(SLOW_ENV, "3")
+    assert _slowdown() == 3.0
+    for bad in ("0.5", "fast", "nan"):
+        monkeypatch.setenv(SLOW_ENV, bad)
+        with pytest.raises(ValueError, match="expected a factor >= 1"):
+            _slowdown()
