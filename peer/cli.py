@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--round-deadline-k", type=float, default=0.0, metavar="K",
                        help="adapt the round deadline to the sites' pace: median + K x MAD of recent report "
                             "delays (+2 s), never above --round-deadline (default 0: the fixed deadline)")
+    train.add_argument("--start-sites", type=int, default=1, metavar="N",
+                       help="the first round opens only once N sites are live (default 1)")
     train.add_argument("--round-budget", type=float, default=0.0, metavar="SECONDS",
                        help="time-boxed rounds: each site trains as many of the H inner steps as fit in this "
                             "many seconds (at least one); the token-weighted mean absorbs the unequal work "
@@ -155,7 +157,8 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
                                  wire=args.wire),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
                                deadline_s=args.round_deadline, data_epochs=args.data_epochs,
-                               deadline_k=args.round_deadline_k, budget_s=args.round_budget),
+                               deadline_k=args.round_deadline_k, budget_s=args.round_budget,
+                               start_sites=args.start_sites),
         "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),
     }
 

@@ -83,11 +83,17 @@ class RoundsConfig:
     deadline_slack_s: float = 2.0
     """Added to the adaptive deadline: a round's delays vary by more than their spread when the
     leader's own work (fetching, the outer step) lands on them."""
+    start_sites: int = 1
+    """The run's first round opens only once this many sites are live: sites started together
+    build their trainers at different speeds, and the first one up would otherwise train a good
+    part of the data epoch alone. Later rounds open with any number of sites."""
 
     def __post_init__(self) -> None:
         if (self.inner_steps < 1 or self.samples_per_step < 1 or self.deadline_s <= 0 or self.data_epochs < 1
                 or self.idle_wait_s < 0 or self.gather_s <= 0):
             raise ValueError("inner_steps, samples_per_step, deadline_s and data_epochs must be positive")
+        if self.start_sites < 1:
+            raise ValueError(f"start_sites ({self.start_sites}) must be >= 1")
         if self.budget_s < 0 or self.deadline_k < 0 or self.pace_rounds < 1 or self.deadline_slack_s < 0:
             raise ValueError(f"budget_s ({self.budget_s}), deadline_k ({self.deadline_k}) and deadline_slack_s "
                              f"({self.deadline_slack_s}) must be >= 0 and pace_rounds ({self.pace_rounds}) >= 1")
@@ -188,6 +194,8 @@ class RoundLeader:
                 return [EpochComplete(self.ledger.total, self.config.data_epochs)]
             if now < self._idle_until or not live_sites:
                 return []
+            if committed_round == 0 and len(set(live_sites)) < self.config.start_sites:
+                return []  # the run starts once its first sites are all up (start_sites)
             rnd = committed_round + 1
             deadline_s = self.deadline_s()
             self._open = _Open(rnd, now, now + deadline_s, frozenset(live_sites))

@@ -21,7 +21,7 @@ from tests.integration.test_training_mesh import _committed_samples, _epoch_samp
 
 DOCS = 64  # enough epoch left for every fault on a slow CI machine (48 ran out there during the restart)
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
-         "--round-deadline", "60"]
+         "--round-deadline", "60", "--start-sites", "4"]  # a, b, c, d: none trains the epoch alone
 LEASE = LeaseConfig.lan()
 STEP_S = 240.0
 

@@ -28,7 +28,7 @@ from tests.integration.peers import Cluster, ops, status, wait_for
 PRESET = "lan"
 DOCS = 24  # 420 samples in 7 blocks: every site holds leases
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "2",
-         "--round-deadline", "300"]
+         "--round-deadline", "300", "--start-sites", "3"]  # a started first must not train the epoch alone
 STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
 
 
@@ -53,7 +53,7 @@ def test_contributor_killed_after_training_is_dropped_within_the_detection_bound
     a = cluster.start("a", extra=TRAIN)
     cluster.start("b", join=[a.address], extra=TRAIN)
     cluster.start("c", join=[a.address], extra=TRAIN)
-    wait_for(lambda: len(status(a.address)["voters"]) == 3, 60.0, "three voters")
+    wait_for(lambda: len((st := status(a.address))["voters"]) == 3 and st["leader"], 60.0, "three voters, a leader")
     leader = status(a.address)["leader"]
     victim = "c" if leader != "c" else "b"
     lead = cluster.peers[leader]
@@ -112,7 +112,7 @@ def test_leader_killed_mid_round_a_successor_reopens_and_reuses_trained_reports(
     a = cluster.start("a", extra=TRAIN)
     cluster.start("b", join=[a.address], extra=TRAIN)
     cluster.start("c", join=[a.address], extra=TRAIN)
-    wait_for(lambda: len(status(a.address)["voters"]) == 3, 60.0, "three voters")
+    wait_for(lambda: len((st := status(a.address))["voters"]) == 3 and st["leader"], 60.0, "three voters, a leader")
     leader = status(a.address)["leader"]
     lead = cluster.peers[leader]
     others = sorted({"a", "b", "c"} - {leader})

@@ -230,3 +230,13 @@ def test_a_time_boxed_round_carries_its_budget_to_every_site() -> None:
     assert _open(_leader(), ["a"]).budget_s == 0.0
     with pytest.raises(ValueError, match="budget_s"):
         RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=5.0, budget_s=-1.0)
+
+
+def test_the_first_round_waits_for_start_sites_and_later_rounds_do_not() -> None:
+    leader = RoundLeader(dataclasses.replace(CFG, start_sites=3), EpochLedger(UNIVERSE))
+    assert leader.tick(0.0, H, 0, ["a", "b"], b"base") == [], "two of the three sites the run starts with"
+    assert _open(leader, ["a", "b", "c"], now=1.0).round == 1
+    leader.on_commit(1)
+    assert _open(leader, ["a"], now=2.0, committed=1).round == 2, "once started, any number of sites"
+    with pytest.raises(ValueError, match="start_sites"):
+        dataclasses.replace(CFG, start_sites=0)
