@@ -27,7 +27,7 @@ from tests.integration.peers import Cluster, ops, status, wait_for
 
 DOCS = 12  # 213 samples in 4 blocks: enough rounds for the slower-starting site to join in
 COMMON = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "6", "--batch-size", "2",
-          "--round-deadline", "120"]
+          "--round-deadline", "120", "--start-sites", "2"]  # the first site up must not train the epoch alone
 TWO_RANKS = [*COMMON, "--nproc-per-node", "2"]
 EPOCH_S = 400.0
 PRESET = "lan"

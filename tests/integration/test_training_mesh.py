@@ -57,9 +57,10 @@ def _epoch_samples() -> set[tuple[int, int]]:
 
 
 def _start_three(cluster: Cluster) -> None:
-    a = cluster.start("a", extra=TRAIN)
-    cluster.start("b", join=[a.address], extra=TRAIN)
-    cluster.start("c", join=[a.address], extra=TRAIN)
+    train = [*TRAIN, "--start-sites", "3"]  # the first site up must not train the epoch alone
+    a = cluster.start("a", extra=train)
+    cluster.start("b", join=[a.address], extra=train)
+    cluster.start("c", join=[a.address], extra=train)
 
 
 @pytest.mark.timeout(600)
@@ -113,7 +114,7 @@ def test_two_data_epochs_are_each_committed_exactly_once(cluster: Cluster) -> No
     """The log rolls the data epoch over when its last sample commits; leases start over with it."""
     docs = 6  # 84 samples in 2 blocks
     train = ["--train", "micro", "--max-documents", str(docs), "--inner-steps", "8", "--batch-size", "2",
-             "--round-deadline", "120", "--data-epochs", "2"]
+             "--round-deadline", "120", "--data-epochs", "2", "--start-sites", "2"]
     a = cluster.start("a", extra=train)
     cluster.start("b", join=[a.address], extra=train)
     wait_for(lambda: any((t := _training(cluster, s)) and t["epoch_complete"] for s in ("a", "b")), EPOCH_S,
