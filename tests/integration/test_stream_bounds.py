@@ -26,7 +26,8 @@ from peer.exchange import codec
 from peer.exchange.service import add_exchange_service
 from peer.exchange.store import MAX_ANNOUNCED_PER_SITE, ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
-from peer.transport.channels import HANDSHAKE_TIMEOUT_MS, Credentials, bind, new_server, open_channel
+from peer.transport.channels import (HANDSHAKE_TIMEOUT_MS, Credentials, bind, channel_options, new_server,
+                                     open_channel)
 from peer.transport.guard import site_security
 from peer.transport.limits import CallLimiter, CallLimits
 from tests.integration.peers import Cluster
@@ -47,6 +48,15 @@ async def _serve(certs: Path) -> tuple[grpc.aio.Server, str, CallLimiter, codec.
     port = bind(server, "127.0.0.1:0", creds)
     await server.start()
     return server, f"127.0.0.1:{port}", limiter, held
+
+
+def _unreading_channel(address: str, creds: Credentials) -> grpc.aio.Channel:
+    """A client channel whose receive windows stay at HTTP/2's 64 KiB. With gRPC's BDP probing on,
+    a loaded machine grows them until the client's transport buffers a whole 32 MB stream the test
+    never reads, the server's handler then ends normally, and the stream was never held (seen: 8 of
+    40 calls, on 2 cores with 2 busy loops beside)."""
+    return grpc.aio.secure_channel(address, creds.client(),
+                                   options=channel_options(creds) + [("grpc.http2.bdp_probe", 0)])
 
 
 def _fetch(stub: exchange_pb2_grpc.ExchangeStub, held: codec.Encoded) -> grpc.aio.UnaryStreamCall:
@@ -75,7 +85,7 @@ def test_held_open_streams_are_bounded_per_caller_in_total_and_in_time(tmp_path:
 
     async def scenario() -> None:
         server, address, limiter, held = await _serve(certs)
-        channels = {s: open_channel(address, Credentials.from_dir(certs, s)) for s in ("b", "d", "e", "f")}
+        channels = {s: _unreading_channel(address, Credentials.from_dir(certs, s)) for s in ("b", "d", "e", "f")}
         try:
             # d opens 500 chunk streams and reads none of them: 16 run, the rest are refused at once.
             d = exchange_pb2_grpc.ExchangeStub(channels["d"])
