@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from ops import report
+from ops import local_mesh, report
 from ops.certs import make_run
 from ops.mesh import status_document
 from peer import timeline
@@ -73,23 +72,11 @@ def _status(address: str, creds: Credentials) -> dict[str, Any] | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(workdir: Path, site: str, listen: str, join: str | None, args: argparse.Namespace,
-           total_steps: int) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", listen,
-           "--data-dir", str(workdir / site), "--preset", "lan", "--train", args.model,
-           "--max-documents", str(args.max_documents), "--inner-steps", str(args.inner_steps),
-           "--batch-size", str(args.batch_size), "--total-steps", str(total_steps), "--round-deadline", "600",
-           "--checkpoint-every", "1", "--certs", str(workdir / "certs")]
-    if join:
-        cmd += ["--join", join]
-    log = open(workdir / f"{site}.log", "a")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+def _serve_args(args: argparse.Namespace, workdir: Path, total_steps: int) -> list[str]:
+    return ["--preset", "lan", "--train", args.model, "--max-documents", str(args.max_documents),
+            "--inner-steps", str(args.inner_steps), "--batch-size", str(args.batch_size),
+            "--total-steps", str(total_steps), "--round-deadline", "600", "--checkpoint-every", "1",
+            "--certs", str(workdir / "certs")]
 
 
 def _listening(proc: subprocess.Popen[str], site: str, workdir: Path) -> str:
@@ -111,34 +98,18 @@ def run(args: argparse.Namespace) -> int:
     args.creds = _run_certificates(workdir / "certs", sites)
     print(f"sitemesh demo: {args.sites} sites ({', '.join(sites)}), model {args.model}, H={args.inner_steps}; "
           f"state and logs in {workdir}", flush=True)
-    # SIGTERM must unwind through `finally` below, or the site processes outlive the demo.
+    # SIGTERM must unwind through local_mesh.running, or the site processes outlive the demo.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    procs: dict[str, subprocess.Popen[str]] = {}
     addresses: dict[str, str] = {}
     # A rough schedule length: the whole epoch split over the sites (refined by the LR floor anyway).
     total_steps = max(100, args.max_documents)
-    try:
-        # Every site starts at once (the first on a port chosen here, the others join it): one after
-        # the other, the first site trained for a minute alone while the others built their trainers.
-        seed = f"127.0.0.1:{_free_port()}"
-        for i, site in enumerate(sites):
-            procs[site] = _start(workdir, site, seed if i == 0 else "127.0.0.1:0", seed if i else None, args,
-                                 total_steps)
+    with local_mesh.running(workdir, sites, lambda _: _serve_args(args, workdir, total_steps)) as procs:
         print(f"  starting {len(sites)} peers (each builds its trainer: tokenizer, model, data blocks)...",
               flush=True)
         for site in sites:
             addresses[site] = _listening(procs[site], site, workdir)
             print(f"  {site} listening on {addresses[site]}", flush=True)
         return _watch(args, workdir, sites, procs, addresses)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def _wait_for_members(addresses: dict[str, str], deadline: float, creds: Credentials) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ops.certs import LOOPBACK, issue, make_run
+from peer.commitlog import RoundCommit
+from peer.logstore import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,6 +45,10 @@ class Peer:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def thetas(self) -> dict[int, str]:
+        """round -> the θ hash prefix this peer logged when it applied the round."""
+        return {int(r): h for r, h in re.findall(r"round (\d+) applied: θ ([0-9a-f]+)", self.log())}
 
 
 @dataclass
@@ -64,7 +71,8 @@ class Cluster:
             issue(self.certs, site, "site", self.certs, LOOPBACK)
         return ["--certs", str(self.certs)]
 
-    def start(self, site: str, join: list[str] | None = None, extra: list[str] | None = None) -> Peer:
+    def start(self, site: str, join: list[str] | None = None, extra: list[str] | None = None,
+              env: dict[str, str] | None = None) -> Peer:
         log_path = self.workdir / f"{site}.log"  # a restart appends to the same log
         args = [sys.executable, "-m", "peer.cli", "serve", "--site", site, "--listen", "127.0.0.1:0",
                 "--preset", self.preset, "--data-dir", str(self.workdir / site), *self._security(site),
@@ -72,7 +80,8 @@ class Cluster:
         for seed in join or []:
             args += ["--join", seed]
         log_file = log_path.open("a")
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True, env=_env(), cwd=REPO)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True, env={**_env(), **(env or {})},
+                                cwd=REPO)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "listening on" not in line:
@@ -102,6 +111,19 @@ class Cluster:
 def ops(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ops.cli", *args], capture_output=True, text=True,
                           env=_env(), cwd=REPO, timeout=timeout)
+
+
+def audit(*data_dirs: Path) -> dict[str, Any]:
+    """`ops audit --json` over the data dirs of a run of one data epoch: that epoch's record."""
+    result = ops("audit", *[a for d in data_dirs for a in ("--data-dir", str(d))], "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (epoch,) = json.loads(result.stdout)
+    return epoch
+
+
+def commits(data_dir: Path) -> list[RoundCommit]:
+    """The round commits in the commit log on disk of a (stopped or running) peer."""
+    return [e.body for e in FileStore(data_dir / "consensus").reload().entries if isinstance(e.body, RoundCommit)]
 
 
 def status(address: str) -> dict[str, Any]:

@@ -12,7 +12,6 @@ Try it:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.commitlog import RoundCommit
-from peer.logstore import FileStore
-from tests.integration.peers import Cluster, ops, status, wait_for
+from tests.integration.peers import Cluster, audit, commits, status, wait_for
 
 DOCS = 12  # 213 samples in 4 blocks: enough rounds for the slower-starting site to join in
 COMMON = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "6", "--batch-size", "2",
@@ -37,15 +34,10 @@ def _training(cluster: Cluster, site: str) -> dict:
     return status(cluster.peers[site].address)["training"]
 
 
-def _thetas(cluster: Cluster, site: str) -> dict[int, str]:
-    """round -> θ hash prefix that `site` logged when it applied the round."""
-    return {int(r): h for r, h in re.findall(r"round (\d+) applied: θ ([0-9a-f]+)", cluster.peers[site].log())}
-
-
 def _same_theta_every_round(cluster: Cluster) -> None:
     """I7 round by round: every round both peers applied has one θ. A peer that joined late caught
     up by state transfer (checked against the committed hash) and applied the rounds after it."""
-    a, b = _thetas(cluster, "a"), _thetas(cluster, "b")
+    a, b = cluster.peers["a"].thetas(), cluster.peers["b"].thetas()
     both = sorted(a.keys() & b.keys())
     assert len(both) >= 3, f"too few rounds applied by both peers: a {sorted(a)}, b {sorted(b)}"
     assert max(a) == max(b) == both[-1]
@@ -54,16 +46,7 @@ def _same_theta_every_round(cluster: Cluster) -> None:
 
 def _contributions(data_dir: Path) -> list[tuple[int, str]]:
     """(round, site) of every contributor in the commit log on disk."""
-    return [(e.body.round, c.site) for e in FileStore(data_dir / "consensus").reload().entries
-            if isinstance(e.body, RoundCommit) for c in e.body.contributors]
-
-
-def _audit(*dirs: Path) -> dict:
-    args = [a for d in dirs for a in ("--data-dir", str(d))]
-    result = ops("audit", *args, "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (epoch,) = json.loads(result.stdout)
-    return epoch
+    return [(c.round, x.site) for c in commits(data_dir) for x in c.contributors]
 
 
 def _start(cluster: Cluster) -> None:
@@ -86,7 +69,7 @@ def test_two_rank_site_and_one_rank_site_train_an_epoch_with_one_theta(cluster: 
     contributions = _contributions(cluster.workdir / "a")
     assert any(s == "a" for _, s in contributions), "the 2-rank site contributed"
     assert any(s == "b" for _, s in contributions), "the 1-rank site contributed"
-    epoch = _audit(cluster.workdir / "a", cluster.workdir / "b")
+    epoch = audit(cluster.workdir / "a", cluster.workdir / "b")
     assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
     assert epoch["committed_once"] == epoch["samples_total"]
 
@@ -117,6 +100,6 @@ def test_killed_rank_costs_its_site_one_round_and_the_site_recovers(cluster: Clu
     assert any(r > killed_at + 1 and s == "a" for r, s in _contributions(cluster.workdir / "b")), \
         "the site trained again after its ranks were restarted"
     _same_theta_every_round(cluster)
-    epoch = _audit(cluster.workdir / "a", cluster.workdir / "b")
+    epoch = audit(cluster.workdir / "a", cluster.workdir / "b")
     assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
     assert epoch["committed_once"] == epoch["samples_total"]

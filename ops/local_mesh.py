@@ -1,0 +1,74 @@
+"""A mesh of real `peer serve` processes on loopback, started together: the demo's and the benchmarks'.
+
+Every site starts at once: the first on a port chosen here founds the run, the others join it, and
+`--start-sites N` holds the run's first round until all N are live. One after the other, the first
+site trained for a minute alone while the others built their trainers.
+
+    with local_mesh.running(workdir, ["a", "b"], lambda site: ["--insecure", "--train", "tiny"]) as procs:
+        ...   # each peer's stdout is a pipe (its first line says where it listens), its log workdir/SITE.log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(workdir: Path, sites: list[str], serve_args: Callable[[str], list[str]],
+          env: Callable[[str], Mapping[str, str]] | None = None,
+          cwd: Path | None = None) -> dict[str, subprocess.Popen[str]]:
+    """One `peer serve` per site, data dir `workdir/SITE`, stderr appended to `workdir/SITE.log`;
+    `serve_args(site)` adds the flags of the run, `env(site)` the site's environment."""
+    seed = f"127.0.0.1:{free_port()}"
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for i, site in enumerate(sites):
+            cmd = [sys.executable, "-m", "peer.cli", "serve", "--site", site,
+                   "--listen", seed if i == 0 else "127.0.0.1:0", "--data-dir", str(workdir / site),
+                   "--start-sites", str(len(sites)), *(["--join", seed] if i else []), *serve_args(site)]
+            with open(workdir / f"{site}.log", "a") as log:  # the child keeps its own descriptor
+                procs[site] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd,
+                                               env={**os.environ, **(env(site) if env else {})})
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def stop(procs: Mapping[str, subprocess.Popen[str]], timeout_s: float = 60.0) -> None:
+    """SIGTERM (a graceful leave) to every peer still running, then SIGKILL what has not exited."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@contextlib.contextmanager
+def running(workdir: Path, sites: list[str], serve_args: Callable[[str], list[str]],
+            env: Callable[[str], Mapping[str, str]] | None = None,
+            cwd: Path | None = None) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """`start`, and `stop` however the block ends."""
+    procs = start(workdir, sites, serve_args, env, cwd)
+    try:
+        yield procs
+    finally:
+        stop(procs)
