@@ -130,7 +130,9 @@ class BulkServer:
     def start(self) -> int:
         """Listens (on the calling event loop's behalf: byte counts go to the store on it); the port."""
         self._loop = asyncio.get_running_loop()
-        listener = socket.create_server((self.config.host, self.config.port), backlog=self.config.max_connections)
+        host = self.config.host.strip("[]")  # "[::]:7001" listens on host "[::]"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, self.config.port), family=family, backlog=self.config.max_connections)
         self._listener, self.port = listener, listener.getsockname()[1]
         threading.Thread(target=self._accept, name=f"bulk-accept-{self.port}", daemon=True).start()
         return self.port
@@ -199,7 +201,7 @@ class BulkServer:
                 encoded, request = self._request(sock)
             except Refusal as err:
                 self._count(err.code.name)
-                sock.sendall(error_frame(err.code, err.message))
+                _refuse(sock, err)
                 return
             sock.settimeout(self.config.send_stall_s)
             self._stream(sock, encoded, request.first_chunk, request.end_chunk)
@@ -256,6 +258,18 @@ class BulkServer:
 
     def _add_sent(self, kind: str, nbytes: int) -> None:
         self._store.sent_bytes[kind] = self._store.sent_bytes.get(kind, 0) + nbytes
+
+
+def _refuse(sock: socket.socket, err: Refusal) -> None:
+    """Sends the error frame and lets the receiver read it: closing with unread request bytes would
+    reset the connection, and a reset can discard the frame before the receiver reads it."""
+    sock.sendall(error_frame(err.code, err.message))
+    if not isinstance(sock, ssl.SSLSocket):
+        sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(1.0)
+    left = MAX_REQUEST_BYTES + 64 * 1024  # what an honest request can have left unread, with room
+    while left > 0 and (got := sock.recv(min(left, 65536))):
+        left -= len(got)
 
 
 def _sendmsg_all(sock: socket.socket, header: bytes, view: memoryview) -> None:
