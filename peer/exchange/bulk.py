@@ -353,13 +353,15 @@ def receive(
     first: int,
     end: int,
     loop: asyncio.AbstractEventLoop,
-    deliver: Callable[[int, memoryview], Coroutine[Any, Any, None]],
+    deliver: Callable[[int, memoryview], Coroutine[Any, Any, None] | None],
     stopped: threading.Event,
 ) -> None:
     """Reads chunks [first, end) off `sock`, checks each (index, length, blake3) and hands it to
-    `deliver` (a coroutine factory run on `loop`, in order); receiving chunk k+1 overlaps delivering
-    k. Raises Truncated, Misplaced, codec.ChunkError, ErrorFrame, socket.timeout or OSError; what
-    `deliver` raises is raised here too. Runs in its own thread."""
+    `deliver`, in order: a coroutine function is run on `loop`, receiving chunk k+1 overlapping
+    delivering k; a plain function is called here, in this thread. Raises Truncated, Misplaced,
+    codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is raised here
+    too. Runs in its own thread."""
+    on_loop = asyncio.iscoroutinefunction(deliver)
     header = memoryview(bytearray(HEADER.size))
     pending: concurrent.futures.Future[None] | None = None
     try:
@@ -388,7 +390,12 @@ def receive(
                 pending.result()  # chunks reach the sink in order, one at a time
             if stopped.is_set():
                 return
-            pending = asyncio.run_coroutine_threadsafe(deliver(due, view), loop)
+            if not on_loop:
+                deliver(due, view)
+                continue
+            coro = deliver(due, view)
+            assert coro is not None
+            pending = asyncio.run_coroutine_threadsafe(coro, loop)
         if pending is not None:
             pending.result()
     finally:
