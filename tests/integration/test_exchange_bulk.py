@@ -244,13 +244,14 @@ class MisbehavingBulk(BulkServer):
             "short": short,
             "corrupt": corrupt,
             "unknown_kind": bulk.HEADER.pack(7, 0, 0),
+            "huge_length": bulk.HEADER.pack(bulk.FRAME_CHUNK, first, 0xFFFF_FFF0),  # refused before any allocation
         }[self.mode])
 
 
 @pytest.mark.parametrize("mode, counter", [
     ("duplicate", "misplaced_chunks"), ("reorder", "misplaced_chunks"), ("unknown_kind", "misplaced_chunks"),
     ("truncate", "truncated_streams"), ("cut_inside", "truncated_streams"),
-    ("short", "corrupt_chunks"), ("corrupt", "corrupt_chunks"),
+    ("short", "corrupt_chunks"), ("corrupt", "corrupt_chunks"), ("huge_length", "corrupt_chunks"),
 ])  # fmt: skip
 @pytest.mark.parametrize("wire", WIRES)
 def test_misbehaving_bulk_stream_is_detected_counted_and_recovered(mode: str, counter: str,
