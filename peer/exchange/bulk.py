@@ -382,7 +382,7 @@ def receive(
                 raise codec.ChunkError(f"{manifest.key}: chunk {due} announced {b} bytes, a "
                                        f"{manifest.layout.wire.name} chunk of this manifest has {stop - start}")
             # A fresh buffer per chunk: the sink may hold it (the reducer's window) after we move on.
-            view = memoryview(torch.empty(b, dtype=torch.uint8).numpy()).cast("B")
+            view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8))
             if not _recv_into(sock, view):
                 raise Truncated(f"connection ended inside chunk {due}")
             codec.verify_chunk(manifest, due, view)
