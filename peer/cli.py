@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
     train.add_argument("--wire", default="bf16", choices=WIRE_FORMATS,
                        help="wire format of pseudo-gradients and mean shards; the same on every site (default bf16)")
+    serve.add_argument("--exchange-plane", choices=("bulk", "grpc"),
+                       help="where pseudo-gradient chunks travel: bulk (a TCP data plane negotiated over gRPC, "
+                            "the default) or grpc (FetchChunks only)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.add_argument("--log-format", choices=logformat.FORMATS, default="human",
                        help="human lines (default) or json: one object per line with site, round, epoch")
@@ -182,6 +185,7 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "certs": args.certs,
         "insecure": args.insecure,
         "metrics_listen": args.metrics_listen,
+        "exchange_plane": args.exchange_plane,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)

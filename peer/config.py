@@ -21,6 +21,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     tokens_per_s = 0.0
     certs = "/scratch/project_x/certs"  # ca.crt, lumi.crt, lumi.key from `ops certs` (mutual TLS)
     metrics_listen = "0.0.0.0:9101"   # Prometheus /metrics (default: no endpoint)
+    exchange_plane = "bulk"           # bulk | grpc: where pseudo-gradient chunks travel (default bulk)
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.
@@ -41,6 +42,7 @@ else:  # pragma: no cover - exercised on 3.10 sites only
     import tomli as tomllib
 
 from peer.election import ElectionConfig
+from peer.exchange.client import DEFAULT_PLANE, PLANES
 from peer.membership import MembershipConfig
 from peer.leases import LeaseConfig
 from peer.rounds import RoundsConfig
@@ -114,6 +116,10 @@ class PeerConfig:
     for explicitly; exactly one of `certs` and `insecure` is set."""
     metrics_listen: str = ""
     """host:port of the Prometheus /metrics endpoint (port 0 picks one); empty: no endpoint."""
+    exchange_plane: str = DEFAULT_PLANE
+    """"bulk": serve and fetch pseudo-gradient chunks over the bulk data plane (plain TCP, TLS under
+    mutual TLS; gRPC where a peer offers none); "grpc": FetchChunks only
+    (docs/decisions/exchange-bulk-plane.md)."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.site):
@@ -136,6 +142,8 @@ class PeerConfig:
             )
         if self.metrics_listen:
             parse_address(self.metrics_listen, "metrics address")
+        if self.exchange_plane not in PLANES:
+            raise ConfigError(f"exchange_plane {self.exchange_plane!r}: use one of {', '.join(PLANES)}")
         if self.join_timeout_s <= 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
 
@@ -162,7 +170,8 @@ def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
         raise ConfigError(f"{path}: [membership]: {err}") from err
 
 
-_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs", "metrics_listen"}
+_SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs", "metrics_listen",
+              "exchange_plane"}
 
 
 def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:

@@ -114,7 +114,8 @@ class Node:
         self.metrics_port: int | None = None
         """The bound port of the /metrics endpoint; None when it is off."""
         if config.trainer is not None and config.rounds is not None:
-            training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds)
+            training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
+                                    config.exchange_plane)
             self.coordinator = Coordinator(self, training, config.rounds, config.leases)
 
     # ----- lifecycle -------------------------------------------------------------------------
@@ -141,7 +142,8 @@ class Node:
             LEASES.handler(self.deliver_lease),
         ))
         if self.coordinator is not None:
-            add_exchange_service(self._server, self.coordinator.training.store)
+            training = self.coordinator.training
+            add_exchange_service(self._server, training.store, training.serve_bulk(host))
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

@@ -45,6 +45,8 @@ from peer.exchange import (
     publish_pseudo_gradient,
 )
 from peer.exchange.allreduce import reduce_scatter_mean, reduce_shard
+from peer.exchange.bulk import BulkConfig, BulkServer
+from peer.exchange.client import DEFAULT_PLANE
 from peer.exchange.feedback import ErrorFeedback
 from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
@@ -137,9 +139,12 @@ def check_weights(round_: int, named: dict[str, int], served: dict[str, int]) ->
 
 class SiteTraining:
     def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig,
-                 creds: Credentials = PLAINTEXT) -> None:
+                 creds: Credentials = PLAINTEXT, plane: str = DEFAULT_PLANE) -> None:
         self._creds = creds
         """How this site dials other sites' exchange services (mutual TLS, or plaintext)."""
+        self._plane = plane
+        """Where chunks travel: "bulk" (the bulk data plane where a peer offers it) or "grpc"."""
+        self._bulk: BulkServer | None = None
         self.site = site
         self.dir = data_dir / "state"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +212,16 @@ class SiteTraining:
             await self.process.stop()
         for client in self._clients.values():
             await client.close()
+        if self._bulk is not None:
+            self._bulk.close()
+
+    def serve_bulk(self, host: str) -> BulkServer | None:
+        """Starts this site's bulk data plane on `host` (the gRPC listen host), unless the plane is
+        "grpc"; the node hands it to add_exchange_service. Call on the event loop."""
+        if self._plane == "bulk":
+            self._bulk = BulkServer(self.store, BulkConfig(host=host), self._creds)
+            log.info("exchange bulk data plane on %s:%d", host, self._bulk.start())
+        return self._bulk
 
     # ----- a site's part of a round ----------------------------------------------------------
     async def train(self, round_: int, ranges: Sequence[SampleRange], inner_steps: int,
@@ -451,7 +466,7 @@ class SiteTraining:
 
     def _client(self, address: str) -> ExchangeClient:
         if address not in self._clients:
-            self._clients[address] = ExchangeClient(address, self._creds)
+            self._clients[address] = ExchangeClient(address, self._creds, self._plane)
         return self._clients[address]
 
     def _mean_shard(self, round_: int, inputs: MeanInputs) -> asyncio.Future[codec.Encoded]:

@@ -16,10 +16,14 @@ leader's mean-shard requests make the other owners reduce before the commit name
 Wire formats: bf16/fp16/fp32 and int8/int4 (a scale per 128 elements; feedback.ErrorFeedback keeps
 what a site's rounding dropped for its next round).
 
+Chunk bytes travel over the bulk data plane (bulk: plain TCP, TLS under mutual TLS, a one-time
+token from the OpenBulk RPC per connection) where both ends offer it, else over gRPC FetchChunks
+(`ExchangeClient(plane=...)`, `peer serve --exchange-plane`).
+
 Lower level: `client.fetch_manifest` / `client.fetch_into` fetch one object into preallocated
 tensors; `codec.encode` / `codec.decode` work without any network. Modules: codec (layout, chunks,
-hashes, manifest <-> proto), chunkwire (Chunk messages without copies), store, service, client,
-allreduce, feedback. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
+hashes, manifest <-> proto), chunkwire (Chunk messages without copies), store, service, bulk,
+client, allreduce, feedback. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
 """
 
 from peer.exchange.allreduce import MeanReport, all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean

@@ -38,6 +38,7 @@ from peer.exchange.client import (
     FetchError,
     FetchPolicy,
     FetchStats,
+    InThread,
     fetch_chunks,
     fetch_manifest,
 )
@@ -398,10 +399,10 @@ async def reduce_scatter_mean(
             if got != expected(owner):
                 raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
 
-            async def sink(index: int, data: memoryview) -> None:
-                await asyncio.to_thread(codec.decode_verified_chunk, m, index, data, dest)
+            def decode(index: int, data: memoryview) -> None:
+                codec.decode_verified_chunk(m, index, data, dest)
 
-            await fetch_chunks(m, [client], sink, policy=policy, stats=stats)
+            await fetch_chunks(m, [client], InThread(decode), policy=policy, stats=stats)
         except (FetchError, codec.ManifestError, codec.LayoutMismatch) as err:
             log.warning("round %d: shard owner %s does not serve its mean shard (%s); reducing that shard "
                         "here from every pseudo-gradient (all-to-all for this shard)", round_, owner, err)

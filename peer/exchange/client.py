@@ -13,6 +13,12 @@ deadline. Each stream waits only on its own peer, so a stalled sender never bloc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import socket
+import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,14 +28,25 @@ import grpc
 import torch
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
-from peer.exchange import chunkwire, codec
+from peer.exchange import bulk, chunkwire, codec
 from peer.exchange.service import SERVICE
 from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
 from peer.transport import channels
 
+log = logging.getLogger("sitemesh.exchange")
+
+@dataclass(frozen=True)
+class InThread:
+    """A sink run in whichever thread verified the chunk (the bulk plane's receiving thread, a worker
+    thread for gRPC) instead of on the event loop: for work that needs no loop and writes memory no
+    one else writes, such as decoding into a destination. Saves two thread hops per chunk."""
+
+    fn: Callable[[int, memoryview], None]
+
+
 # Receives each verified chunk (index, data) in increasing index order.
-ChunkSink = Callable[[int, memoryview], Awaitable[None]]
+ChunkSink = Callable[[int, memoryview], Awaitable[None]] | InThread
 
 # Statuses that say our own request is wrong: retrying cannot help.
 _FATAL = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNIMPLEMENTED}
@@ -87,12 +104,29 @@ class _Retry(Exception):
     """One attempt failed in a way another attempt (same or next source) may fix."""
 
 
-class ExchangeClient:
-    """The Exchange service of one peer."""
+PLANES = ("bulk", "grpc")
+DEFAULT_PLANE = "bulk"
+"""Chunks move over the bulk data plane where the peer offers one (docs/decisions/exchange-bulk-plane.md)."""
 
-    def __init__(self, address: str, creds: channels.Credentials = channels.PLAINTEXT) -> None:
+
+class ExchangeClient:
+    """The Exchange service of one peer.
+
+    `plane`: "bulk" fetches chunk ranges over the peer's bulk data plane (peer/exchange/bulk.py)
+    when it offers one (OpenBulk), else over FetchChunks, saying so once in the log; "grpc" always
+    over FetchChunks. `bulk_address` (host:port) dials the bulk plane there instead of the host of
+    `address` and the ticket's port (a fault proxy or delay line in front of it).
+    """
+
+    def __init__(self, address: str, creds: channels.Credentials = channels.PLAINTEXT, plane: str = DEFAULT_PLANE,
+                 bulk_address: str | None = None) -> None:
+        if plane not in PLANES:
+            raise ValueError(f"exchange plane {plane!r}: choose one of {', '.join(PLANES)}")
         self.address = address
         self._creds = creds
+        self.plane = plane
+        self._bulk_address = bulk_address
+        self._bulk_tls: ssl.SSLContext | None = None
         self._connect()
 
     def _connect(self) -> None:
@@ -142,6 +176,34 @@ class ExchangeClient:
         if manifest.key != key:
             raise codec.ManifestError(f"{self.address} answered {manifest.key} when asked for {key}")
         return manifest
+
+    async def bulk_target(self) -> bulk.BulkTarget | None:
+        """A ticket for one bulk connection, or None where the plane is off or the peer has none
+        (then this client fetches over FetchChunks from now on, and says so once)."""
+        if self.plane != "bulk":
+            return None
+        try:
+            ticket = await self._stub.OpenBulk(exchange_pb2.BulkRequest(), timeout=10.0)
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION):
+                raise
+            log.info("%s offers no bulk data plane (%s: %s); fetching from it over gRPC FetchChunks",
+                     self.address, err.code().name, err.details())
+            self.plane = "grpc"
+            return None
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        port = ticket.port
+        if self._bulk_address is not None:
+            host, port_text = self._bulk_address.rsplit(":", 1)
+            port = int(port_text)
+        tls = None
+        if ticket.tls:
+            if self._creds.plaintext:
+                raise FetchError(f"{self.address} serves its bulk plane over TLS but this peer has no certificates")
+            if self._bulk_tls is None:
+                self._bulk_tls = bulk.client_tls(self._creds)
+            tls = self._bulk_tls
+        return bulk.BulkTarget(host, port, ticket.token, tls, self.address.rsplit(":", 1)[0].strip("[]"))
 
     def stream(self, manifest: codec.Manifest, first: int, end: int, timeout_s: float) -> grpc.aio.UnaryStreamCall:
         request = exchange_pb2.FetchRequest(
@@ -225,6 +287,15 @@ async def _one_stream(
     """Reads one stream from `progress.next` up to `end`, advancing it; raises _Retry with the fault."""
     if progress.next >= end:
         return
+    if source.plane == "bulk":
+        try:
+            target = await source.bulk_target()
+        except grpc.aio.AioRpcError as err:
+            stats.transport_errors += 1
+            raise _Retry(f"OpenBulk: {err.code().name}: {err.details()}") from None
+        if target is not None:
+            await _one_bulk_stream(manifest, target, source, sink, progress, end, policy, stats)
+            return
     call = source.stream(manifest, progress.next, end, max(timeout_s, 0.001))
     try:
         while progress.next < end:
@@ -256,16 +327,122 @@ async def _one_stream(
                 raise _Retry(f"got chunk {msg.index} when chunk {due} was due (duplicate or reordered)")
             try:
                 # blake3 releases the GIL: hashing in a thread overlaps with the event loop's I/O.
-                await asyncio.to_thread(codec.verify_chunk, manifest, msg.index, msg.data)
+                await asyncio.to_thread(_verified, manifest, msg.index, msg.data, sink)
             except codec.ChunkError as err:
                 stats.corrupt_chunks += 1
                 raise _Retry(str(err)) from None
-            await sink(msg.index, msg.data)
+            if not isinstance(sink, InThread):
+                await sink(msg.index, msg.data)
             stats.chunks += 1
             stats.bytes += len(msg.data)
             progress.next = due + 1
     finally:
         call.cancel()
+
+
+def _verified(manifest: codec.Manifest, index: int, data: memoryview, sink: ChunkSink) -> None:
+    codec.verify_chunk(manifest, index, data)
+    if isinstance(sink, InThread):
+        sink.fn(index, data)
+
+
+async def _one_bulk_stream(
+    manifest: codec.Manifest,
+    target: bulk.BulkTarget,
+    source: ExchangeClient,
+    sink: ChunkSink,
+    progress: _Progress,
+    end: int,
+    policy: FetchPolicy,
+    stats: FetchStats,
+) -> None:
+    """_one_stream over the bulk plane: one connection, received and verified in its own thread
+    (not the default executor: its few threads also decode and reduce what this one delivers)."""
+    loop = asyncio.get_running_loop()
+    request = exchange_pb2.FetchRequest(key=codec.key_to_proto(manifest.key), root_hash=manifest.root_hash,
+                                        first_chunk=progress.next, end_chunk=end)
+    done: asyncio.Future[None] = loop.create_future()
+    stopped = threading.Event()
+    held: list[socket.socket] = []
+    delivering: set[asyncio.Task[object]] = set()
+
+    def advanced(index: int, data: memoryview) -> None:
+        stats.chunks += 1
+        stats.bytes += len(data)
+        progress.next = index + 1
+
+    async def deliver(index: int, data: memoryview) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        delivering.add(task)
+        try:
+            assert not isinstance(sink, InThread)
+            await sink(index, data)
+        finally:
+            delivering.discard(task)
+        advanced(index, data)
+
+    def in_thread(index: int, data: memoryview) -> None:
+        # The loop reads progress and stats only once this thread is done (or gone: cancelled).
+        assert isinstance(sink, InThread)
+        sink.fn(index, data)
+        advanced(index, data)
+
+    def settle(err: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(None) if err is None else done.set_exception(err)
+
+    def run() -> None:
+        err: BaseException | None = None
+        try:
+            sock = bulk.connect(target, request, policy.stall_s)
+            held.append(sock)
+            if stopped.is_set():
+                return
+            if isinstance(sink, InThread):
+                bulk.receive(sock, manifest, progress.next, end, loop, in_thread, stopped)
+            else:
+                bulk.receive(sock, manifest, progress.next, end, loop, deliver, stopped)
+        except BaseException as caught:  # noqa: BLE001 - handed to the loop, raised there
+            err = caught
+        finally:
+            for sock in held:
+                sock.close()
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(settle, err)
+
+    threading.Thread(target=run, name=f"bulk-fetch-{manifest.key}", daemon=True).start()
+    due = progress.next
+    try:
+        await done
+    except asyncio.CancelledError:
+        stopped.set()
+        for task in delivering:  # the thread waits for it; cancelled, it ends the thread too
+            task.cancel()
+        for sock in held:  # wakes the thread's recv; it exits without delivering more
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        raise
+    except socket.timeout:
+        stats.stalls += 1
+        raise _Retry(f"bulk stalled: no bytes for {policy.stall_s} s at chunk {progress.next}") from None
+    except bulk.Truncated as err:
+        stats.truncated_streams += 1
+        raise _Retry(f"bulk {err}") from None
+    except bulk.Misplaced as err:
+        stats.misplaced_chunks += 1
+        raise _Retry(f"bulk {err}") from None
+    except codec.ChunkError as err:
+        stats.corrupt_chunks += 1
+        raise _Retry(f"bulk {err}") from None
+    except bulk.ErrorFrame as err:
+        if err.code in _FATAL:
+            raise FetchError(f"{manifest.key} from {source.address} (bulk): {err}") from err
+        stats.transport_errors += 1
+        raise _Retry(f"bulk {err}") from None
+    except (OSError, concurrent.futures.CancelledError) as err:
+        stats.transport_errors += 1
+        raise _Retry(f"bulk connection from chunk {due}: {type(err).__name__}: {err}") from None
 
 
 def _closed_under_us() -> bool:
@@ -328,7 +505,7 @@ async def fetch_into(
     """
     codec.check_destination(manifest.layout, dest)
 
-    async def decode(index: int, data: memoryview) -> None:
-        await asyncio.to_thread(codec.decode_verified_chunk, manifest, index, data, dest)
+    def decode(index: int, data: memoryview) -> None:
+        codec.decode_verified_chunk(manifest, index, data, dest)
 
-    return await fetch_chunks(manifest, sources, decode, policy=policy)
+    return await fetch_chunks(manifest, sources, InThread(decode), policy=policy)

@@ -10,6 +10,7 @@ registers it on the peer's server:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -17,14 +18,19 @@ from peer.exchange import chunkwire, codec
 from peer.exchange.store import AnnouncementRefused, ExchangeStore, MeanInputs, reduced_over
 from peer.gen.sitemesh.v1 import common_pb2, exchange_pb2, exchange_pb2_grpc
 
+if TYPE_CHECKING:
+    from peer.exchange.bulk import BulkServer
+
 SERVICE = "sitemesh.v1.Exchange"
 # A long poll never holds a server stream longer than this, whatever the client asks.
 MAX_WAIT_S = 60.0
 
 
 class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
-    def __init__(self, store: ExchangeStore) -> None:
+    def __init__(self, store: ExchangeStore, bulk: BulkServer | None = None) -> None:
         self._store = store
+        self.bulk = bulk
+        """This peer's bulk data plane (OpenBulk hands out its tickets), None: FetchChunks only."""
 
     async def Announce(self, request: exchange_pb2.Manifest, context: grpc.aio.ServicerContext) -> common_pb2.Accepted:
         try:
@@ -63,27 +69,56 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
     async def FetchChunks(
         self, request: exchange_pb2.FetchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[chunkwire.WireChunk]:
-        key = await _key(request.key, context)
-        encoded = self._store.get(key)
-        if encoded is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no {key} here")
+        try:
+            encoded = resolve_fetch(self._store, request)
+        except Refusal as err:
+            await context.abort(err.code, err.message)
             return  # unreachable: context.abort raises
-        manifest = encoded.manifest
-        if request.root_hash != manifest.root_hash:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, f"{key}: root hash differs from the object held here"
-            )
-        if not request.first_chunk <= request.end_chunk <= manifest.num_chunks:
-            await context.abort(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"{key}: chunks [{request.first_chunk}, {request.end_chunk}) outside [0, {manifest.num_chunks})",
-            )
-        kind = key.kind.name.lower()
+        kind = encoded.manifest.key.kind.name.lower()
         for index in range(request.first_chunk, request.end_chunk):
             # A view, not a copy: chunkwire.serialize copies it once into the message.
             view = codec.as_memoryview(encoded.chunk(index))
             self._store.sent_bytes[kind] = self._store.sent_bytes.get(kind, 0) + view.nbytes
             yield chunkwire.WireChunk(index, view)
+
+    async def OpenBulk(self, request: exchange_pb2.BulkRequest, context: grpc.aio.ServicerContext
+                       ) -> exchange_pb2.BulkTicket:
+        if self.bulk is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this peer serves no bulk data plane: fetch with FetchChunks")
+            raise AssertionError("unreachable: context.abort raises")
+        try:
+            return self.bulk.ticket()
+        except Refusal as err:
+            await context.abort(err.code, err.message)
+            raise AssertionError("unreachable: context.abort raises") from None
+
+
+class Refusal(Exception):
+    """A request refused with a status and a one-line reason (gRPC aborts with it; the bulk plane
+    sends it as an error frame)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code, self.message = code, message
+
+
+def resolve_fetch(store: ExchangeStore, request: exchange_pb2.FetchRequest) -> codec.Encoded:
+    """The object a FetchRequest may stream from `store`, or Refusal saying why not (both planes)."""
+    try:
+        key = codec.key_from_proto(request.key)
+    except codec.ManifestError as err:
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+    encoded = store.get(key)
+    if encoded is None:
+        raise Refusal(grpc.StatusCode.NOT_FOUND, f"no {key} here")
+    manifest = encoded.manifest
+    if request.root_hash != manifest.root_hash:
+        raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"{key}: root hash differs from the object held here")
+    if not request.first_chunk <= request.end_chunk <= manifest.num_chunks:
+        raise Refusal(grpc.StatusCode.OUT_OF_RANGE,
+                      f"{key}: chunks [{request.first_chunk}, {request.end_chunk}) outside [0, {manifest.num_chunks})")
+    return encoded
 
 
 async def _key(msg: exchange_pb2.ObjectKey, context: grpc.aio.ServicerContext) -> codec.ObjectKey:
@@ -94,13 +129,16 @@ async def _key(msg: exchange_pb2.ObjectKey, context: grpc.aio.ServicerContext) -
         raise  # unreachable: abort raises; keeps type checkers from seeing an implicit None
 
 
-def add_exchange_service(server: grpc.aio.Server, store: ExchangeStore) -> ExchangeServicer:
+def add_exchange_service(
+    server: grpc.aio.Server, store: ExchangeStore, bulk: BulkServer | None = None
+) -> ExchangeServicer:
     """Registers the Exchange service on `server` (before it starts); returns the servicer.
+    `bulk`: a started BulkServer whose tickets OpenBulk hands out (None: FetchChunks only).
 
     The generated add_ExchangeServicer_to_server, except that chunks are serialised by chunkwire
     (the same bytes with one copy fewer, see that module).
     """
-    return register_servicer(server, ExchangeServicer(store))
+    return register_servicer(server, ExchangeServicer(store, bulk))
 
 
 def register_servicer(server: grpc.aio.Server, servicer: ExchangeServicer) -> ExchangeServicer:
@@ -120,6 +158,11 @@ def register_servicer(server: grpc.aio.Server, servicer: ExchangeServicer) -> Ex
             servicer.FetchChunks,
             request_deserializer=exchange_pb2.FetchRequest.FromString,
             response_serializer=chunkwire.serialize,
+        ),
+        "OpenBulk": grpc.unary_unary_rpc_method_handler(
+            servicer.OpenBulk,
+            request_deserializer=exchange_pb2.BulkRequest.FromString,
+            response_serializer=exchange_pb2.BulkTicket.SerializeToString,
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from peer.exchange import codec
+from peer.exchange.bulk import BulkServer
 from peer.exchange.allreduce import (
     MeanReport,
     all_to_all_mean,
@@ -25,7 +26,7 @@ from peer.exchange.allreduce import (
 )
 from peer.exchange.client import ExchangeClient, FetchPolicy
 from peer.exchange.store import ExchangeStore
-from tests.support.exchange import decoded, random_model, rehashed, serving
+from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 from tests.support.faultproxy import Fault, FaultProxy
 
 SIZES = {"emb": (64, 500), "layer.0.w": (123, 11), "layer.0.b": (7,), "norm": (1,)}  # ~68 kB in bf16
@@ -54,25 +55,33 @@ def _encode(
 
 
 async def _mesh(
-    scheme: Scheme, faults: dict[tuple[str, str], list[Fault]], encoded: dict[str, codec.Encoded]
+    scheme: Scheme, faults: dict[tuple[str, str], list[Fault]], encoded: dict[str, codec.Encoded],
+    plane: str = "bulk",
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, MeanReport]]:
-    """Runs `scheme` on every peer at once; faults[(receiver, sender)] go on that one path."""
+    """Runs `scheme` on every peer at once; faults[(receiver, sender)] go on that one path (its
+    gRPC connection for plane "grpc", its bulk connections for "bulk")."""
     models = encoded
     stores = {s: ExchangeStore() for s in models}
     async with contextlib.AsyncExitStack() as stack:
-        addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in models}
+        served = {s: await stack.enter_async_context(serving_bulk(stores[s], bulk=BulkServer(stores[s])))
+                  for s in models}
         clients: dict[str, dict[str, ExchangeClient | None]] = {}
         for me in models:
             clients[me] = {me: None}
             for other in models:
                 if other == me:
                     continue
-                address = addresses[other]
+                address, bulk = served[other]
+                assert bulk is not None
+                proxied = None
                 if (me, other) in faults:
                     host, port = address.rsplit(":", 1)
-                    proxy = FaultProxy((host, int(port)), faults[(me, other)])
-                    address = (await stack.enter_async_context(proxy)).address
-                client = ExchangeClient(address)
+                    proxy = FaultProxy((host, bulk.port if plane == "bulk" else int(port)), faults[(me, other)])
+                    proxied = (await stack.enter_async_context(proxy)).address
+                if plane == "bulk":
+                    client = ExchangeClient(address, plane="bulk", bulk_address=proxied)
+                else:
+                    client = ExchangeClient(proxied or address, plane="grpc")
                 stack.push_async_callback(client.close)
                 clients[me][other] = client
         dests = {s: {e.name: torch.full(e.shape, float("nan")) for e in encoded[s].manifest.layout.tensors} for s in models}
@@ -117,18 +126,21 @@ def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme, wire: cod
     assert all(r.tokens == TOKENS for r in reports.values())
 
 
+@pytest.mark.parametrize("plane", ["grpc", "bulk"])
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
-def test_mean_is_exact_despite_drops_flips_and_stalls(scheme: Scheme) -> None:
+def test_mean_is_exact_despite_drops_flips_and_stalls(scheme: Scheme, plane: str) -> None:
     faults = {
         ("alpha", "bravo"): [Fault(drop_after=20_000)],
-        ("bravo", "charlie"): [Fault(flip_at=30_000)],
+        # A bulk connection carries one stream (~23 kB for a reduce-scatter shard), gRPC's all of a path's.
+        ("bravo", "charlie"): [Fault(flip_at=30_000 if plane == "grpc" else 10_000)],
         ("charlie", "alpha"): [Fault(stall_after=15_000, stall_s=3.0)],
     }
     encoded = _encode(_models(seed=10))
-    dests, reports = asyncio.run(_mesh(scheme, faults, encoded))
+    dests, reports = asyncio.run(_mesh(scheme, faults, encoded, plane))
     _check(scheme, dests, encoded)
     faults_seen = {
-        s: sum(st.transport_errors + st.corrupt_chunks + st.stalls + st.truncated_streams for st in r.stats.values())
+        s: sum(st.transport_errors + st.corrupt_chunks + st.stalls + st.truncated_streams + st.misplaced_chunks
+               for st in r.stats.values())
         for s, r in reports.items()
     }
     assert all(faults_seen[receiver] >= 1 for receiver, _ in faults), faults_seen

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from peer.exchange import codec
+from peer.exchange.bulk import BulkServer
 from peer.exchange.chunkwire import WireChunk
 from peer.exchange.client import (
     ExchangeClient,
@@ -30,7 +31,7 @@ from peer.exchange.client import (
 from peer.exchange.service import ExchangeServicer
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
-from tests.support.exchange import decoded, random_model, rehashed, serving
+from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 from tests.support.faultproxy import Fault, FaultProxy
 
 CHUNK = 16 * 1024
@@ -87,17 +88,39 @@ class RecordingServicer(ExchangeServicer):
             yield chunk
 
 
+class RecordingBulk(BulkServer):
+    """The real bulk server, remembering the first chunk of every request it accepted."""
+
+    def __init__(self, store: ExchangeStore) -> None:
+        super().__init__(store)
+        self.requests: list[int] = []
+
+    def _request(self, sock: Any) -> tuple[codec.Encoded, exchange_pb2.FetchRequest]:
+        encoded, request = super()._request(sock)
+        self.requests.append(request.first_chunk)
+        return encoded, request
+
+
+PLANES = ["grpc", "bulk"]
+
+
 async def _fetch_through(
     faults: list[Fault],
     servicer_cls: type[ExchangeServicer] = RecordingServicer,
     wire: codec.WireDtype = codec.WireDtype.BF16,
+    plane: str = "grpc",
 ) -> Any:
+    """Fetches one object with `faults` on the path its chunks take: the gRPC connection, or
+    (plane "bulk") the bulk connections, whose manifest and tickets go over gRPC directly."""
     store, enc = _published(wire=wire)
     servicer = servicer_cls(store)
-    async with serving(store, servicer) as address:
+    bulk = RecordingBulk(store) if plane == "bulk" else None
+    async with serving_bulk(store, servicer, bulk) as (address, _):
         host, port = address.rsplit(":", 1)
-        async with FaultProxy((host, int(port)), faults) as proxy:
-            client = ExchangeClient(proxy.address)
+        target = (host, bulk.port) if bulk is not None else (host, int(port))
+        async with FaultProxy(target, faults) as proxy:
+            client = (ExchangeClient(address, plane="bulk", bulk_address=proxy.address) if bulk is not None
+                      else ExchangeClient(proxy.address, plane="grpc"))
             try:
                 manifest = await fetch_manifest(enc.manifest.key, [client], wait_s=5, policy=POLICY)
                 dest = _dest(enc)
@@ -108,51 +131,61 @@ async def _fetch_through(
                 await client.close()
     _assert_exact(dest, enc)
     assert stats.chunks == enc.manifest.num_chunks and stats.bytes == enc.manifest.wire_nbytes
-    return stats, servicer, proxy, elapsed
+    requests = bulk.requests if bulk is not None else getattr(servicer, "requests", [])
+    return stats, servicer, proxy, elapsed, requests
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("wire", WIRES)
-def test_clean_transfer_is_exact_and_uses_one_stream(wire: codec.WireDtype) -> None:
-    stats, servicer, proxy, _ = run(lambda: _fetch_through([], wire=wire))
-    assert servicer.requests == [0]
+def test_clean_transfer_is_exact_and_uses_one_stream(wire: codec.WireDtype, plane: str) -> None:
+    stats, servicer, proxy, _, requests = run(lambda: _fetch_through([], wire=wire, plane=plane))
+    assert requests == [0]
     assert (stats.attempts, stats.corrupt_chunks, stats.transport_errors) == (1, 0, 0)
+    if plane == "bulk":
+        assert servicer.requests == [], "the chunks came over gRPC, not the bulk plane"
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("wire", WIRES)
-def test_dropped_connection_resumes_from_the_first_missing_chunk(wire: codec.WireDtype) -> None:
+def test_dropped_connection_resumes_from_the_first_missing_chunk(wire: codec.WireDtype, plane: str) -> None:
     # The delay lets the client take the first chunks before the reset (gRPC discards what it
     # buffered but had not handed over when a connection dies).
     drop = 100_000
-    stats, servicer, proxy, _ = run(lambda: _fetch_through([Fault(drop_after=drop, delay_s=0.05)], wire=wire))
+    stats, _, proxy, _, requests = run(
+        lambda: _fetch_through([Fault(drop_after=drop, delay_s=0.05)], wire=wire, plane=plane))
     assert proxy.faults_fired == [f"conn 1: dropped after {drop} bytes"]
     assert stats.transport_errors + stats.truncated_streams >= 1
-    assert len(servicer.requests) >= 2 and servicer.requests[0] == 0
+    assert len(requests) >= 2 and requests[0] == 0
     # Exactly-once delivery (chunks == num_chunks above) plus a second request starting past 0: the
     # retry resumed at the first chunk not yet held instead of starting over.
-    assert servicer.requests[1] >= 1
+    assert requests[1] >= 1
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("wire", WIRES)
-def test_flipped_byte_is_detected_and_the_chunk_refetched(wire: codec.WireDtype) -> None:
-    # 60_000 bytes in: inside the DATA payload of a chunk (HTTP/2 frames carry no checksum).
+def test_flipped_byte_is_detected_and_the_chunk_refetched(wire: codec.WireDtype, plane: str) -> None:
+    # 60_000 bytes in: inside the payload of a chunk (neither HTTP/2 nor bulk frames carry a checksum).
     flip = 60_000
-    stats, servicer, proxy, _ = run(lambda: _fetch_through([Fault(flip_at=flip)], wire=wire))
+    stats, _, proxy, _, requests = run(lambda: _fetch_through([Fault(flip_at=flip)], wire=wire, plane=plane))
     assert proxy.faults_fired == [f"conn 1: flipped byte {flip}"]
-    assert stats.corrupt_chunks + stats.transport_errors == 1
-    assert servicer.requests[-1] > 0
+    assert stats.corrupt_chunks + stats.transport_errors + stats.misplaced_chunks == 1
+    assert requests[-1] > 0
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("wire", WIRES)
-def test_stalled_sender_is_abandoned_after_the_stall_timeout(wire: codec.WireDtype) -> None:
+def test_stalled_sender_is_abandoned_after_the_stall_timeout(wire: codec.WireDtype, plane: str) -> None:
     stall = 50_000
-    stats, _, proxy, elapsed = run(lambda: _fetch_through([Fault(stall_after=stall, stall_s=5.0)], wire=wire))
+    stats, _, proxy, elapsed, _ = run(
+        lambda: _fetch_through([Fault(stall_after=stall, stall_s=5.0)], wire=wire, plane=plane))
     assert stats.stalls == 1 and proxy.faults_fired
     assert elapsed < 4.0, "the fetch waited for the stalled stream instead of abandoning it"
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("wire", WIRES)
-def test_slow_link_completes(wire: codec.WireDtype) -> None:
-    stats, *_ = run(lambda: _fetch_through([Fault(delay_s=0.002)], wire=wire))
+def test_slow_link_completes(wire: codec.WireDtype, plane: str) -> None:
+    stats, *_ = run(lambda: _fetch_through([Fault(delay_s=0.002)], wire=wire, plane=plane))
     assert stats.attempts == 1
 
 
@@ -163,7 +196,7 @@ def test_stalled_peer_does_not_block_fetches_from_other_peers() -> None:
         async with serving(slow_store) as slow_addr, serving(fast_store) as fast_addr:
             host, port = slow_addr.rsplit(":", 1)
             async with FaultProxy((host, int(port)), [Fault(stall_after=1, stall_s=5.0)]) as proxy:
-                clients = [ExchangeClient(proxy.address), ExchangeClient(fast_addr)]
+                clients = [ExchangeClient(proxy.address, plane="grpc"), ExchangeClient(fast_addr, plane="grpc")]
                 started = time.monotonic()
                 done: dict[str, float] = {}
                 policy = dataclasses.replace(POLICY, stall_s=1.5)
@@ -190,7 +223,7 @@ def test_bad_source_falls_back_to_another_peer_holding_the_object() -> None:
             host, port = a.rsplit(":", 1)
             dead = [Fault(drop_after=0)] * 50
             async with FaultProxy((host, int(port)), dead) as proxy:
-                clients = [ExchangeClient(proxy.address), ExchangeClient(b)]
+                clients = [ExchangeClient(proxy.address, plane="grpc"), ExchangeClient(b, plane="grpc")]
                 dest = _dest(enc)
                 stats = await fetch_into(enc.manifest, clients, dest, POLICY)
                 for c in clients:
@@ -209,7 +242,7 @@ def test_dead_peer_ends_in_a_clear_error() -> None:
         async with serving(store) as a:
             host, port = a.rsplit(":", 1)
             async with FaultProxy((host, int(port)), [Fault(drop_after=0)] * 50) as proxy:
-                client = ExchangeClient(proxy.address)
+                client = ExchangeClient(proxy.address, plane="grpc")
                 try:
                     with pytest.raises(FetchError, match="gave up at chunk 0 .* 4 failed attempts"):
                         await fetch_into(enc.manifest, [client], _dest(enc), POLICY)
@@ -262,7 +295,7 @@ class Misbehaving(ExchangeServicer):
 @pytest.mark.parametrize("wire", WIRES)
 def test_misbehaving_stream_is_detected_counted_and_recovered(mode: str, counter: str, wire: codec.WireDtype) -> None:
     cls = type(f"Misbehaving_{mode}", (Misbehaving,), {"mode": mode})
-    stats, servicer, _, _ = run(lambda: _fetch_through([], cls, wire))
+    stats, servicer, _, _, _ = run(lambda: _fetch_through([], cls, wire))
     assert getattr(stats, counter) == 1
     assert servicer.calls == 2
 
@@ -271,7 +304,7 @@ def test_refusals_carry_a_clear_status_and_the_server_keeps_serving() -> None:
     async def scenario() -> None:
         store, enc = _published()
         async with serving(store) as address:
-            client = ExchangeClient(address)
+            client = ExchangeClient(address, plane="grpc")
             stub = client._stub
             key = codec.key_to_proto(enc.manifest.key)
 
@@ -375,7 +408,7 @@ def test_streams_sharing_a_stalled_connection_both_recover() -> None:
         async with serving(store) as address:
             host, port = address.rsplit(":", 1)
             async with FaultProxy((host, int(port)), [Fault(stall_after=60_000, stall_s=5.0)]) as proxy:
-                client = ExchangeClient(proxy.address)
+                client = ExchangeClient(proxy.address, plane="grpc")
                 dests = [_dest(one), _dest(two)]
                 policy = dataclasses.replace(POLICY, stall_s=0.5)
                 stats = await asyncio.gather(
@@ -401,7 +434,7 @@ def test_a_reconnect_gets_its_own_connection_not_the_wedged_one() -> None:
         async with serving(store) as address:
             host, port = address.rsplit(":", 1)
             async with FaultProxy((host, int(port)), []) as proxy:
-                first, second = ExchangeClient(proxy.address), ExchangeClient(proxy.address)
+                first, second = (ExchangeClient(proxy.address, plane="grpc") for _ in range(2))
                 for client in (first, second):
                     d = _dest(enc)
                     await fetch_into(enc.manifest, [client], d, POLICY)

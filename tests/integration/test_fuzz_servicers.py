@@ -56,7 +56,8 @@ METHODS: list[tuple[str, type[Message]]] = [
 ] + [("/sitemesh.v1.Admin/Status", admin_pb2.StatusRequest)]
 EXCHANGE_METHODS = [(f"/{EXCHANGE}/Announce", exchange_pb2.Manifest),
                     (f"/{EXCHANGE}/GetManifest", exchange_pb2.ManifestRequest),
-                    (f"/{EXCHANGE}/FetchChunks", exchange_pb2.FetchRequest)]
+                    (f"/{EXCHANGE}/FetchChunks", exchange_pb2.FetchRequest),
+                    (f"/{EXCHANGE}/OpenBulk", exchange_pb2.BulkRequest)]
 BAD = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 
 _INTS = st.one_of(st.integers(0, 8), st.sampled_from([2**31, 2**32 + 1, 2**62, 2**63, 2**64 - 1]),

@@ -43,6 +43,8 @@ SITE, OP, READER = (Identity(Role.SITE, "a", RUN), Identity(Role.OPERATOR, "alic
     (OP, "/sitemesh.v1.Membership/SendPing", False),
     (READER, "/sitemesh.v1.Exchange/FetchChunks", False),
     (SITE, "/sitemesh.v1.Exchange/FetchChunks", True),
+    (READER, "/sitemesh.v1.Exchange/OpenBulk", False),  # a bulk ticket reads what FetchChunks reads
+    (SITE, "/sitemesh.v1.Exchange/OpenBulk", True),
     (SITE, "/sitemesh.v1.Unknown/Thing", False),
 ])
 def test_roles(who: Identity, method: str, allowed: bool) -> None:

@@ -125,3 +125,19 @@ class Chunk(_message.Message):
     index: int
     data: bytes
     def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class BulkRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BulkTicket(_message.Message):
+    __slots__ = ("port", "token", "ttl_ms", "tls")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    token: bytes
+    ttl_ms: int
+    tls: bool
+    def __init__(self, port: _Optional[int] = ..., token: _Optional[bytes] = ..., ttl_ms: _Optional[int] = ..., tls: _Optional[bool] = ...) -> None: ...

@@ -51,6 +51,11 @@ class ExchangeStub:
                 request_serializer=sitemesh_dot_v1_dot_exchange__pb2.FetchRequest.SerializeToString,
                 response_deserializer=sitemesh_dot_v1_dot_exchange__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.OpenBulk = channel.unary_unary(
+                '/sitemesh.v1.Exchange/OpenBulk',
+                request_serializer=sitemesh_dot_v1_dot_exchange__pb2.BulkRequest.SerializeToString,
+                response_deserializer=sitemesh_dot_v1_dot_exchange__pb2.BulkTicket.FromString,
+                _registered_method=True)
 
 
 class ExchangeServicer:
@@ -83,6 +88,17 @@ class ExchangeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenBulk(self, request, context):
+        """A ticket for one connection to this peer's bulk data plane: a plain TCP stream (TLS under mutual
+        TLS) that carries what FetchChunks carries at a fraction of gRPC's cost per byte (see "Bulk data
+        plane" below). FAILED_PRECONDITION when this peer serves no bulk plane (fetch over FetchChunks),
+        RESOURCE_EXHAUSTED when too many tickets are outstanding. Who may call it is who may call
+        FetchChunks: the ticket is only as good as this call's authentication.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExchangeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -100,6 +116,11 @@ def add_ExchangeServicer_to_server(servicer, server):
                     servicer.FetchChunks,
                     request_deserializer=sitemesh_dot_v1_dot_exchange__pb2.FetchRequest.FromString,
                     response_serializer=sitemesh_dot_v1_dot_exchange__pb2.Chunk.SerializeToString,
+            ),
+            'OpenBulk': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenBulk,
+                    request_deserializer=sitemesh_dot_v1_dot_exchange__pb2.BulkRequest.FromString,
+                    response_serializer=sitemesh_dot_v1_dot_exchange__pb2.BulkTicket.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +205,33 @@ class Exchange:
             '/sitemesh.v1.Exchange/FetchChunks',
             sitemesh_dot_v1_dot_exchange__pb2.FetchRequest.SerializeToString,
             sitemesh_dot_v1_dot_exchange__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenBulk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sitemesh.v1.Exchange/OpenBulk',
+            sitemesh_dot_v1_dot_exchange__pb2.BulkRequest.SerializeToString,
+            sitemesh_dot_v1_dot_exchange__pb2.BulkTicket.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,403 @@
+"""The exchange's bulk data plane: chunk ranges over a plain TCP stream (TLS under mutual TLS).
+
+gRPC stays the control plane and the contract (manifests, announcements, OpenBulk tickets, the
+fallback FetchChunks); this moves only the chunk bytes, at a fraction of gRPC's CPU per byte
+(docs/decisions/exchange-bulk-plane.md). The wire protocol is documented in
+protos/sitemesh/v1/exchange.proto ("Bulk data plane"): a request of magic + one-time token +
+FetchRequest, answered by chunk frames (the Chunk's index and data) or one error frame.
+
+Both ends run in threads with blocking sockets: a receive is `recv_into` a preallocated buffer and
+the blake3 check runs in the same thread (both release the GIL), the server sends straight from the
+encoded object (`sendmsg` of a header and a memoryview), so a chunk costs the event loop one step.
+
+    server = BulkServer(store, host="127.0.0.1"); server.start()      # on the node's loop
+    add_exchange_service(grpc_server, store, bulk=server)              # OpenBulk hands out tickets
+    # receivers: ExchangeClient(address, plane="bulk") -> client.fetch_chunks uses it
+    .venv/bin/python -m pytest tests/integration/test_exchange_bulk.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import secrets
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import torch
+
+from peer.exchange import codec
+from peer.exchange.service import Refusal, resolve_fetch
+from peer.exchange.store import ExchangeStore
+from peer.gen.sitemesh.v1 import exchange_pb2
+from peer.transport.channels import PLAINTEXT, Credentials
+
+log = logging.getLogger("sitemesh.exchange")
+
+MAGIC = b"SMB1"
+TOKEN_BYTES = 32
+MAX_REQUEST_BYTES = 4096
+"""A FetchRequest is a key, a 32-byte root and two integers: ~100 bytes. Anything longer is garbage."""
+HEADER = struct.Struct("<BII")  # kind, a, b (see exchange.proto)
+_LENGTH = struct.Struct("<I")
+FRAME_CHUNK, FRAME_ERROR = 1, 2
+MAX_ERROR_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class BulkConfig:
+    """Bounds of one peer's bulk listener."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on: the gRPC listen host (receivers dial the host they reached gRPC at)."""
+    port: int = 0
+    """0: an ephemeral port, announced through OpenBulk."""
+    max_connections: int = 64
+    """Connections at once (handshaking or streaming): a few per peer and phase in any real run."""
+    request_timeout_s: float = 10.0
+    """A connection must finish its TLS handshake and send its request within this."""
+    send_stall_s: float = 60.0
+    """A receiver that reads nothing for this long is dropped (it resumes on a new connection)."""
+    ticket_ttl_s: float = 30.0
+    max_tickets: int = 1024
+    """Tickets handed out and not yet used or expired; more are refused (RESOURCE_EXHAUSTED)."""
+
+    def __post_init__(self) -> None:
+        if min(self.max_connections, self.max_tickets) < 1 or not 0 <= self.port < 65536:
+            raise ValueError(f"invalid bulk config {self}: connections and tickets >= 1, port in [0, 65536)")
+        if min(self.request_timeout_s, self.send_stall_s, self.ticket_ttl_s) <= 0:
+            raise ValueError(f"invalid bulk config {self}: timeouts must be > 0")
+
+
+def server_tls(creds: Credentials) -> ssl.SSLContext:
+    """The bulk listener's TLS: this site's certificate, clients must show one of the run CA."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=creds.ca.decode())
+    _load_own(ctx, creds)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_tls(creds: Credentials) -> ssl.SSLContext:
+    """A receiver's TLS: the server's certificate must chain to the run CA and name the host dialed
+    (as gRPC checks it); the receiver shows its own site certificate."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=creds.ca.decode())
+    _load_own(ctx, creds)
+    return ctx
+
+
+def _load_own(ctx: ssl.SSLContext, creds: Credentials) -> None:
+    # ssl loads certificates only from files; the credentials live in memory.
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = Path(tmp) / "c.pem", Path(tmp) / "k.pem"
+        cert.write_bytes(creds.cert)
+        key.write_bytes(creds.key)
+        ctx.load_cert_chain(cert, key)
+
+
+def error_frame(code: grpc.StatusCode, message: str) -> bytes:
+    text = message.encode()[:MAX_ERROR_BYTES]
+    return HEADER.pack(FRAME_ERROR, code.value[0], len(text)) + text
+
+
+class BulkServer:
+    """Serves FetchRequests of `store`'s objects over TCP to holders of a ticket (one per connection)."""
+
+    def __init__(self, store: ExchangeStore, config: BulkConfig = BulkConfig(),
+                 creds: Credentials = PLAINTEXT) -> None:
+        self._store, self.config, self._creds = store, config, creds
+        self._tls = None if creds.plaintext else server_tls(creds)
+        self._tickets: dict[bytes, float] = {}  # token -> monotonic expiry
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.port = 0
+        self.refused: dict[str, int] = {}
+        """Connections refused, by status name (for tests and metrics)."""
+
+    def start(self) -> int:
+        """Listens (on the calling event loop's behalf: byte counts go to the store on it); the port."""
+        self._loop = asyncio.get_running_loop()
+        host = self.config.host.strip("[]")  # "[::]:7001" listens on host "[::]"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, self.config.port), family=family, backlog=self.config.max_connections)
+        self._listener, self.port = listener, listener.getsockname()[1]
+        threading.Thread(target=self._accept, name=f"bulk-accept-{self.port}", daemon=True).start()
+        return self.port
+
+    def close(self) -> None:
+        """Stops listening and drops every open connection (their receivers resume elsewhere)."""
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in its thread
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def ticket(self) -> exchange_pb2.BulkTicket:
+        """A one-connection ticket (OpenBulk's answer); Refusal when too many are outstanding."""
+        now = time.monotonic()
+        with self._lock:
+            for token in [t for t, expiry in self._tickets.items() if expiry < now]:
+                del self._tickets[token]
+            if len(self._tickets) >= self.config.max_tickets:
+                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{len(self._tickets)} bulk tickets are outstanding, the most there may be: "
+                              "use or let expire the ones held")
+            token = secrets.token_bytes(TOKEN_BYTES)
+            self._tickets[token] = now + self.config.ticket_ttl_s
+        return exchange_pb2.BulkTicket(port=self.port, token=token, ttl_ms=int(self.config.ticket_ttl_s * 1000),
+                                       tls=self._tls is not None)
+
+    def _accept(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed
+                return
+            with self._lock:
+                full = len(self._open) >= self.config.max_connections
+                if not full:
+                    self._open.add(conn)
+            if full:
+                self._count("RESOURCE_EXHAUSTED")
+                if self._tls is None:  # under TLS the client expects a handshake, not a frame
+                    with contextlib.suppress(OSError):
+                        conn.sendall(error_frame(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                 f"{self.config.max_connections} bulk connections are open, "
+                                                 "the most there may be; retry later"))
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name=f"bulk-serve-{self.port}", daemon=True).start()
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.refused[what] = self.refused.get(what, 0) + 1
+
+    def _serve(self, conn: socket.socket) -> None:
+        sock: socket.socket = conn
+        try:
+            sock.settimeout(self.config.request_timeout_s)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(conn, server_side=True)
+            try:
+                encoded, request = self._request(sock)
+            except Refusal as err:
+                self._count(err.code.name)
+                _refuse(sock, err)
+                return
+            sock.settimeout(self.config.send_stall_s)
+            self._stream(sock, encoded, request.first_chunk, request.end_chunk)
+        except (OSError, ssl.SSLError):
+            pass  # a receiver that went away, stalled or failed its handshake: it resumes elsewhere
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _request(self, sock: socket.socket) -> tuple[codec.Encoded, exchange_pb2.FetchRequest]:
+        head = _recv_exactly(sock, len(MAGIC) + TOKEN_BYTES + _LENGTH.size)
+        if head is None or head[: len(MAGIC)] != MAGIC:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "not a sitemesh bulk request (it starts with "
+                          "\"SMB1\", a ticket's token and a FetchRequest; see exchange.proto)")
+        token = bytes(head[len(MAGIC) : len(MAGIC) + TOKEN_BYTES])
+        with self._lock:
+            expiry = self._tickets.pop(token, None)
+        if expiry is None or expiry < time.monotonic():
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED,
+                          "bulk token unknown, already used or expired: ask OpenBulk for a ticket per connection")
+        (length,) = _LENGTH.unpack(head[len(MAGIC) + TOKEN_BYTES :])
+        if length > MAX_REQUEST_BYTES:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"bulk request of {length} bytes, the most is {MAX_REQUEST_BYTES}")
+        raw = _recv_exactly(sock, length)
+        if raw is None:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "bulk request ended inside its FetchRequest")
+        try:
+            request = exchange_pb2.FetchRequest.FromString(bytes(raw))
+        except Exception as err:  # noqa: BLE001 - protobuf's DecodeError is not exported stably
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"bulk request is not a FetchRequest: {err}") from None
+        return resolve_fetch(self._store, request), request
+
+    def _stream(self, sock: socket.socket, encoded: codec.Encoded, first: int, end: int) -> None:
+        plain = not isinstance(sock, ssl.SSLSocket)  # SSLSocket has no sendmsg
+        sent = 0
+        try:
+            for index in range(first, end):
+                view = codec.as_memoryview(encoded.chunk(index))
+                header = HEADER.pack(FRAME_CHUNK, index, view.nbytes)
+                if plain:
+                    _sendmsg_all(sock, header, view)
+                else:
+                    sock.sendall(header)
+                    sock.sendall(view)
+                sent += view.nbytes
+        finally:
+            if sent and self._loop is not None:
+                kind = encoded.manifest.key.kind.name.lower()
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads the count
+                    self._loop.call_soon_threadsafe(self._add_sent, kind, sent)
+
+    def _add_sent(self, kind: str, nbytes: int) -> None:
+        self._store.sent_bytes[kind] = self._store.sent_bytes.get(kind, 0) + nbytes
+
+
+def _refuse(sock: socket.socket, err: Refusal) -> None:
+    """Sends the error frame and lets the receiver read it: closing with unread request bytes would
+    reset the connection, and a reset can discard the frame before the receiver reads it."""
+    sock.sendall(error_frame(err.code, err.message))
+    if not isinstance(sock, ssl.SSLSocket):
+        sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(1.0)
+    left = MAX_REQUEST_BYTES + 64 * 1024  # what an honest request can have left unread, with room
+    while left > 0 and (got := sock.recv(min(left, 65536))):
+        left -= len(got)
+
+
+def _sendmsg_all(sock: socket.socket, header: bytes, view: memoryview) -> None:
+    """The header and the chunk in one system call when the socket takes them at once."""
+    done = sock.sendmsg((header, view))
+    if done < len(header):
+        sock.sendall(header[done:])
+        done = len(header)
+    if done - len(header) < view.nbytes:
+        sock.sendall(view[done - len(header) :])
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> memoryview | None:
+    """n bytes, or None if the connection ends first."""
+    buf = memoryview(bytearray(n))
+    return buf if _recv_into(sock, buf) else None
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fills `view`; False if the connection ends first. socket.timeout after a silent stall."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            return False
+        got += k
+    return True
+
+
+# ---------------------------------------------------------------------------- receiving side
+
+
+class Truncated(ConnectionError):
+    """The connection ended before the requested range did."""
+
+
+class Misplaced(ConnectionError):
+    """A frame that is not the chunk due (duplicate, reordered, or of another length)."""
+
+
+class ErrorFrame(Exception):
+    """The server refused the request; `code` is the status it would give over gRPC."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code, self.message = code, message
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class BulkTarget:
+    """Where one bulk connection goes and how it authenticates."""
+
+    host: str
+    port: int
+    token: bytes
+    tls: ssl.SSLContext | None = None
+    server_name: str = ""
+    """The name the server's certificate must carry (the host of the gRPC address)."""
+
+
+def connect(target: BulkTarget, request: exchange_pb2.FetchRequest, timeout_s: float) -> socket.socket:
+    """Opens the connection and sends the request (blocking; in the receiving thread)."""
+    sock = socket.create_connection((target.host, target.port), timeout=timeout_s)
+    try:
+        if target.tls is not None:
+            sock = target.tls.wrap_socket(sock, server_hostname=target.server_name or target.host)
+        raw = request.SerializeToString()
+        sock.sendall(MAGIC + target.token + _LENGTH.pack(len(raw)) + raw)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def receive(
+    sock: socket.socket,
+    manifest: codec.Manifest,
+    first: int,
+    end: int,
+    loop: asyncio.AbstractEventLoop,
+    deliver: Callable[[int, memoryview], Coroutine[Any, Any, None] | None],
+    stopped: threading.Event,
+) -> None:
+    """Reads chunks [first, end) off `sock`, checks each (index, length, blake3) and hands it to
+    `deliver`, in order: a coroutine function is run on `loop`, receiving chunk k+1 overlapping
+    delivering k; a plain function is called here, in this thread. Raises Truncated, Misplaced,
+    codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is raised here
+    too. Runs in its own thread."""
+    on_loop = asyncio.iscoroutinefunction(deliver)
+    header = memoryview(bytearray(HEADER.size))
+    pending: concurrent.futures.Future[None] | None = None
+    try:
+        for due in range(first, end):
+            if not _recv_into(sock, header):
+                raise Truncated(f"connection ended at chunk {due}, expected up to {end}")
+            kind, a, b = HEADER.unpack(header)
+            if kind == FRAME_ERROR:
+                text = _recv_exactly(sock, min(b, MAX_ERROR_BYTES))
+                raise ErrorFrame(_CODES.get(a, grpc.StatusCode.UNKNOWN),
+                                 bytes(text).decode(errors="replace") if text is not None else "(cut short)")
+            if kind != FRAME_CHUNK:
+                raise Misplaced(f"frame of unknown kind {kind} at chunk {due}")
+            if a != due:
+                raise Misplaced(f"got chunk {a} when chunk {due} was due (duplicate or reordered)")
+            start, stop = manifest.wire_bounds(due)
+            if b != stop - start:  # checked before reading: a lying length cannot make us allocate
+                raise codec.ChunkError(f"{manifest.key}: chunk {due} announced {b} bytes, a "
+                                       f"{manifest.layout.wire.name} chunk of this manifest has {stop - start}")
+            # A fresh buffer per chunk: the sink may hold it (the reducer's window) after we move on.
+            view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8))
+            if not _recv_into(sock, view):
+                raise Truncated(f"connection ended inside chunk {due}")
+            codec.verify_chunk(manifest, due, view)
+            if pending is not None:
+                pending.result()  # chunks reach the sink in order, one at a time
+            if stopped.is_set():
+                return
+            if not on_loop:
+                deliver(due, view)
+                continue
+            coro = deliver(due, view)
+            assert coro is not None
+            pending = asyncio.run_coroutine_threadsafe(coro, loop)
+        if pending is not None:
+            pending.result()
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()

@@ -1,0 +1,374 @@
+"""The bulk data plane on real sockets with real gRPC: who may connect, what it refuses, how it fails.
+
+The fault-proxy transfers of every wire format over the bulk plane are in test_exchange_transfer.py
+(parametrized over both planes); here: tokens, refusals with clear error frames, bounds, a
+misbehaving bulk server, a persistently corrupt source, the fallback to gRPC, and mutual TLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from ops.certs import make_run
+from peer.exchange import bulk, codec
+from peer.exchange.bulk import BulkConfig, BulkServer
+from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, fetch_chunks, fetch_into
+from peer.exchange.store import ExchangeStore
+from peer.gen.sitemesh.v1 import exchange_pb2
+from peer.transport.channels import Credentials
+from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
+
+CHUNK = 16 * 1024
+SIZES = {"emb": (96, 1000), "layer.0.w": (301, 7), "scalar": ()}
+POLICY = FetchPolicy.local_test()
+WIRES = list(codec.WireDtype)
+
+
+def run(make: Any, timeout_s: float = 30.0) -> Any:
+    async def bounded() -> Any:
+        return await asyncio.wait_for(make(), timeout_s)
+
+    return asyncio.run(bounded())
+
+
+def _encoded(wire: codec.WireDtype = codec.WireDtype.BF16) -> codec.Encoded:
+    return codec.encode(random_model(0, SIZES), round=3, site="a", tokens=10, chunk_size=CHUNK, wire=wire)
+
+
+async def _store(enc: codec.Encoded) -> ExchangeStore:
+    store = ExchangeStore()
+    await store.publish(enc)
+    return store
+
+
+def _dest(enc: codec.Encoded) -> dict[str, torch.Tensor]:
+    return {e.name: torch.full(e.shape, float("nan")) for e in enc.manifest.layout.tensors}
+
+
+def _exact(dest: dict[str, torch.Tensor], enc: codec.Encoded) -> bool:
+    return all(torch.equal(dest[n], t) for n, t in decoded(enc).items())
+
+
+def _request(enc: codec.Encoded, first: int = 0, end: int | None = None, root: bytes | None = None) -> bytes:
+    m = enc.manifest
+    return exchange_pb2.FetchRequest(key=codec.key_to_proto(m.key), root_hash=m.root_hash if root is None else root,
+                                     first_chunk=first, end_chunk=m.num_chunks if end is None else end
+                                     ).SerializeToString()  # fmt: skip
+
+
+def _raw(port: int, payload: bytes) -> bytes:
+    """Sends `payload` raw on a new connection; all it got back before the end (or a reset)."""
+    data = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, contextlib.suppress(ConnectionResetError):
+        sock.sendall(payload)
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    return data
+
+
+def _exchange(port: int, payload: bytes) -> tuple[list[tuple[int, int, int]], bytes]:
+    """Sends `payload` raw on a new connection; the frames' headers it got back and the error text."""
+    frames, text = [], b""
+    data = _raw(port, payload)
+    pos = 0
+    while pos + bulk.HEADER.size <= len(data):
+        kind, a, b = bulk.HEADER.unpack_from(data, pos)
+        frames.append((kind, a, b))
+        pos += bulk.HEADER.size
+        if kind == bulk.FRAME_ERROR:
+            text = data[pos : pos + b]
+        pos += b
+    return frames, text
+
+
+async def _ticket(address: str) -> exchange_pb2.BulkTicket:
+    client = ExchangeClient(address)
+    try:
+        return await client._stub.OpenBulk(exchange_pb2.BulkRequest())
+    finally:
+        await client.close()
+
+
+def _hello(token: bytes, request: bytes) -> bytes:
+    return bulk.MAGIC + token + bulk._LENGTH.pack(len(request)) + request
+
+
+def test_a_ticket_opens_one_connection_and_an_unknown_token_gets_nothing() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving_bulk(store, bulk=BulkServer(store)) as (address, server):
+            assert server is not None
+            ticket = await _ticket(address)
+            assert ticket.port == server.port and len(ticket.token) == bulk.TOKEN_BYTES and not ticket.tls
+            frames, _ = await asyncio.to_thread(_exchange, server.port, _hello(ticket.token, _request(enc)))
+            assert [f[1] for f in frames] == list(range(enc.manifest.num_chunks))
+            assert all(kind == bulk.FRAME_CHUNK for kind, _, _ in frames)
+            for token in (ticket.token, bytes(32), b"\1" * 32):  # used once already, never issued
+                frames, text = await asyncio.to_thread(_exchange, server.port, _hello(token, _request(enc)))
+                assert frames == [(bulk.FRAME_ERROR, grpc.StatusCode.UNAUTHENTICATED.value[0], len(text))]
+                assert b"ask OpenBulk" in text
+            assert server.refused == {"UNAUTHENTICATED": 3}
+
+    run(scenario)
+
+
+def test_an_expired_ticket_is_refused() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving_bulk(store, bulk=BulkServer(store, BulkConfig(ticket_ttl_s=0.05))) as (address, server):
+            assert server is not None
+            ticket = await _ticket(address)
+            await asyncio.sleep(0.2)
+            frames, text = await asyncio.to_thread(_exchange, server.port, _hello(ticket.token, _request(enc)))
+            assert frames[0][:2] == (bulk.FRAME_ERROR, grpc.StatusCode.UNAUTHENTICATED.value[0]), text
+
+    run(scenario)
+
+
+def test_bad_requests_get_a_clear_error_frame_and_the_server_keeps_serving() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving_bulk(store, bulk=BulkServer(store)) as (address, server):
+            assert server is not None
+            n = enc.manifest.num_chunks
+            other = codec.encode(random_model(1, SIZES), round=4, site="a", tokens=1, chunk_size=CHUNK)
+            cases = [
+                (b"GET / HTTP/1.1\r\n\r\n" + bytes(40), grpc.StatusCode.INVALID_ARGUMENT, b"not a sitemesh bulk"),
+                (None, grpc.StatusCode.INVALID_ARGUMENT, b"4096"),  # oversized: below
+                (b"\xff" * 20, grpc.StatusCode.INVALID_ARGUMENT, b"not a FetchRequest"),
+                (_request(other), grpc.StatusCode.NOT_FOUND, b"round 4"),
+                (_request(enc, root=b"x" * 32), grpc.StatusCode.FAILED_PRECONDITION, b"root hash"),
+                (_request(enc, 0, n + 1), grpc.StatusCode.OUT_OF_RANGE, b"outside"),
+            ]
+            for payload, code, words in cases:
+                ticket = await _ticket(address)
+                if payload is None:
+                    raw = bulk.MAGIC + ticket.token + bulk._LENGTH.pack(bulk.MAX_REQUEST_BYTES + 1)
+                elif payload.startswith(b"GET"):
+                    raw = payload
+                else:
+                    raw = _hello(ticket.token, payload)
+                frames, text = await asyncio.to_thread(_exchange, server.port, raw)
+                assert frames == [(bulk.FRAME_ERROR, code.value[0], len(text))], (code, text)
+                assert words in text, text
+            # Our own out-of-range request is refused at once over the bulk plane too, not retried.
+            client = ExchangeClient(address)
+
+            async def sink(i: int, data: memoryview) -> None:
+                pass
+
+            with pytest.raises(FetchError, match="OUT_OF_RANGE"):
+                await fetch_chunks(enc.manifest, [client], sink, first=0, end=n + 1, policy=POLICY)
+            dest = _dest(enc)
+            stats = await fetch_into(enc.manifest, [client], dest, POLICY)
+            assert _exact(dest, enc) and stats.attempts == 1
+            await client.close()
+
+    run(scenario)
+
+
+def test_open_connections_are_bounded_and_idle_ones_dropped() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        config = BulkConfig(max_connections=2, request_timeout_s=0.5)
+        async with serving_bulk(store, bulk=BulkServer(store, config)) as (address, server):
+            assert server is not None
+            idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+            await asyncio.sleep(0.1)
+            frames, text = await asyncio.to_thread(_exchange, server.port, b"")
+            assert frames == [(bulk.FRAME_ERROR, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], len(text))]
+            assert b"2 bulk connections are open" in text
+            for sock in idle:  # the server drops them when no request came within request_timeout_s
+                sock.settimeout(3)
+                assert await asyncio.to_thread(sock.recv, 10) == b""
+                sock.close()
+            client = ExchangeClient(address)
+            dest = _dest(enc)
+            await fetch_into(enc.manifest, [client], dest, POLICY)
+            assert _exact(dest, enc)
+            await client.close()
+
+    run(scenario)
+
+
+def test_outstanding_tickets_are_bounded() -> None:
+    async def scenario() -> None:
+        store = await _store(_encoded())
+        async with serving_bulk(store, bulk=BulkServer(store, BulkConfig(max_tickets=3))) as (address, _):
+            for _ in range(3):
+                await _ticket(address)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await _ticket(address)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "outstanding" in info.value.details()
+
+    run(scenario)
+
+
+class MisbehavingBulk(BulkServer):
+    """Streams one bad response (mode) on its first connection, then behaves."""
+
+    mode = ""
+
+    def __init__(self, store: ExchangeStore) -> None:
+        super().__init__(store)
+        self.calls = 0
+
+    def _stream(self, sock: socket.socket, encoded: codec.Encoded, first: int, end: int) -> None:
+        self.calls += 1
+        if self.calls > 1:
+            return super()._stream(sock, encoded, first, end)
+        chunk = [bytes(codec.as_memoryview(encoded.chunk(i))) for i in (first, first + 1)]
+        frame = [bulk.HEADER.pack(bulk.FRAME_CHUNK, first + k, len(c)) + c for k, c in enumerate(chunk)]
+        short = bulk.HEADER.pack(bulk.FRAME_CHUNK, first, len(chunk[0]) - 4) + chunk[0][:-4]
+        corrupt = bulk.HEADER.pack(bulk.FRAME_CHUNK, first, len(chunk[0])) + b"\0" + chunk[0][1:]
+        sock.sendall({
+            "duplicate": frame[0] + frame[0],
+            "reorder": frame[1] + frame[0],
+            "truncate": frame[0],
+            "cut_inside": frame[0][: len(frame[0]) // 2],
+            "short": short,
+            "corrupt": corrupt,
+            "unknown_kind": bulk.HEADER.pack(7, 0, 0),
+            "huge_length": bulk.HEADER.pack(bulk.FRAME_CHUNK, first, 0xFFFF_FFF0),  # refused before any allocation
+        }[self.mode])
+
+
+@pytest.mark.parametrize("mode, counter", [
+    ("duplicate", "misplaced_chunks"), ("reorder", "misplaced_chunks"), ("unknown_kind", "misplaced_chunks"),
+    ("truncate", "truncated_streams"), ("cut_inside", "truncated_streams"),
+    ("short", "corrupt_chunks"), ("corrupt", "corrupt_chunks"), ("huge_length", "corrupt_chunks"),
+])  # fmt: skip
+@pytest.mark.parametrize("wire", WIRES)
+def test_misbehaving_bulk_stream_is_detected_counted_and_recovered(mode: str, counter: str,
+                                                                  wire: codec.WireDtype) -> None:
+    async def scenario() -> None:
+        enc = _encoded(wire)
+        store = await _store(enc)
+        server = type(f"Misbehaving_{mode}", (MisbehavingBulk,), {"mode": mode})(store)
+        async with serving_bulk(store, bulk=server) as (address, _):
+            client = ExchangeClient(address)
+            dest = _dest(enc)
+            stats = await fetch_into(enc.manifest, [client], dest, POLICY)
+            await client.close()
+        assert _exact(dest, enc)
+        assert getattr(stats, counter) == 1 and server.calls == 2
+        assert stats.chunks == enc.manifest.num_chunks
+
+    run(scenario)
+
+
+def test_a_source_whose_bytes_never_match_ends_in_a_clear_error_and_nothing_is_delivered() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        tampered = codec.Encoded(enc.manifest, enc.data.clone())
+        tampered.data[5] ^= 0xFF  # chunk 0 is corrupt on every connection: a broken holder, not a flaky link
+        store = await _store(tampered)
+        async with serving(store) as address:
+            client = ExchangeClient(address)
+            got: list[int] = []
+
+            async def sink(i: int, data: memoryview) -> None:
+                got.append(i)
+
+            with pytest.raises(FetchError, match="gave up at chunk 0 .* chunk 0 hash mismatch"):
+                await fetch_chunks(enc.manifest, [client], sink, policy=POLICY)
+            await client.close()
+            assert got == [], "a chunk that failed its hash reached the sink"
+
+    run(scenario)
+
+
+def test_non_finite_values_are_refused_over_the_bulk_plane_without_retrying() -> None:
+    async def scenario() -> None:
+        enc = codec.encode({"w": torch.ones(64)}, round=1, site="a", tokens=1, chunk_size=32)
+        enc.data.view(torch.bfloat16)[40] = float("inf")
+        enc = rehashed(enc)
+        store = await _store(enc)
+        async with serving(store) as address:
+            client = ExchangeClient(address)
+            with pytest.raises(codec.NonFiniteError, match="chunk 2"):
+                await fetch_into(enc.manifest, [client], {"w": torch.empty(64)}, POLICY)
+            await client.close()
+
+    run(scenario)
+
+
+def test_a_peer_without_a_bulk_plane_is_fetched_from_over_grpc_and_the_log_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving(store, bulk=False) as address:
+            client = ExchangeClient(address)
+            dest = _dest(enc)
+            stats = await fetch_into(enc.manifest, [client], dest, POLICY)
+            assert _exact(dest, enc) and stats.attempts == 1 and client.plane == "grpc"
+            await client.close()
+
+    with caplog.at_level(logging.INFO, logger="sitemesh.exchange"):
+        run(scenario)
+    assert any("offers no bulk data plane" in r.getMessage() and "FAILED_PRECONDITION" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Credentials, Credentials, Credentials]:
+    """Two sites of one run, and a site of another run (an outsider with a valid-looking certificate)."""
+    ours, theirs = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("theirs")
+    run_id = make_run("bulk", ours, ["a", "b"])
+    make_run("other", theirs, ["b"])
+
+    def creds(d: Path, name: str) -> Credentials:
+        return dataclasses.replace(Credentials.from_dir(d, name), run_id=run_id)
+
+    return creds(ours, "a"), creds(ours, "b"), creds(theirs, "b")
+
+
+def test_under_mutual_tls_the_bulk_plane_is_tls_and_outsiders_read_nothing(
+    tls: tuple[Credentials, Credentials, Credentials],
+) -> None:
+    server_creds, client_creds, outsider = tls
+
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving_bulk(store, bulk=BulkServer(store, creds=server_creds), creds=server_creds) as (
+            address, server,
+        ):  # fmt: skip
+            assert server is not None
+            address = address.replace("127.0.0.1", "localhost")  # the certificates name localhost
+            client = ExchangeClient(address, client_creds)
+            dest = _dest(enc)
+            stats = await fetch_into(enc.manifest, [client], dest, POLICY)
+            assert _exact(dest, enc) and stats.attempts == 1 and client.plane == "bulk"
+            ticket = await client._stub.OpenBulk(exchange_pb2.BulkRequest())
+            assert ticket.tls
+            # A valid token over plain TCP: the server expects a TLS handshake and sends no chunk.
+            data = await asyncio.to_thread(_raw, server.port, _hello(ticket.token, _request(enc)))
+            assert len(data) < 100 and bytes(codec.as_memoryview(enc.chunk(0)))[:32] not in data
+            # A certificate of another run's CA: the handshake fails, before any token is read.
+            ticket = await client._stub.OpenBulk(exchange_pb2.BulkRequest())
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                target = bulk.BulkTarget("localhost", server.port, ticket.token, bulk.client_tls(outsider))
+                sock = await asyncio.to_thread(bulk.connect, target, exchange_pb2.FetchRequest.FromString(
+                    _request(enc)), 5.0)
+                await asyncio.to_thread(sock.recv, 1)  # TLS 1.3: the server's refusal arrives on the first read
+            await client.close()
+
+    run(scenario)
