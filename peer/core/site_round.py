@@ -15,7 +15,8 @@ A round at this site, as states of `SiteRound`:
    its samples without a voucher: the leader excludes the report and the commit frees the claims.
 
 A round reopened after a leader change is answered with the report already sent (same θ, same
-vouchers). A site that is busy (still in 1-4 for an earlier open) or leaving reports nothing.
+vouchers), or, while this site still works on it, with that report when it is done. A site that is
+busy with an earlier open or leaving reports nothing.
 
     .venv/bin/python -m pytest -q tests/unit/test_site_round.py
 """
@@ -118,8 +119,17 @@ class SiteRound:
         if sent is not None and sent.round == msg.round:
             return [ev.Note(f"round {msg.round}: reopened; the report of {self._count(sent.ranges)} samples "
                             "trained from the same θ stands"), ev.Report(sent)]
-        if self.busy is not None or self.leaving:
-            why = "leaving" if self.leaving else f"still busy with round {self.busy.open.round}"  # type: ignore[union-attr]
+        b = self.busy
+        if b is not None and not self.leaving and (b.open.round, b.open.base_weights_hash) == (
+                msg.round, msg.base_weights_hash):
+            # A new leader reopened the round this site is working on from the same θ: the work
+            # stands, and its report goes to whoever leads when it is done. Answering nothing here
+            # threw away a slow site's whole round each time the leadership changed under it.
+            b.open = msg
+            return [ev.Note(f"round {msg.round}: reopened while this site works on it from the same θ; "
+                            "it reports when done")]
+        if b is not None or self.leaving:
+            why = "leaving" if self.leaving else f"still busy with round {b.open.round}"  # type: ignore[union-attr]
             return [ev.Note(f"round {msg.round}: {why}; reporting nothing"), self._report(msg.round)]
         self.busy = _Waiting(msg, now + BASE_WAIT_S)
         return self._progress(now)

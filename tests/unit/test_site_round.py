@@ -96,6 +96,20 @@ def test_a_reopened_round_is_answered_with_the_same_report_without_training_agai
     assert "reopened" in s.core.last_reason
 
 
+def test_a_round_reopened_while_it_trains_is_reported_once_done_not_dropped() -> None:
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    # An open of the same round from another θ is another round's work: the busy site sits it out.
+    (empty,) = _reports(s.handle(_open(1, b"other"), 1.2))
+    assert empty.tokens == 0 and "still busy with round 1" in s.core.last_reason
+    again = s.handle(_open(), 1.5)  # a new leader reopens round 1 while the trainer runs it
+    assert _reports(again) == [] and not _trains(again), "no empty report, no second training"
+    assert "reopened while this site works on it" in s.core.last_reason
+    (report,) = _reports(s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0))
+    assert (report.round, report.ranges, report.tokens) == (1, train.ranges, 160)
+
+
 def test_an_open_while_busy_is_answered_with_nothing_and_why() -> None:
     s = OneSite()
     s.lease_ticks(0.3)
