@@ -64,17 +64,21 @@ class BulkConfig:
     max_connections: int = 64
     """Connections at once (handshaking or streaming): a few per peer and phase in any real run."""
     request_timeout_s: float = 10.0
-    """A connection must finish its TLS handshake and send its request within this."""
+    """One deadline from accept: the TLS handshake, the request and, for a refused one, reading the
+    error frame must all be done within it, however slowly the bytes trickle; then it is closed."""
     send_stall_s: float = 60.0
     """A receiver that reads nothing for this long is dropped (it resumes on a new connection)."""
     ticket_ttl_s: float = 30.0
+    """How long a ticket from OpenBulk stays good for its one connection (BulkTicket.ttl_ms)."""
+    accept_backoff_s: float = 0.1
+    """After a failed accept() (EMFILE, ENFILE, ECONNABORTED): the pause before accepting again."""
     max_tickets: int = 1024
     """Tickets handed out and not yet used or expired; more are refused (RESOURCE_EXHAUSTED)."""
 
     def __post_init__(self) -> None:
         if min(self.max_connections, self.max_tickets) < 1 or not 0 <= self.port < 65536:
             raise ValueError(f"invalid bulk config {self}: connections and tickets >= 1, port in [0, 65536)")
-        if min(self.request_timeout_s, self.send_stall_s, self.ticket_ttl_s) <= 0:
+        if min(self.request_timeout_s, self.send_stall_s, self.ticket_ttl_s, self.accept_backoff_s) <= 0:
             raise ValueError(f"invalid bulk config {self}: timeouts must be > 0")
 
 
@@ -120,7 +124,8 @@ class BulkServer:
         self._tls = None if creds.plaintext else server_tls(creds)
         self._tickets: dict[bytes, float] = {}  # token -> monotonic expiry
         self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
+        self._open: set[socket.socket] = set()  # the socket served (the SSLSocket under TLS)
+        self._closed = threading.Event()  # set under _lock: no connection joins _open once it is set
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
@@ -132,22 +137,26 @@ class BulkServer:
         self._loop = asyncio.get_running_loop()
         host = self.config.host.strip("[]")  # "[::]:7001" listens on host "[::]"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, self.config.port), family=family, backlog=self.config.max_connections)
+        # "::" takes IPv4 too, as gRPC's [::] does (create_server alone would set IPV6_V6ONLY).
+        dualstack = host == "::" and socket.has_dualstack_ipv6()
+        listener = socket.create_server((host, self.config.port), family=family,
+                                        backlog=self.config.max_connections, dualstack_ipv6=dualstack)
         self._listener, self.port = listener, listener.getsockname()[1]
         threading.Thread(target=self._accept, name=f"bulk-accept-{self.port}", daemon=True).start()
         return self.port
 
     def close(self) -> None:
         """Stops listening and drops every open connection (their receivers resume elsewhere)."""
+        with self._lock:
+            self._closed.set()
+            open_now = list(self._open)
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in its thread
             self._listener.close()
             self._listener = None
-        with self._lock:
-            for conn in self._open:
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
+        for conn in open_now:
+            _shutdown(conn)
 
     def ticket(self) -> exchange_pb2.BulkTicket:
         """A one-connection ticket (OpenBulk's answer); Refusal when too many are outstanding."""
@@ -167,12 +176,29 @@ class BulkServer:
     def _accept(self) -> None:
         listener = self._listener
         assert listener is not None
+        failing = False
         while True:
             try:
                 conn, _ = listener.accept()
-            except OSError:  # closed
-                return
+            except OSError as err:
+                if self._closed.is_set():
+                    return
+                # Out of descriptors, or a connection reset in the backlog: passing, and the listener
+                # still stands (OpenBulk hands out its port), so accept again after a pause.
+                if not failing:
+                    log.warning("bulk listener on port %d: accept failed (%s); retrying every %.2f s",
+                                self.port, err, self.config.accept_backoff_s)
+                failing = True
+                if self._closed.wait(self.config.accept_backoff_s):
+                    return
+                continue
+            if failing:
+                log.info("bulk listener on port %d accepts again", self.port)
+                failing = False
             with self._lock:
+                if self._closed.is_set():
+                    conn.close()
+                    return
                 full = len(self._open) >= self.config.max_connections
                 if not full:
                     self._open.add(conn)
@@ -192,16 +218,27 @@ class BulkServer:
             self.refused[what] = self.refused.get(what, 0) + 1
 
     def _serve(self, conn: socket.socket) -> None:
+        # One deadline for everything before streaming: a timeout per read would let a peer that
+        # sends a byte every few seconds hold the slot for minutes (and, under TLS, before it has
+        # shown any certificate).
+        deadline = time.monotonic() + self.config.request_timeout_s
         sock: socket.socket = conn
         try:
-            sock.settimeout(self.config.request_timeout_s)
             if self._tls is not None:
-                sock = self._tls.wrap_socket(conn, server_side=True)
+                # wrap_socket detaches `conn`: from now on only the SSLSocket can be shut down.
+                sock = self._tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                with self._lock:
+                    self._open.discard(conn)
+                    if self._closed.is_set():
+                        return
+                    self._open.add(sock)
+                _until(sock, deadline)
+                sock.do_handshake()  # bounded as a whole by the timeout set (CPython's _ssl)
             try:
-                encoded, request = self._request(sock)
+                encoded, request = self._request(sock, deadline)
             except Refusal as err:
                 self._count(err.code.name)
-                _refuse(sock, err)
+                _refuse(sock, err, deadline)
                 return
             sock.settimeout(self.config.send_stall_s)
             self._stream(sock, encoded, request.first_chunk, request.end_chunk)
@@ -209,12 +246,12 @@ class BulkServer:
             pass  # a receiver that went away, stalled or failed its handshake: it resumes elsewhere
         finally:
             with self._lock:
-                self._open.discard(conn)
+                self._open.discard(sock)
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _request(self, sock: socket.socket) -> tuple[codec.Encoded, exchange_pb2.FetchRequest]:
-        head = _recv_exactly(sock, len(MAGIC) + TOKEN_BYTES + _LENGTH.size)
+    def _request(self, sock: socket.socket, deadline: float) -> tuple[codec.Encoded, exchange_pb2.FetchRequest]:
+        head = _recv_exactly(sock, len(MAGIC) + TOKEN_BYTES + _LENGTH.size, deadline)
         if head is None or head[: len(MAGIC)] != MAGIC:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "not a sitemesh bulk request (it starts with "
                           "\"SMB1\", a ticket's token and a FetchRequest; see exchange.proto)")
@@ -228,7 +265,7 @@ class BulkServer:
         if length > MAX_REQUEST_BYTES:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
                           f"bulk request of {length} bytes, the most is {MAX_REQUEST_BYTES}")
-        raw = _recv_exactly(sock, length)
+        raw = _recv_exactly(sock, length, deadline)
         if raw is None:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "bulk request ended inside its FetchRequest")
         try:
@@ -260,16 +297,35 @@ class BulkServer:
         self._store.sent_bytes[kind] = self._store.sent_bytes.get(kind, 0) + nbytes
 
 
-def _refuse(sock: socket.socket, err: Refusal) -> None:
+def _refuse(sock: socket.socket, err: Refusal, deadline: float) -> None:
     """Sends the error frame and lets the receiver read it: closing with unread request bytes would
-    reset the connection, and a reset can discard the frame before the receiver reads it."""
+    reset the connection, and a reset can discard the frame before the receiver reads it. The
+    connection's deadline bounds this too."""
+    _until(sock, deadline)
     sock.sendall(error_frame(err.code, err.message))
     if not isinstance(sock, ssl.SSLSocket):
         sock.shutdown(socket.SHUT_WR)
-    sock.settimeout(1.0)
     left = MAX_REQUEST_BYTES + 64 * 1024  # what an honest request can have left unread, with room
-    while left > 0 and (got := sock.recv(min(left, 65536))):
+    while left > 0:
+        _until(sock, deadline)
+        if not (got := sock.recv(min(left, 65536))):
+            return
         left -= len(got)
+
+
+def _until(sock: socket.socket, deadline: float) -> None:
+    """Makes the next blocking call on `sock` end by `deadline` (socket.timeout if it has passed)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("deadline passed")
+    sock.settimeout(left)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    """Wakes whatever thread blocks on `sock`. For an SSLSocket, the plain socket's shutdown: the
+    SSLSocket's own would drop its TLS state under the thread still using it."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def _sendmsg_all(sock: socket.socket, header: bytes, view: memoryview) -> None:
@@ -282,16 +338,19 @@ def _sendmsg_all(sock: socket.socket, header: bytes, view: memoryview) -> None:
         sock.sendall(view[done - len(header) :])
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> memoryview | None:
+def _recv_exactly(sock: socket.socket, n: int, deadline: float | None = None) -> memoryview | None:
     """n bytes, or None if the connection ends first."""
     buf = memoryview(bytearray(n))
-    return buf if _recv_into(sock, buf) else None
+    return buf if _recv_into(sock, buf, deadline) else None
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> bool:
-    """Fills `view`; False if the connection ends first. socket.timeout after a silent stall."""
+def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> bool:
+    """Fills `view`; False if the connection ends first. socket.timeout once `deadline` (monotonic)
+    passes, however the bytes trickle; without one, after a silence of the socket's timeout."""
     got, n = 0, len(view)
     while got < n:
+        if deadline is not None:
+            _until(sock, deadline)
         k = sock.recv_into(view[got:])
         if not k:
             return False

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -369,6 +371,131 @@ def test_under_mutual_tls_the_bulk_plane_is_tls_and_outsiders_read_nothing(
                 sock = await asyncio.to_thread(bulk.connect, target, exchange_pb2.FetchRequest.FromString(
                     _request(enc)), 5.0)
                 await asyncio.to_thread(sock.recv, 1)  # TLS 1.3: the server's refusal arrives on the first read
+            await client.close()
+
+    run(scenario)
+
+
+def _trickle(port: int, first: bytes, then: bytes, period_s: float = 0.3, give_up_s: float = 6.0) -> float:
+    """Sends `first`, then `then` one byte every `period_s`: seconds until the server had closed the
+    connection (a send fails), or infinity if it still stood after `give_up_s`."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(first)
+        for byte in then:
+            time.sleep(period_s)
+            try:
+                sock.send(bytes([byte]))
+            except OSError:  # the reset answering a byte sent after the server closed
+                return time.monotonic() - start
+            if time.monotonic() - start > give_up_s:
+                break
+    return float("inf")
+
+
+@pytest.mark.parametrize("stage", ["request", "handshake", "refusal"])
+def test_a_trickling_connection_is_dropped_at_the_request_deadline(
+    stage: str, tls: tuple[Credentials, Credentials, Credentials],
+) -> None:
+    """One byte every 0.3 s against a 0.5 s deadline: a timeout per read would never fire."""
+    creds = tls[0] if stage == "handshake" else None
+
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        server = BulkServer(store, BulkConfig(request_timeout_s=0.5), **({"creds": creds} if creds else {}))
+        async with serving_bulk(store, bulk=server, **({"creds": creds} if creds else {})) as (_, server):
+            assert server is not None
+            hello = _hello(bytes(32), _request(enc))
+            first, then = {
+                "request": (b"", hello),
+                "handshake": (b"", b"\x16\x03\x01\x02\x00" + bytes(512)),  # a TLS record that never ends
+                "refusal": (hello, bytes(1000)),  # refused at once; then the drain must not last
+            }[stage]
+            took = await asyncio.to_thread(_trickle, server.port, first, then)
+            assert took < 3.0, f"the connection stood {took} s against a 0.5 s deadline"
+            assert server.refused == ({"UNAUTHENTICATED": 1} if stage == "refusal" else {})
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_close_drops_open_connections_plain_and_tls(
+    secure: bool, tls: tuple[Credentials, Credentials, Credentials],
+) -> None:
+    server_creds, client_creds, _ = tls
+
+    async def scenario() -> None:
+        store = await _store(_encoded())
+        config = BulkConfig(request_timeout_s=30.0)
+        server = BulkServer(store, config, server_creds) if secure else BulkServer(store, config)
+        async with serving_bulk(store, bulk=server, **({"creds": server_creds} if secure else {})):
+            raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock = bulk.client_tls(client_creds).wrap_socket(raw, server_hostname="localhost") if secure else raw
+            await asyncio.sleep(0.2)  # the server waits for the request now
+            start = time.monotonic()
+            server.close()
+
+            def ends() -> bytes:
+                with contextlib.suppress(ConnectionError, ssl.SSLError):
+                    return sock.recv(10)
+                return b""
+
+            assert await asyncio.to_thread(ends) == b""
+            assert time.monotonic() - start < 3.0, "close() left the connection open until its deadline"
+            sock.close()
+            with pytest.raises(OSError):  # the listener is gone
+                socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+    run(scenario)
+
+
+def test_a_failed_accept_does_not_stop_the_listener(caplog: pytest.LogCaptureFixture) -> None:
+    """Out of descriptors for a moment (a real EMFILE from accept()): the listener serves again after."""
+    import resource
+
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving_bulk(store, bulk=BulkServer(store)) as (address, server):
+            assert server is not None
+            sock = socket.socket()
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            lowest_free = os.dup(0)
+            os.close(lowest_free)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no new descriptor
+            filler: list[int] = []  # and none freed meanwhile below the limit (gRPC closes lazily)
+            try:
+                with contextlib.suppress(OSError):
+                    while True:
+                        filler.append(os.dup(0))
+                sock.connect(("127.0.0.1", server.port))  # accept() fails with EMFILE now
+                await asyncio.sleep(0.3)
+            finally:
+                for fd in filler:
+                    os.close(fd)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+            sock.close()
+            ticket = await _ticket(address)  # a connection after the failure is served
+            frames, _ = await asyncio.to_thread(_exchange, server.port, _hello(ticket.token, _request(enc)))
+            assert [f[:2] for f in frames] == [(bulk.FRAME_CHUNK, i) for i in range(enc.manifest.num_chunks)]
+
+    with caplog.at_level(logging.INFO, logger="sitemesh.exchange"):
+        run(scenario)
+    assert any("accept failed" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no dual-stack IPv6 here")
+def test_a_listener_on_all_ipv6_interfaces_takes_ipv4_too() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        async with serving_bulk(store, bulk=BulkServer(store, BulkConfig(host="::"))) as (address, server):
+            client = ExchangeClient(address)  # 127.0.0.1: IPv4
+            dest = _dest(enc)
+            stats = await fetch_into(enc.manifest, [client], dest, POLICY)
+            assert _exact(dest, enc) and stats.attempts == 1 and client.plane == "bulk"
             await client.close()
 
     run(scenario)
