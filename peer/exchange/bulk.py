@@ -156,7 +156,7 @@ class BulkServer:
             self._listener.close()
             self._listener = None
         for conn in open_now:
-            _shutdown(conn)
+            shutdown(conn)
 
     def ticket(self) -> exchange_pb2.BulkTicket:
         """A one-connection ticket (OpenBulk's answer); Refusal when too many are outstanding."""
@@ -321,7 +321,7 @@ def _until(sock: socket.socket, deadline: float) -> None:
     sock.settimeout(left)
 
 
-def _shutdown(sock: socket.socket) -> None:
+def shutdown(sock: socket.socket) -> None:
     """Wakes whatever thread blocks on `sock`. For an SSLSocket, the plain socket's shutdown: the
     SSLSocket's own would drop its TLS state under the thread still using it."""
     with contextlib.suppress(OSError):
@@ -414,22 +414,32 @@ def receive(
     loop: asyncio.AbstractEventLoop,
     deliver: Callable[[int, memoryview], Coroutine[Any, Any, None] | None],
     stopped: threading.Event,
+    *,
+    stall_s: float | None = None,
+    deadline: float | None = None,
+    reached: threading.Event | None = None,
 ) -> None:
     """Reads chunks [first, end) off `sock`, checks each (index, length, blake3) and hands it to
     `deliver`, in order: a coroutine function is run on `loop`, receiving chunk k+1 overlapping
-    delivering k; a plain function is called here, in this thread. Raises Truncated, Misplaced,
-    codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is raised here
-    too. Runs in its own thread."""
+    delivering k; a plain function is called here, in this thread. Each chunk must be in within
+    `stall_s` of the one before, all of them by `deadline` (monotonic), however the bytes trickle:
+    else socket.timeout (None: no bound but the socket's own timeout). `reached` is set once the first frame's header is in. Raises Truncated,
+    Misplaced, codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is
+    raised here too. Runs in its own thread."""
     on_loop = asyncio.iscoroutinefunction(deliver)
     header = memoryview(bytearray(HEADER.size))
     pending: concurrent.futures.Future[None] | None = None
     try:
         for due in range(first, end):
-            if not _recv_into(sock, header):
+            limits = [t for t in (None if stall_s is None else time.monotonic() + stall_s, deadline) if t is not None]
+            by = min(limits, default=None)
+            if not _recv_into(sock, header, by):
                 raise Truncated(f"connection ended at chunk {due}, expected up to {end}")
+            if reached is not None:
+                reached.set()
             kind, a, b = HEADER.unpack(header)
             if kind == FRAME_ERROR:
-                text = _recv_exactly(sock, min(b, MAX_ERROR_BYTES))
+                text = _recv_exactly(sock, min(b, MAX_ERROR_BYTES), by)
                 raise ErrorFrame(_CODES.get(a, grpc.StatusCode.UNKNOWN),
                                  bytes(text).decode(errors="replace") if text is not None else "(cut short)")
             if kind != FRAME_CHUNK:
@@ -442,7 +452,7 @@ def receive(
                                        f"{manifest.layout.wire.name} chunk of this manifest has {stop - start}")
             # A fresh buffer per chunk: the sink may hold it (the reducer's window) after we move on.
             view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8))
-            if not _recv_into(sock, view):
+            if not _recv_into(sock, view, by):
                 raise Truncated(f"connection ended inside chunk {due}")
             codec.verify_chunk(manifest, due, view)
             if pending is not None:

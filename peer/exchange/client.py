@@ -107,6 +107,10 @@ class _Retry(Exception):
 PLANES = ("bulk", "grpc")
 DEFAULT_PLANE = "bulk"
 """Chunks move over the bulk data plane where the peer offers one (docs/decisions/exchange-bulk-plane.md)."""
+BULK_MISSES = 2
+"""Bulk connections in a row that fail before their first frame, after which a client fetches over
+FetchChunks: one can be a passing fault, two say the port cannot be reached from here (a firewall,
+NAT, a listener of another address family) while gRPC, which gave the ticket, can."""
 
 
 class ExchangeClient:
@@ -127,6 +131,7 @@ class ExchangeClient:
         self.plane = plane
         self._bulk_address = bulk_address
         self._bulk_tls: ssl.SSLContext | None = None
+        self._bulk_misses = 0  # bulk connections in a row that failed before their first frame
         self._connect()
 
     def _connect(self) -> None:
@@ -177,13 +182,23 @@ class ExchangeClient:
             raise codec.ManifestError(f"{self.address} answered {manifest.key} when asked for {key}")
         return manifest
 
-    async def bulk_target(self) -> bulk.BulkTarget | None:
+    def bulk_reached(self, reached: bool, fault: str = "") -> None:
+        """The outcome of one bulk connection: `reached` if its first frame arrived. BULK_MISSES
+        misses in a row and this client fetches over FetchChunks from now on, saying so once."""
+        self._bulk_misses = 0 if reached else self._bulk_misses + 1
+        if self._bulk_misses >= BULK_MISSES and self.plane == "bulk":
+            log.warning("%s: its bulk data plane cannot be reached from here (%d connections in a row failed "
+                        "before their first frame; last: %s); fetching from it over gRPC FetchChunks",
+                        self.address, self._bulk_misses, fault)
+            self.plane = "grpc"
+
+    async def bulk_target(self, timeout_s: float = 10.0) -> bulk.BulkTarget | None:
         """A ticket for one bulk connection, or None where the plane is off or the peer has none
         (then this client fetches over FetchChunks from now on, and says so once)."""
         if self.plane != "bulk":
             return None
         try:
-            ticket = await self._stub.OpenBulk(exchange_pb2.BulkRequest(), timeout=10.0)
+            ticket = await self._stub.OpenBulk(exchange_pb2.BulkRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             if err.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION):
                 raise
@@ -289,12 +304,12 @@ async def _one_stream(
         return
     if source.plane == "bulk":
         try:
-            target = await source.bulk_target()
+            target = await source.bulk_target(min(10.0, max(timeout_s, 0.001)))
         except grpc.aio.AioRpcError as err:
             stats.transport_errors += 1
             raise _Retry(f"OpenBulk: {err.code().name}: {err.details()}") from None
         if target is not None:
-            await _one_bulk_stream(manifest, target, source, sink, progress, end, policy, stats)
+            await _one_bulk_stream(manifest, target, source, sink, progress, end, timeout_s, policy, stats)
             return
     call = source.stream(manifest, progress.next, end, max(timeout_s, 0.001))
     try:
@@ -346,6 +361,18 @@ def _verified(manifest: codec.Manifest, index: int, data: memoryview, sink: Chun
         sink.fn(index, data)
 
 
+# How a failed bulk stream is counted; the first match wins (Truncated, Misplaced, socket.timeout
+# and ssl.SSLError are OSErrors too).
+_BULK_FAULTS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
+    (socket.timeout, "stalls"),
+    (bulk.Truncated, "truncated_streams"),
+    (bulk.Misplaced, "misplaced_chunks"),
+    (codec.ChunkError, "corrupt_chunks"),
+    ((OSError, concurrent.futures.CancelledError), "transport_errors"),
+)
+_BULK_RETRIED = (OSError, codec.ChunkError, concurrent.futures.CancelledError)
+
+
 async def _one_bulk_stream(
     manifest: codec.Manifest,
     target: bulk.BulkTarget,
@@ -353,25 +380,32 @@ async def _one_bulk_stream(
     sink: ChunkSink,
     progress: _Progress,
     end: int,
+    timeout_s: float,
     policy: FetchPolicy,
     stats: FetchStats,
 ) -> None:
     """_one_stream over the bulk plane: one connection, received and verified in its own thread
-    (not the default executor: its few threads also decode and reduce what this one delivers)."""
+    (not the default executor: its few threads also decode and reduce what this one delivers).
+    Each chunk must arrive within policy.stall_s and the whole attempt within `timeout_s`."""
     loop = asyncio.get_running_loop()
     request = exchange_pb2.FetchRequest(key=codec.key_to_proto(manifest.key), root_hash=manifest.root_hash,
                                         first_chunk=progress.next, end_chunk=end)
+    deadline = time.monotonic() + max(timeout_s, 0.001)
     done: asyncio.Future[None] = loop.create_future()
     stopped = threading.Event()
+    reached = threading.Event()  # the first frame arrived: the plane can be reached from here
     held: list[socket.socket] = []
     delivering: set[asyncio.Task[object]] = set()
+    moved = [0, 0]  # chunks, bytes: counted where delivered, added to `stats` on the loop at the end
 
     def advanced(index: int, data: memoryview) -> None:
-        stats.chunks += 1
-        stats.bytes += len(data)
+        moved[0] += 1
+        moved[1] += len(data)
         progress.next = index + 1
 
     async def deliver(index: int, data: memoryview) -> None:
+        if stopped.is_set():  # scheduled before the attempt was cancelled, started after
+            return
         task = asyncio.current_task()
         assert task is not None
         delivering.add(task)
@@ -383,8 +417,10 @@ async def _one_bulk_stream(
         advanced(index, data)
 
     def in_thread(index: int, data: memoryview) -> None:
-        # The loop reads progress and stats only once this thread is done (or gone: cancelled).
+        # The loop reads progress and `moved` only once this thread is done.
         assert isinstance(sink, InThread)
+        if stopped.is_set():
+            return
         sink.fn(index, data)
         advanced(index, data)
 
@@ -395,14 +431,13 @@ async def _one_bulk_stream(
     def run() -> None:
         err: BaseException | None = None
         try:
-            sock = bulk.connect(target, request, policy.stall_s)
+            sock = bulk.connect(target, request, min(policy.stall_s, max(deadline - time.monotonic(), 0.001)))
             held.append(sock)
             if stopped.is_set():
                 return
-            if isinstance(sink, InThread):
-                bulk.receive(sock, manifest, progress.next, end, loop, in_thread, stopped)
-            else:
-                bulk.receive(sock, manifest, progress.next, end, loop, deliver, stopped)
+            bulk.receive(sock, manifest, progress.next, end, loop,
+                         in_thread if isinstance(sink, InThread) else deliver, stopped,
+                         stall_s=policy.stall_s, deadline=deadline, reached=reached)
         except BaseException as caught:  # noqa: BLE001 - handed to the loop, raised there
             err = caught
         finally:
@@ -414,35 +449,37 @@ async def _one_bulk_stream(
     threading.Thread(target=run, name=f"bulk-fetch-{manifest.key}", daemon=True).start()
     due = progress.next
     try:
-        await done
+        await asyncio.shield(done)  # a cancellation must leave `done` to the thread, awaited below
+        source.bulk_reached(True)
     except asyncio.CancelledError:
         stopped.set()
         for task in delivering:  # the thread waits for it; cancelled, it ends the thread too
             task.cancel()
         for sock in held:  # wakes the thread's recv; it exits without delivering more
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            bulk.shutdown(sock)
+        if held:  # the thread may be inside the sink still: the fetch is over when it is
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(done)
         raise
-    except socket.timeout:
-        stats.stalls += 1
-        raise _Retry(f"bulk stalled: no bytes for {policy.stall_s} s at chunk {progress.next}") from None
-    except bulk.Truncated as err:
-        stats.truncated_streams += 1
-        raise _Retry(f"bulk {err}") from None
-    except bulk.Misplaced as err:
-        stats.misplaced_chunks += 1
-        raise _Retry(f"bulk {err}") from None
-    except codec.ChunkError as err:
-        stats.corrupt_chunks += 1
-        raise _Retry(f"bulk {err}") from None
     except bulk.ErrorFrame as err:
+        source.bulk_reached(True)
         if err.code in _FATAL:
             raise FetchError(f"{manifest.key} from {source.address} (bulk): {err}") from err
         stats.transport_errors += 1
         raise _Retry(f"bulk {err}") from None
-    except (OSError, concurrent.futures.CancelledError) as err:
-        stats.transport_errors += 1
-        raise _Retry(f"bulk connection from chunk {due}: {type(err).__name__}: {err}") from None
+    except _BULK_RETRIED as err:
+        counter = next(name for kinds, name in _BULK_FAULTS if isinstance(err, kinds))
+        setattr(stats, counter, getattr(stats, counter) + 1)
+        if isinstance(err, socket.timeout):
+            fault = (f"bulk: chunk {progress.next} not in within {policy.stall_s} s"
+                     if time.monotonic() < deadline else f"bulk: the fetch deadline passed at chunk {progress.next}")
+        else:
+            fault = f"bulk connection from chunk {due}: {type(err).__name__}: {err}"
+        source.bulk_reached(reached.is_set(), fault)
+        raise _Retry(fault) from None
+    finally:
+        stats.chunks += moved[0]
+        stats.bytes += moved[1]
 
 
 def _closed_under_us() -> bool:

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import torch
 from ops.certs import make_run
 from peer.exchange import bulk, codec
 from peer.exchange.bulk import BulkConfig, BulkServer
-from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, fetch_chunks, fetch_into
+from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, InThread, fetch_chunks, fetch_into
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.transport.channels import Credentials
@@ -238,6 +239,11 @@ class MisbehavingBulk(BulkServer):
         frame = [bulk.HEADER.pack(bulk.FRAME_CHUNK, first + k, len(c)) + c for k, c in enumerate(chunk)]
         short = bulk.HEADER.pack(bulk.FRAME_CHUNK, first, len(chunk[0]) - 4) + chunk[0][:-4]
         corrupt = bulk.HEADER.pack(bulk.FRAME_CHUNK, first, len(chunk[0])) + b"\0" + chunk[0][1:]
+        if self.mode == "trickle":  # a byte at a time, never silent for long: a per-read timeout never fires
+            for byte in frame[0]:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.02)
+            return None
         sock.sendall({
             "duplicate": frame[0] + frame[0],
             "reorder": frame[1] + frame[0],
@@ -254,6 +260,7 @@ class MisbehavingBulk(BulkServer):
     ("duplicate", "misplaced_chunks"), ("reorder", "misplaced_chunks"), ("unknown_kind", "misplaced_chunks"),
     ("truncate", "truncated_streams"), ("cut_inside", "truncated_streams"),
     ("short", "corrupt_chunks"), ("corrupt", "corrupt_chunks"), ("huge_length", "corrupt_chunks"),
+    ("trickle", "stalls"),
 ])  # fmt: skip
 @pytest.mark.parametrize("wire", WIRES)
 def test_misbehaving_bulk_stream_is_detected_counted_and_recovered(mode: str, counter: str,
@@ -496,6 +503,92 @@ def test_a_listener_on_all_ipv6_interfaces_takes_ipv4_too() -> None:
             dest = _dest(enc)
             stats = await fetch_into(enc.manifest, [client], dest, POLICY)
             assert _exact(dest, enc) and stats.attempts == 1 and client.plane == "bulk"
+            await client.close()
+
+    run(scenario)
+
+
+class Trickling(BulkServer):
+    """Sends every connection its chunks a few bytes at a time, never silent for long."""
+
+    def _stream(self, sock: socket.socket, encoded: codec.Encoded, first: int, end: int) -> None:
+        data = bulk.HEADER.pack(bulk.FRAME_CHUNK, first, len(encoded.chunk(first))) + bytes(
+            codec.as_memoryview(encoded.chunk(first)))
+        for k in range(0, len(data), 16):
+            sock.sendall(data[k : k + 16])
+            time.sleep(0.02)
+
+
+def test_a_trickling_bulk_sender_is_given_up_at_the_fetch_deadline() -> None:
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        policy = FetchPolicy(stall_s=10.0, max_failures=4, deadline_s=1.0, backoff_initial_s=0.01, backoff_max_s=0.1)
+        async with serving_bulk(store, bulk=Trickling(store)) as (address, _):
+            client = ExchangeClient(address)
+            start = time.monotonic()
+            with pytest.raises(FetchError, match="the fetch deadline passed at chunk 0"):
+                await fetch_into(enc.manifest, [client], _dest(enc), policy)
+            assert time.monotonic() - start < 4.0, "the bulk attempt outlived the fetch deadline"
+            assert client.plane == "bulk"  # bytes came: the plane is reachable
+            await client.close()
+
+    run(scenario)
+
+
+def test_an_unreachable_bulk_port_falls_back_to_grpc_after_two_misses_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A firewalled port, or NAT: OpenBulk answers, its port does not."""
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            nowhere = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there once closed
+        async with serving(store) as address:
+            client = ExchangeClient(address, bulk_address=nowhere)
+            dest = _dest(enc)
+            stats = await fetch_into(enc.manifest, [client], dest, POLICY)
+            assert _exact(dest, enc) and client.plane == "grpc"
+            assert stats.attempts == 3 and stats.transport_errors == 2
+            stats = await fetch_into(enc.manifest, [client], _dest(enc), POLICY)
+            assert stats.attempts == 1
+            await client.close()
+
+    with caplog.at_level(logging.INFO, logger="sitemesh.exchange"):
+        run(scenario)
+    said = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert len(said) == 1 and "ConnectionRefusedError" in said[0], said
+
+
+def test_a_cancelled_bulk_fetch_returns_only_once_its_sink_is_done() -> None:
+    """The receiving thread may be inside an InThread sink (writing the destination) when the fetch
+    is cancelled: the cancelled fetch must not return before it is out, nor may the sink run after."""
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        entered = threading.Event()
+        inside, calls = [False], [0]
+
+        def slow(index: int, data: memoryview) -> None:
+            inside[0] = True
+            calls[0] += 1
+            entered.set()
+            time.sleep(0.3)
+            inside[0] = False
+
+        async with serving(store) as address:
+            client = ExchangeClient(address)
+            task = asyncio.create_task(fetch_chunks(enc.manifest, [client], InThread(slow), policy=POLICY))
+            assert await asyncio.to_thread(entered.wait, 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not inside[0], "the cancelled fetch returned while its sink still ran"
+            seen = calls[0]
+            await asyncio.sleep(0.5)
+            assert calls[0] == seen
             await client.close()
 
     run(scenario)

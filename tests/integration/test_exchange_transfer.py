@@ -95,8 +95,8 @@ class RecordingBulk(BulkServer):
         super().__init__(store)
         self.requests: list[int] = []
 
-    def _request(self, sock: Any) -> tuple[codec.Encoded, exchange_pb2.FetchRequest]:
-        encoded, request = super()._request(sock)
+    def _request(self, sock: Any, deadline: float) -> tuple[codec.Encoded, exchange_pb2.FetchRequest]:
+        encoded, request = super()._request(sock, deadline)
         self.requests.append(request.first_chunk)
         return encoded, request
 
