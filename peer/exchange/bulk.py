@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import secrets
 import socket
 import ssl
@@ -99,15 +100,26 @@ def client_tls(creds: Credentials) -> ssl.SSLContext:
 
 
 def _load_own(ctx: ssl.SSLContext, creds: Credentials) -> None:
-    # ssl loads certificates only from files; the credentials live in memory.
-    import tempfile
-    from pathlib import Path
+    # ssl loads certificates only from files and the credentials live in memory: hand it anonymous
+    # in-memory files (Linux memfd), so the private key never lands in /tmp, even for a moment.
+    if not hasattr(os, "memfd_create"):  # not Linux: a private temporary directory, removed at once
+        import tempfile
+        from pathlib import Path
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cert, key = Path(tmp) / "c.pem", Path(tmp) / "k.pem"
-        cert.write_bytes(creds.cert)
-        key.write_bytes(creds.key)
-        ctx.load_cert_chain(cert, key)
+        with tempfile.TemporaryDirectory() as tmp:
+            cert, key = Path(tmp) / "c.pem", Path(tmp) / "k.pem"
+            cert.write_bytes(creds.cert)
+            key.write_bytes(creds.key)
+            ctx.load_cert_chain(cert, key)
+        return
+    fds = [os.memfd_create(name, os.MFD_CLOEXEC) for name in ("sitemesh-cert", "sitemesh-key")]
+    try:
+        for fd, data in zip(fds, (creds.cert, creds.key)):
+            os.write(fd, data)
+        ctx.load_cert_chain(*(f"/proc/self/fd/{fd}" for fd in fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def error_frame(code: grpc.StatusCode, message: str) -> bytes:

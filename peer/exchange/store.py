@@ -40,7 +40,8 @@ class AnnouncementRefused(ValueError):
 
 
 class ExchangeStore:
-    """Objects this peer serves and manifests other peers announced. Single event loop only."""
+    """Objects this peer serves and manifests other peers announced. Single event loop only, but
+    for `get`, which the bulk plane's serving threads call too (see there)."""
 
     def __init__(self) -> None:
         self._objects: dict[ObjectKey, Encoded] = {}
@@ -79,6 +80,8 @@ class ExchangeStore:
             self._changed.notify_all()
 
     def get(self, key: ObjectKey) -> Encoded | None:
+        """The object held for `key`. Safe from any thread (the bulk server's call it): one dict
+        lookup is atomic under the GIL and an Encoded is never changed once published."""
         return self._objects.get(key)
 
     def announced(self, key: ObjectKey) -> Manifest | None:

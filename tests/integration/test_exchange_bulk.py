@@ -592,3 +592,17 @@ def test_a_cancelled_bulk_fetch_returns_only_once_its_sink_is_done() -> None:
             await client.close()
 
     run(scenario)
+
+
+def test_the_private_key_is_loaded_without_a_temporary_file(
+    tls: tuple[Credentials, Credentials, Credentials], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tempfile
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the private key was written to a temporary file")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", refuse)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+    assert bulk.server_tls(tls[0]).verify_mode == ssl.CERT_REQUIRED
+    bulk.client_tls(tls[1])
