@@ -141,16 +141,23 @@ class Node:
             ROUNDS.handler(self.deliver_round),
             LEASES.handler(self.deliver_lease),
         ))
+        bulk_plane = None
         if self.coordinator is not None:
             training = self.coordinator.training
-            add_exchange_service(self._server, training.store, training.serve_bulk(host))
+            bulk_plane = training.serve_bulk(host)
+            add_exchange_service(self._server, training.store, bulk_plane)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self._server,
         )
-        await self._server.start()
+        try:
+            await self._server.start()
+        except BaseException:
+            if bulk_plane is not None:
+                bulk_plane.close()  # its listener would outlive the node that failed to start
+            raise
         if self.config.metrics_listen:
             from peer import metrics
 
@@ -248,10 +255,12 @@ class Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._pool.close()
-        if self._lock is not None:
-            self._lock.close()
-        if self.coordinator is not None:
-            await self.coordinator.training.close()
+        try:  # the bulk listener closes in training.close(): a successor may take the lock after
+            if self.coordinator is not None:
+                await self.coordinator.training.close()
+        finally:
+            if self._lock is not None:
+                self._lock.close()
 
     # ----- events --------------------------------------------------------------------------
     def deliver(self, msg: m.Message) -> str | None:
