@@ -142,7 +142,7 @@ class BulkServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self.refused: dict[str, int] = {}
-        """Connections refused, by status name (for tests and metrics)."""
+        """Connections refused, by status name (tests read it; not exported as a metric yet)."""
 
     def start(self) -> int:
         """Listens (on the calling event loop's behalf: byte counts go to the store on it); the port."""
@@ -381,12 +381,8 @@ class Misplaced(ConnectionError):
     """A frame that is not the chunk due (duplicate, reordered, or of another length)."""
 
 
-class ErrorFrame(Exception):
-    """The server refused the request; `code` is the status it would give over gRPC."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code, self.message = code, message
+class ErrorFrame(Refusal):
+    """The server refused the request (its error frame); `code` is the status it would give over gRPC."""
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
