@@ -29,7 +29,7 @@ from peer.exchange.bulk import BulkConfig, BulkServer
 from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, InThread, fetch_chunks, fetch_into
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
-from peer.transport.channels import Credentials
+from peer.transport.channels import PLAINTEXT, Credentials
 from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 
 CHUNK = 16 * 1024
@@ -405,14 +405,13 @@ def test_a_trickling_connection_is_dropped_at_the_request_deadline(
     stage: str, tls: tuple[Credentials, Credentials, Credentials],
 ) -> None:
     """One byte every 0.3 s against a 0.5 s deadline: a timeout per read would never fire."""
-    creds = tls[0] if stage == "handshake" else None
+    creds = tls[0] if stage == "handshake" else PLAINTEXT
 
     async def scenario() -> None:
         enc = _encoded()
         store = await _store(enc)
-        server = BulkServer(store, BulkConfig(request_timeout_s=0.5), **({"creds": creds} if creds else {}))
-        async with serving_bulk(store, bulk=server, **({"creds": creds} if creds else {})) as (_, server):
-            assert server is not None
+        server = BulkServer(store, BulkConfig(request_timeout_s=0.5), creds)
+        async with serving_bulk(store, bulk=server, creds=creds):
             hello = _hello(bytes(32), _request(enc))
             first, then = {
                 "request": (b"", hello),
@@ -435,8 +434,9 @@ def test_close_drops_open_connections_plain_and_tls(
     async def scenario() -> None:
         store = await _store(_encoded())
         config = BulkConfig(request_timeout_s=30.0)
-        server = BulkServer(store, config, server_creds) if secure else BulkServer(store, config)
-        async with serving_bulk(store, bulk=server, **({"creds": server_creds} if secure else {})):
+        creds = server_creds if secure else PLAINTEXT
+        server = BulkServer(store, config, creds)
+        async with serving_bulk(store, bulk=server, creds=creds):
             raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
             sock = bulk.client_tls(client_creds).wrap_socket(raw, server_hostname="localhost") if secure else raw
             await asyncio.sleep(0.2)  # the server waits for the request now
