@@ -646,8 +646,12 @@ class PeerSim:
     # ----- the fault phases: one at a time, each at a quiet moment -------------------------------
     def _quiet(self) -> bool:
         """Every site that has not left is up (not killed, paused or yet to join), and nothing is cut."""
-        return (self.phase is None and self.cut is None and self.leaving is None
-                and all(self.sim.state(n) is NodeState.UP for n in self.names if n not in self.gone))
+        if self.phase is not None or self.cut is not None or self.leaving is not None:
+            return False
+        here = {n for n in self.names if n not in self.gone}
+        leader = self._leader()
+        return (all(self.sim.state(n) is NodeState.UP for n in here) and self.live == here
+                and leader is not None and set(self._voters(leader)) == here)
 
     def _next_phase(self, phases: list[str]) -> None:
         if not phases:
