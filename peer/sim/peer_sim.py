@@ -162,11 +162,14 @@ class PeerNode:
         self._outcome: tuple[int, bytes] | None = None
         """The round and θ hash the last fetch here computed: applying it fetches nothing again."""
         self.leave_until: float | None = None
+        self._told_left = False
         """A leaving leader waits this long at most for its own removal to commit (as `Node.leave`)."""
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
         self.started += self.leases.apply_entries([e for e in replay if e is not None], now)
+        self.live = set(world.live) | {site}
+        """The sites this site's membership reports alive (the two sides of a partition disagree)."""
         for other in world.live:
             if other != site:
                 self.raft.member_alive(SiteId(other), other)
@@ -184,7 +187,7 @@ class PeerNode:
         if self.leave_until is not None and (now >= self.leave_until or (
                 not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index)):
             self.leave_until = None
-            self.world.left(self.site, told=self.raft.role is not Role.LEADER)
+            self.world.left(self.site, told=self._told_left)
         if self.leader.done:
             out += self.leases.release_all(now)
         out += self.leases.tick(now)
@@ -213,10 +216,12 @@ class PeerNode:
 
     # ----- membership, as the membership layer reports it ------------------------------------------
     def member_alive(self, site: str, now: float) -> list[Any]:
+        self.live.add(site)
         self.raft.member_alive(SiteId(site), site)
         return []
 
     def member_down(self, site: str, now: float) -> list[Any]:
+        self.live.discard(site)
         self.raft.member_dead(SiteId(site))
         out: list[Any] = []
         if self.raft.role is Role.LEADER:
@@ -224,6 +229,7 @@ class PeerNode:
         return out + self._feed(ev.MemberDown(site), now)
 
     def member_left(self, site: str, now: float) -> list[Any]:
+        self.live.discard(site)
         self.raft.member_left(SiteId(site))
         out: list[Any] = []
         if self.raft.role is Role.LEADER:
@@ -236,19 +242,20 @@ class PeerNode:
         return self._feed(ev.LeaveRequested(self.world.cfg.rounds.deadline_s), now)
 
     def _leave_consensus(self, now: float, queue: list[ev.Event]) -> list[Any]:
+        voter, leader = self.raft.is_voter(), self.raft.role is Role.LEADER
         decision = self.raft.leave(now)
         self.world.notes.append(f"{self.site}: leaving: {decision.reason}")
         out = self._consensus(decision.effects, now, queue)
-        if not decision.accepted or not self.raft.is_voter():
+        if not decision.accepted or not voter:
             self.world.left(self.site, told=False)
-        elif self.raft.role is Role.LEADER:
+        elif leader:
             # The leader commits its own removal first, then says LEFT (so the rest elect at once).
-            self.leave_until = now + LEAVE_WAIT_S
+            self.leave_until, self._told_left = now + LEAVE_WAIT_S, False
         else:
             # A follower says LEFT and stays until the leader's removal of it commits: leaving before
             # that strands a voter set of two (the other voter can never reach a majority).
             self.world.say_left(self.site)
-            self.leave_until = now + LEAVE_WAIT_S
+            self.leave_until, self._told_left = now + LEAVE_WAIT_S, True
         return out
 
     # ----- the executor --------------------------------------------------------------------------
@@ -346,7 +353,7 @@ class PeerNode:
         if self.disk.round != status.committed_round:
             return []
         header = Header(self.site, self.site, status.epoch, status.committed_round)
-        live = sorted(self.world.live)
+        live = sorted(self.live)
         return self._leader_effects(self.leader.tick(now, header, status.committed_round, live,
                                                      self.disk.weights_hash), now)
 
@@ -354,9 +361,9 @@ class PeerNode:
         out: list[Any] = []
         for e in effects:
             if isinstance(e, r.Broadcast):
-                out += [SimSend(s, e.msg) for s in sorted(self.world.live)]
+                out += [SimSend(s, e.msg) for s in sorted(self.live)]
             elif isinstance(e, r.Decide):
-                out += self._feed(ev.DecideRound(e, frozenset(self.world.live)), now)
+                out += self._feed(ev.DecideRound(e, frozenset(self.live)), now)
         return out
 
     # ----- the fake exchange and disk --------------------------------------------------------------
@@ -686,7 +693,8 @@ class PeerSim:
         self.sim.network.partition([sorted(cut), majority])
         self.cut = (cut, now)
         self.disrupted = now
-        self._note(f"partition {','.join(sorted(cut))} | {','.join(majority)}")
+        self._note(f"partition {','.join(sorted(cut))} | {','.join(majority)}"
+                   + (f" (leader {leader} cut off)" if leader in cut else ""))
 
         def verdicts(method: str) -> None:
             inside = [n for n in self._up() if n in cut]
