@@ -73,6 +73,8 @@ LIVENESS_S = 30.0
 """While the live, connected sites hold a majority of the voters, some round commits within this long
 of the last commit or the last fault action (the longest stall seen over 1,000 seeds is in
 docs/decisions/site-round-core.md)."""
+CONVERGE_S = 30.0
+"""After the last round commits, every site that is up holds θ of it within this long (convergence)."""
 GRACE_S = 0.2
 """Messages sent before a cut still arrive (the network decides a message's fate when it is sent):
 a minority may finish what a majority acked up to this long after the cut."""
@@ -519,7 +521,7 @@ class PeerSim:
             self.epochs_done += 1
             self.epoch_samples = set()
             if self.epochs_done >= self.cfg.epochs:
-                self.sim.schedule(self.sim.now + 5.0, self.sim.stop, "run complete")
+                self._finish(self.sim.now + CONVERGE_S)
 
     def applied_by(self, site: str, round_: int, weights_hash: bytes) -> None:
         """`site` applied `round_` (in order, or by a state transfer that skips, never reorders)."""
@@ -532,6 +534,13 @@ class PeerSim:
             self.violations.append(f"{site} applied round {round_} with θ {weights_hash.hex()[:8]}, not the "
                                    "committed one (I7)")
         seq.append(round_)
+
+    def _finish(self, until: float) -> None:
+        """The data is done: stop once every up site holds θ of the last round (at_end checks it)."""
+        if self._caught_up() or self.sim.now >= until:
+            self.sim.stop()
+        else:
+            self.sim.schedule(self.sim.now + 0.5, lambda: self._finish(until), "run complete (converging)")
 
     # ----- the run -----------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -844,6 +853,10 @@ class _Checker:
         if w.epochs_done < w.cfg.epochs:
             return [f"t={sim.now:.1f}: only {w.epochs_done} of {w.cfg.epochs} data epochs committed, "
                     f"{len(w.order)} rounds (liveness)"]
+        behind = {n: w.disks[n].round for n in w._up() if w.disks[n].round != w.order[-1]}
+        if behind:
+            return [f"t={sim.now:.1f}: {behind} still behind round {w.order[-1]} {CONVERGE_S:g} s after the run's "
+                    "last commit (convergence)"]
         return []
 
 
