@@ -562,7 +562,7 @@ class PeerSim:
             at(rng.uniform(8, 20), self._kill_leader, "kill the leader mid-round")
         if "pause" in cfg.faults:
             at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
-        phases = [k for k in ("partition", "leave", "restart") if k in cfg.faults]
+        phases: list[str] = [k for k in ("partition", "leave", "restart") if k in cfg.faults]
         rng.shuffle(phases)
         if phases:
             at(rng.uniform(5, 15), lambda: self._next_phase(phases), "next fault phase")
@@ -628,7 +628,16 @@ class PeerSim:
     def _resume(self, name: SiteId) -> None:
         self.disrupted = self.sim.now
         self.sim.resume(name)
-        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
+
+        def alive() -> None:
+            self._tell("member_alive", name)
+            # Verdicts given while it was stopped did not reach it; its gossip catches up now.
+            for n in self.names:
+                if n != name:
+                    method = "member_alive" if n in self.live else "member_left" if n in self.gone else "member_down"
+                    self._tell_some(method, n, [name] if self.sim.state(name) is NodeState.UP else [], world=False)
+
+        self.sim.schedule(self.sim.now + DETECT_S, alive, f"{name} alive")
 
     def _leader(self) -> SiteId | None:
         for n in self._up():
@@ -718,7 +727,11 @@ class PeerSim:
             self.cut = None
             self.disrupted = self.sim.now
             self._note("heal the partition")
-            self.sim.schedule(self.sim.now + DETECT_S, lambda: (verdicts("member_alive"), done()), "alive again")
+            def alive_again() -> None:
+                verdicts("member_alive")
+                done()
+
+            self.sim.schedule(self.sim.now + DETECT_S, alive_again, "alive again")
 
         self.sim.schedule(now + DETECT_S, lambda: verdicts("member_down"), "dead across the cut")
         self.sim.schedule(now + rng.uniform(6, 15), heal, "heal")
@@ -727,7 +740,7 @@ class PeerSim:
         """`ops leave` site after site until one is left; it commits rounds alone; then they join again."""
         up = self._up()
         survivor = self.rng.choice(up)
-        order = [n for n in up if n != survivor]
+        order: list[str] = [n for n in up if n != survivor]
         self.rng.shuffle(order)
         self._note(f"ops leave {', '.join(order)} in turn ({survivor} stays)")
         self._leave_step(order, survivor, done)
@@ -790,8 +803,12 @@ class PeerSim:
         last = self.sim.now
         for name in back:
             last += self.rng.uniform(0.5, 3)
-            self.sim.schedule(last, lambda name=name: (self.gone.discard(name), self._join(name)), f"rejoin {name}")
+            self.sim.schedule(last, partial(self._rejoin, SiteId(name)), f"rejoin {name}")
         self.sim.schedule(last + DETECT_S, done, "every leaver is back")
+
+    def _rejoin(self, name: SiteId) -> None:
+        self.gone.discard(name)
+        self._join(name)
 
     def _stop_all(self, done: Callable[[], None]) -> None:
         """kill -9 of every site at once; each restarts from its disk a few seconds later."""
@@ -803,7 +820,7 @@ class PeerSim:
         self.live.clear()
         back = self.sim.now + self.rng.uniform(2, 6)
         for n in up:
-            self.sim.schedule(back + self.rng.uniform(0, 1), lambda n=n: self._join(n), f"restart {n}")
+            self.sim.schedule(back + self.rng.uniform(0, 1), partial(self._join, n), f"restart {n}")
         self.sim.schedule(back + 1 + DETECT_S, done, "every site is back")
 
     def majority_live(self) -> bool:
