@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 
 from peer.core import events as ev
-from peer.election import Epoch, Header, SiteId
+from peer.election import Header
+from peer.ids import Epoch, SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import Spans, Voucher, normalize, of_range, subtract, to_ranges
 from peer.rounds import Contribution, RoundOpen, RoundsConfig
