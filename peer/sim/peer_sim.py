@@ -11,20 +11,26 @@ the node's executor (peer/coordinator.py) does with I/O is done here in simulate
   the round and the contributors' (site, tokens, root). A contributor whose process is down serves
   no Δ (Unavailable); `CatchUp` copies θ from a live peer that holds the newest committed round;
 - membership: a site's crash is reported to every live core (member_dead, MemberDown) after a
-  detection delay, a (re)start as member_alive after one.
+  detection delay, a (re)start as member_alive after one; each site keeps its own view (`live`), so
+  the two sides of a partition disagree.
+- `ops leave`: as `Node.leave` (rounds and leases first, then the voter seat, then LEFT).
 
 Faults per seed, at seeded times: a late join, a contributor killed mid-round (kill -9: its pending
 training and Δ are lost) and restarted, the leader killed mid-round (a leader change reopens the
 round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
-reordering, skewed clocks. (Partitions are not simulated here yet.)
+reordering, skewed clocks; then, one at a time at quiet moments in a seeded order, the phases: a
+partition (a minority cut off past a lease, then healed), `ops leave` down to one site that commits
+alone and back (`leave`), every site killed at once and restarted from its disk (`restart`).
 
 Checked after every event: no sample in two commits of a data epoch (I4); every commit's θ hash is
 the function of its contributions and θ_{r-1} (I7 at the leader); every peer applies the committed
-rounds in log order with the committed hash, each once (state transfers may skip rounds, never
-reorder them). At the end of every data epoch: every sample committed (I5); at the end: the run
-finished its data epochs (liveness).
+rounds in log order with the committed hash, each once, across its restarts (state transfers may
+skip rounds, never reorder them); the same round at every log index; a minority cut off never
+commits first; liveness: while the up sites on one side of any cut hold a majority of the voters, a
+round commits within LIVENESS_S. At the end of every data epoch: every sample committed (I5); at
+the end: the run finished its data epochs and every up site holds θ of the last round.
 
-    ops simulate --protocol peer --members 5 --seeds 0:100
+    ops simulate --protocol peer --members 5 --seeds 0:100 --faults all
     ops simulate --protocol peer --members 5 --seed 7 --trace
 """
 
