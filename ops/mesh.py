@@ -12,6 +12,7 @@
      "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"},
      "training": null or {"applied_round", "weights_hash", "samples_committed", "samples_total",
                           "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held",
+                          "last_decision",
                           "last_round": null or {"round", "gather_s", "compute_s", "publish_s",
                                                  "exchange_s", "commit_wait_s", "outer_s", "persist_s",
                                                  "idle_s", "wall_s", "overhead_share", "tokens",
@@ -124,6 +125,7 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
             "diverged": reply.training.diverged or None,
             "data_epoch": reply.training.data_epoch,
             "leases_held": reply.training.leases_held,
+            "last_decision": reply.training.last_decision or None,
             "last_round": _timeline_document(reply.training.last_round)
             if reply.training.HasField("last_round") else None,
         },
@@ -221,7 +223,8 @@ def _table(doc: dict[str, Any]) -> str:
                  f"samples {t['samples_committed']}/{t['samples_total']}  data epoch {t['data_epoch']}  "
                  f"leases {t['leases_held']}  loss {t['last_loss']}"
                  + ("  EPOCH COMPLETE" if t["epoch_complete"] else "")
-                 + (f"  DIVERGED: {t['diverged']}" if t["diverged"] else ""))
+                 + (f"  DIVERGED: {t['diverged']}" if t["diverged"] else "")
+                 + (f"\nlast decision: {t['last_decision']}" if t["last_decision"] else ""))
     return head + "\n" + "\n".join(lines)
 
 

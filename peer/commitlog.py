@@ -15,16 +15,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NewType, Union
+from typing import Union
 
 from peer.samples import SampleRange
 from peer.election import Epoch, HardState, Header, SiteId
-
-Round = NewType("Round", int)
-"""An outer round; consecutive in the log, 0 = before the first round."""
-
-LogIndex = NewType("LogIndex", int)
-"""A position in the replicated log, from 1; 0 = before the first entry."""
+from peer.ids import LogIndex, Round  # noqa: F401 - re-exported: the id types live in peer/ids.py
 
 
 @dataclass(frozen=True)

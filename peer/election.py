@@ -20,13 +20,8 @@ import enum
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NewType
 
-Epoch = NewType("Epoch", int)
-"""Raft's term: grows only, fsynced before any vote or message carrying it is sent."""
-
-SiteId = NewType("SiteId", str)
-"""A site's name (`peer serve --site NAME`), stable across restarts."""
+from peer.ids import Epoch, SiteId  # noqa: F401 - re-exported: the id types live in peer/ids.py
 
 
 class Role(enum.Enum):

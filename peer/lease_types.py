@@ -14,19 +14,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import NewType, Union
+from typing import Union
 
 from peer.commitlog import SampleRange
 from peer.election import SiteId
-
-BlockId = NewType("BlockId", int)
-Gen = NewType("Gen", int)
-"""Lease generation of a block: bumped on every change of holder; the fencing token a holder
-presents. Minted as max(gen + 1, mint_base(ring_version, boot)), so a generation minted under a newer
-ring view, or by the same primary after a restart in the same view (a higher boot), is above any
-minted before: a record rebuilt from the log can never reissue a generation."""
-DataEpoch = NewType("DataEpoch", int)
-"""Pass over the dataset, from 0; advanced by the log when every sample of it is committed."""
+from peer.ids import BlockId, DataEpoch, Gen  # noqa: F401 - re-exported: the id types live in peer/ids.py
 
 @dataclass(frozen=True, order=True)
 class Span:

@@ -221,7 +221,10 @@ class Node:
         """Graceful leave (I8): hand the voter seat back through the log, tell the members, stop.
 
         Returns the number of members told. A leader first commits its own removal (so the rest
-        elect a successor at once); a follower is removed by the leader when gossip says LEFT.
+        elect a successor at once); a follower is removed by the leader when gossip says LEFT, and
+        stays until that removal commits: a voter that stops before it is removed leaves a voter set
+        of two stranded (the other can never reach a majority), which the whole-peer simulator's
+        `leave` fault (down to one site) found when the leader had just left itself.
         """
         raft = self._raft_core()
         if self.coordinator is not None:
@@ -229,15 +232,24 @@ class Node:
             await self.coordinator.prepare_leave(self.coordinator.config.deadline_s)
             await asyncio.sleep(0)  # let the Release sends start before counting what is in flight
             await self._wait_until(lambda: self._leases.in_flight == 0, self.config.membership.probe_timeout_s * 4)
+        voter = raft.is_voter()
         decision = raft.leave(self._clock())
         log.info("leaving: %s", decision.reason)
         self._execute_consensus(decision.effects)
-        if decision.accepted and raft.role is Role.LEADER:
-            await self._wait_until(lambda: not raft.is_voter() and raft.commit_index >= raft.log.last_index,
-                                   self.config.election.election_timeout_max_s * 2)
+        leader = raft.role is Role.LEADER
+
+        def removed() -> bool:
+            return not raft.is_voter() and raft.commit_index >= raft.log.last_index
+
+        election = self.config.election.election_timeout_max_s
+        if decision.accepted and leader:
+            await self._wait_until(removed, election * 2)
         effects = self._core().leave(self._clock())
         told = sum(1 for e in effects if isinstance(e, m.Send))
         await self._execute(effects, wait=True)
+        if decision.accepted and voter and not leader:
+            # Room for an election first: the leader may be the site that left just before.
+            await self._wait_until(removed, election * 4)
         self.stop()
         return told
 

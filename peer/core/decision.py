@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peer.commitlog import Contributor, Round, RoundCommit
+from peer.commitlog import Contributor, RoundCommit
 from peer.core import events as ev
-from peer.election import SiteId
+from peer.ids import Round, SiteId
 from peer.rounds import Contribution
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from peer.audit import EpochLedger
 from peer.commitlog import Entry, RoundCommit, VoterChange, Voters, apply_voter_change
-from peer.election import SiteId
+from peer.ids import SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import LeaseEvent, Message, Send
 from peer.leases import LeaseConfig, LeaseOwner

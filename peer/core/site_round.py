@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass
 
 from peer.core import events as ev
-from peer.election import Epoch, Header, SiteId
+from peer.election import Header
+from peer.ids import Epoch, SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import Spans, Voucher, normalize, of_range, subtract, to_ranges
 from peer.rounds import Contribution, RoundOpen, RoundsConfig
@@ -137,8 +138,12 @@ class SiteRound:
     def _progress(self, now: float) -> list[ev.Effect]:
         """Advance whatever state the time and the lease cores allow (called on every event)."""
         out: list[ev.Effect] = []
-        if self._leave_until is not None and (self.committed_round >= self._sent_round() or now >= self._leave_until):
-            out += self._release(now)
+        if self._leave_until is not None:
+            sent = self._sent_round()
+            if self.committed_round >= sent and not self.client.leaving:
+                out += self._give_back(now)
+            if self.committed_round > sent or now >= self._leave_until:
+                out += self._release(now)
         b = self.busy
         if isinstance(b, _Waiting):
             at_base = self.applied_round >= b.open.round - 1 and self.applied_round >= self.committed_round
@@ -250,19 +255,26 @@ class SiteRound:
 
     def _leave(self, wait_s: float, now: float) -> list[ev.Effect]:
         """Graceful leave (I8): train no more; give the leader up to `wait_s` to decide a round this
-        site reported samples for (it pulls the pseudo-gradient from here), then give every lease back."""
+        site reported samples for (it pulls the pseudo-gradient from here), give every lease back at
+        its commit, and stay (serving that pseudo-gradient) until the round after it commits: the
+        other peers apply the round by fetching it from here, and the next round opens only once the
+        leader applied it, so its commit proves θ of this site's last round is held by a peer that
+        stays. Leaving at the first commit stranded the run when this site was also the leader (the
+        only other holder of θ_r): the whole-peer simulator's `leave` fault found it."""
         self.leaving = True
-        if self.committed_round < self._sent_round():
+        sent = self._sent_round()
+        if self.committed_round <= sent and sent > 0:
             self._leave_until = now + wait_s
-            return [ev.Note(f"leaving: waiting up to {wait_s:g} s for round {self._sent_round()}, which holds "
-                            "this site's samples, to be committed")]
+            return [ev.Note(f"leaving: waiting up to {wait_s:g} s for round {sent}, which holds this site's "
+                            f"samples, and the round after it to be committed")] + self._progress(now)
         return self._release(now)
+
+    def _give_back(self, now: float) -> list[ev.Effect]:
+        return [ev.Note(f"leaving: giving back {len(self.client.held)} lease(s)"), *self.client.release_all(now)]
 
     def _release(self, now: float) -> list[ev.Effect]:
         self._leave_until = None
-        out: list[ev.Effect] = [ev.Note(f"leaving: giving back {len(self.client.held)} lease(s)")]
-        if not self.client.leaving:
-            out += self.client.release_all(now)
+        out: list[ev.Effect] = [] if self.client.leaving else self._give_back(now)
         return out + [ev.LeaveReady()]
 
     # ----- helpers -------------------------------------------------------------------------------

@@ -2,18 +2,14 @@
 
 Runs on the generic simulator (peer/sim/runner.py: event heap, `SimNetwork`, `NodeClock`). Every site
 is a `LeasePeer` node: the real lease cores (peer/leases.py owner, peer/lease_client.py holder) plus a
-training stand-in that consumes samples at a site-specific speed. The commit log comes from one of two
-backends:
-
-* `--consensus` (`SimConfig.consensus`): every site also runs the real consensus core
-  (peer/consensus.py, Raft with PreVote and leases) on a `MemoryStore` disk that survives its
-  crashes; whichever site leads closes rounds, runs the real admission check (peer/admission.py)
-  and proposes RoundCommits; the ring is the committed voter set; membership faults are reported to
-  the cores (member_alive / member_dead / member_left) as the membership layer would. Leaders crash,
-  pause and fail over like any site.
-* the default stand-in: one more node, `Control` at address "leader", decides rounds in one place
-  and never crashes; it replicates its log (RoundCommits and ring views) with resent `LogUpdate`s.
-  Cheaper (the 50-peer benchmark uses it).
+training stand-in that consumes samples at a site-specific speed. The commit log comes from one more
+node, `Control` at address "leader", that decides rounds in one place (with the real admission check,
+peer/admission.py) and never crashes; it replicates its log (RoundCommits and ring views) with resent
+`LogUpdate`s. Cheap: the 50-peer benchmark uses it. What this simulator tests is the lease protocol
+under lease-specific faults; the real consensus core, round leader and round core deciding rounds
+through leader failovers, with the lease cores fed from a real log, are the whole-peer simulator's
+(peer/sim/peer_sim.py, `ops simulate --protocol peer`), which replaced this module's `--consensus`
+backend (a second copy of the round leader and the coordinator).
 
 Faults per seed, at seeded random times: crash and restart of a holder; the owners of a block
 crashed in turn (each after the previous one is back); a majority of a block's owners crashed at once
@@ -33,7 +29,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,17 +43,12 @@ from peer.commitlog import (
     Round,
     RoundCommit,
     SampleRange,
-    VoterChange,
-    Voters,
-    apply_voter_change,
 )
-from peer.consensus import Committed, ConsensusCore, DurableState, LeaderChanged
-from peer.consensus import Message as ConsensusMessage
-from peer.election import ElectionConfig, Epoch, HardState, Role, SiteId
+from peer.election import Epoch, HardState, SiteId
 from peer.lease_client import LeaseClient
 from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
 from peer.leases import LeaseConfig, LeaseOwner
-from peer.logstore import FileStore, MemoryStore
+from peer.logstore import FileStore
 from peer.ring import RingView
 from peer.sim.clock import NodeClock
 from peer.sim.network import SimNetwork
@@ -66,14 +56,12 @@ from peer.sim.faults import parse_faults
 from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
 
 LEADER = "leader"
+LEADER_EPOCH = 1
+"""The stand-in leader never fails over: one epoch for the whole run."""
 STEP = 0.5
 """Seconds (local) between two training steps of a site."""
 RESEND = 0.5
 """Log updates and round closings are resent this often until acknowledged."""
-RAFT = ElectionConfig(election_timeout_min_s=1.0, election_timeout_max_s=2.0, heartbeat_interval_s=0.2,
-                      max_clock_drift=0.01, max_batch=16)
-"""Consensus timing: failover well within a round (8 s) and a lease ttl (6 s), few heartbeats."""
-_CONSENSUS_MESSAGES = typing.get_args(ConsensusMessage)
 
 
 @dataclass(frozen=True)
@@ -92,8 +80,6 @@ class SimConfig:
     fault_span: float = 15.0
     """Faults start within this many seconds of each other (the run takes a few times more)."""
     max_time: float = 2000.0
-    consensus: bool = False
-    """The real consensus core decides rounds (see the module docstring); False: the stand-in."""
     speed_scale: int = 1
     """Multiplies every site's samples per step (the benchmark's big datasets)."""
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
@@ -134,13 +120,6 @@ class LogAck:
 @dataclass(frozen=True)
 class Offer:
     contribution: Contribution
-
-
-@dataclass(frozen=True)
-class CloseRound:
-    """Leader -> sites (consensus backend): round `round` is closed, claim and offer what you trained."""
-
-    round: int
 
 
 @dataclass(frozen=True)
@@ -249,7 +228,7 @@ class Control:
 
 class LeasePeer:
     """One site: lease owner + holder cores, its copy of the log, and a training stand-in. Its log
-    comes from `Control`'s LogUpdates; `RaftPeer` takes it from a consensus core instead."""
+    comes from `Control`'s LogUpdates."""
 
     def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
                  amnesiac: bool, boot: int) -> None:
@@ -262,10 +241,8 @@ class LeasePeer:
         self.applied = 0
         self.closed = 0
         self.views: list[RingView] = []
-        self.leader: str | None = LEADER
-        self.leader_epoch = 1
         self.next_step = now + STEP
-        self.offered: set[tuple[int, str]] = set()
+        self.offered: set[int] = set()
         self.left = False
 
     def tick(self, now: float) -> list[Any]:
@@ -278,8 +255,6 @@ class LeasePeer:
     def receive(self, msg: object, now: float) -> list[Any]:
         if isinstance(msg, LogUpdate):
             return self._log_update(msg, now)
-        if isinstance(msg, CloseRound):
-            return self._close(msg.round, now) + self._offers()
         return self.owner.receive(msg, now) + self.client.receive(msg, now) + self._offers()  # type: ignore[arg-type]
 
     def next_deadline(self) -> float:
@@ -304,8 +279,8 @@ class LeasePeer:
                 out += self.owner.on_commit(now) + self.client.on_commit(now)
         if len(self.views) > seen:
             prev = self.views[-2] if len(self.views) > 1 else None
-            out += self.owner.set_view(self.views[-1], self.leader_epoch, now, previous=prev)
-            out += self.client.set_view(self.views[-1], self.leader_epoch, now)
+            out += self.owner.set_view(self.views[-1], LEADER_EPOCH, now, previous=prev)
+            out += self.client.set_view(self.views[-1], LEADER_EPOCH, now)
             out += self.owner.on_commit(now) + self.client.on_commit(now)
         return out
 
@@ -326,108 +301,13 @@ class LeasePeer:
         return []
 
     def _offers(self) -> list[SimSend]:
-        """Offer every vouched, undecided round to the current leader (again, after a failover)."""
+        """Offer every vouched, undecided round to the leader, once."""
         out = []
         for r in sorted(self.client.rounds):
             c = self.client.contribution(r)
-            if c is not None and c.ranges and self.leader is not None and (r, self.leader) not in self.offered:
-                self.offered.add((r, self.leader))
-                out.append(SimSend(self.leader, Offer(c)))
-        return out
-
-
-class RaftPeer(LeasePeer):
-    """A site whose log is its own consensus core's: it applies Committed entries (RoundCommits, and
-    voter changes as ring views), and while it leads it closes rounds, admits and proposes them."""
-
-    def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
-                 amnesiac: bool, boot: int, disk: MemoryStore, truth: Truth, seed: str) -> None:
-        super().__init__(site, universe, cfg, speed, now, amnesiac, boot)
-        self.disk, self.truth = disk, truth
-        self.core = ConsensusCore.start(site, site, RAFT, disk.load(), now, derive_rng(0, seed))
-        self.voters: Voters = ()
-        self.leader = None
-        self.open_round: int | None = None
-        self.offers: dict[SiteId, Contribution] = {}
-        self.next_close = now + cfg.round_len
-        self.decide_at = self.resend_at = 0.0
-
-    def tick(self, now: float) -> list[Any]:
-        return self._consensus(self.core.tick(now), now) + super().tick(now) + self._lead(now)
-
-    def receive(self, msg: object, now: float) -> list[Any]:
-        if isinstance(msg, _CONSENSUS_MESSAGES):
-            return self._consensus(self.core.receive(msg, now), now) + self._offers()  # type: ignore[arg-type]
-        if isinstance(msg, Offer):
-            if self.open_round == msg.contribution.round:
-                self.offers.setdefault(msg.contribution.site, msg.contribution)
-            return []
-        return super().receive(msg, now)
-
-    def next_deadline(self) -> float:
-        times = [super().next_deadline(), self.core.next_deadline()]
-        if self.core.role is Role.LEADER:
-            times.append(self.next_close if self.open_round is None else min(self.decide_at, self.resend_at))
-        return min(times)
-
-    def leave(self, now: float) -> list[Any]:
-        return super().leave(now) + self._consensus(self.core.leave(now).effects, now)
-
-    def _consensus(self, effects: Sequence[Any], now: float) -> list[Any]:
-        """Carry out a consensus core's effects in order: persist, send, apply, note the leader."""
-        out: list[Any] = []
-        items: list[LogItem] = []
-        for e in effects:
-            if self.disk.persist(e):
-                continue
-            if isinstance(e, Committed):
-                items += self._item(e.entry)
-            elif isinstance(e, LeaderChanged):
-                self.leader, self.leader_epoch = e.leader, max(self.leader_epoch, e.epoch)
-                self.owner.note_leader_epoch(e.epoch)
-                self.client.note_leader_epoch(e.epoch)
-            elif hasattr(e, "msg"):
-                out.append(e)
-        return out + (self._apply(items, now) if items else [])
-
-    def _item(self, entry: Entry) -> list[LogItem]:
-        if isinstance(entry.body, VoterChange):
-            self.voters = apply_voter_change(self.voters, entry.body)
-            view = RingView.of(entry.index, [s for s, _ in self.voters])
-            self.truth.see_view(entry.index, view)
-            return [ViewEntry(view)]
-        if isinstance(entry.body, RoundCommit):
-            included = tuple((c.site, c.ranges) for c in entry.body.contributors)
-            self.truth.see_commit(entry.index, entry.body.round, included)
-            return [CommitEntry(entry.body.round, included)]
-        return []
-
-    def _lead(self, now: float) -> list[Any]:
-        if self.core.role is not Role.LEADER:
-            self.open_round = None
-            return []
-        out: list[Any] = []
-        if self.open_round is None:
-            if now >= self.next_close:
-                if self.core.not_ready(now) is not None:  # e.g. the last round not committed yet
-                    self.next_close = now + RESEND
-                    return out
-                self.open_round = self.core.log.last_round_entry()[0] + 1
-                self.offers = {}
-                self.decide_at, self.resend_at = now + self.cfg.decide_after, now
-                self.next_close = now + self.cfg.round_len
-        elif now >= self.decide_at:
-            rnd, self.open_round = self.open_round, None
-            decisions, included = decide(rnd, self.offers, self.ledger)
-            commit = RoundCommit(Round(rnd), tuple(
-                Contributor(site, sum(r.end - r.start for r in rs), rs, b"") for site, rs in included), b"")
-            d = self.core.propose_round(commit, now)
-            if d.accepted:
-                self.truth.decisions.extend(decisions)
-            return self._consensus(d.effects, now)
-        if self.open_round is not None and now >= self.resend_at:
-            self.resend_at = now + RESEND
-            out += [SimSend(site, CloseRound(self.open_round)) for site, _ in self.voters]
+            if c is not None and c.ranges and r not in self.offered:
+                self.offered.add(r)
+                out.append(SimSend(LEADER, Offer(c)))
         return out
 
 
@@ -523,7 +403,6 @@ class LeaseSim:
         self.sim = Simulation(seed, net, trace)
         self.truth = Truth(self.universe)
         self.control = Control(self.truth, cfg)
-        self.disks: dict[SiteId, MemoryStore] = {}
         self.boots: dict[SiteId, int] = {}
         self.checker = LeaseChecker(self)
         self.faults: list[tuple[float, str]] = []
@@ -532,18 +411,16 @@ class LeaseSim:
     def run(self) -> Result:
         names = [SiteId(f"s{i}") for i in range(self.cfg.sites)]
         founders = names if not self.cfg.faults else names[:-1]
-        if not self.cfg.consensus:
-            self.sim.add_node(LEADER, lambda now: (self.control, []))
+        self.sim.add_node(LEADER, lambda now: (self.control, []))
         for n in names:
             self.speeds[n] = self.rng.choice([1, 2, 3, 5, 8])
             rate = 0.6 if (n == "s1" and self.cfg.faults) else (self.rng.uniform(0.98, 1.02) if self.cfg.faults else 1.0)
             clock = NodeClock(offset=self.rng.uniform(-50, 50), rate=rate)
             at = 0.0 if n in founders else 1e9  # late joiners are started by their join fault
-            self.sim.add_node(n, lambda now, n=n: (self._peer(n, now, founders), []), at=at, clock=clock)
-        if not self.cfg.consensus:
-            for n in founders:
-                self.control.acked[n] = 0
-            self.control.commit_view(set(founders))
+            self.sim.add_node(n, lambda now, n=n: (self._peer(n, now), []), at=at, clock=clock)
+        for n in founders:
+            self.control.acked[n] = 0
+        self.control.commit_view(set(founders))
         if self.cfg.faults:
             self._schedule_faults(names)
         self.sim.schedule(0.0, self._watch_epochs, "watch epochs")
@@ -559,26 +436,13 @@ class LeaseSim:
         else:
             self.sim.schedule(self.sim.now + 1.0, self._watch_epochs, "watch epochs")
 
-    def _peer(self, name: SiteId, now: float, founders: Sequence[SiteId]) -> LeasePeer:
+    def _peer(self, name: SiteId, now: float) -> LeasePeer:
         self.boots[name] = boot = self.boots.get(name, -1) + 1  # the node keeps this count on its disk
         # A restarted process forgot the writes it acknowledged: it must not count in a sync before
         # it has lived through a view. A late joiner's first process acknowledged nothing before.
         amnesiac = boot > 0
-        if not self.cfg.consensus:
-            self.control.acked[name] = 0  # a (re)started process applies the log from its start
-            return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot)
-        if name not in self.disks:
-            self.disks[name] = disk = MemoryStore()
-            fresh = DurableState.fresh({f: f for f in founders} if name in founders else None)
-            disk.save_hard_state(fresh.hard)
-            disk.write_log(1, tuple(fresh.entries))
-        seed = f"{self.seed}/{name}/{self.sim.events}"
-        peer = RaftPeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot, self.disks[name],
-                        self.truth, seed)
-        for other in self.speeds:  # what membership tells a new process: who is alive now
-            if other != name and self.sim.state(other) is NodeState.UP:
-                peer.core.member_alive(other, other)
-        return peer
+        self.control.acked[name] = 0  # a (re)started process applies the log from its start
+        return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot)
 
     # --- membership as the membership layer reports it ---
 
@@ -586,31 +450,15 @@ class LeaseSim:
         view = self.truth.view
         return set(view.members) if view else set()
 
-    def _tell_cores(self, fn: Callable[[ConsensusCore], None]) -> None:
-        for n in self.speeds:
-            node = self.sim.node(n)
-            if isinstance(node, RaftPeer):
-                fn(node.core)
-
     def _joined(self, name: SiteId) -> None:
-        if self.cfg.consensus:
-            self._tell_cores(lambda c: c.member_alive(name, name))
-        else:
-            self.control.commit_view(self._members() | {name})
+        self.control.commit_view(self._members() | {name})
 
     def _dead(self, name: SiteId) -> None:
-        if self._up(name):
-            return
-        if self.cfg.consensus:
-            self._tell_cores(lambda c: c.member_dead(name))
-        else:
+        if not self._up(name):
             self.control.commit_view(self._members() - {name})
 
     def _left(self, name: SiteId) -> None:
-        if self.cfg.consensus:
-            self._tell_cores(lambda c: c.member_left(name))
-        else:
-            self.control.commit_view(self._members() - {name})
+        self.control.commit_view(self._members() - {name})
 
     # --- faults ---
 
@@ -649,9 +497,7 @@ class LeaseSim:
     def _crash(self, name: SiteId | None) -> bool:
         if name is None or not self._up(name) or len(self._members()) <= 2:
             return False
-        node = self.sim.node(name)
-        leads = isinstance(node, RaftPeer) and node.core.role is Role.LEADER
-        self._note(f"crash {name}" + (" (the leader)" if leads else ""))
+        self._note(f"crash {name}")
         self.sim.crash(name)
         self.sim.schedule(self.sim.now + 2.0, lambda: self._dead(name), f"view: {name} dead")
         return True
@@ -738,7 +584,7 @@ def simulate(seed: int, cfg: SimConfig | None = None) -> Result:
 def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None) -> RunResult:
     """One seed for `ops simulate --protocol leases`: ops/simulate.py registers
     `"leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags)`. `--members` sites, every
-    lease fault unless `--faults none`; the stand-in leader (`--consensus` is this module's flag)."""
+    lease fault unless `--faults none`; the stand-in leader."""
     cfg = SimConfig(sites=args.members, faults=bool(parse_faults(args.faults)))
     run = LeaseSim(seed, cfg, trace)
     res = run.run()
@@ -754,8 +600,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0:10", help="seed range A:B (B exclusive) or one seed")
     p.add_argument("--sites", type=int, default=5, help="number of sites (the last one joins late)")
     p.add_argument("--no-faults", action="store_true", help="no crashes, pauses or joins")
-    p.add_argument("--consensus", action="store_true",
-                   help="rounds decided through the real consensus core instead of the stand-in leader")
     p.add_argument("--counts", action="store_true",
                    help="also print the lease events of all seeds by kind (grant, steal, reclaim, rebuild, ...)")
     p.add_argument("--out", type=Path, metavar="DIR",
@@ -763,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     a, _, b = args.seeds.partition(":")
     seeds = range(int(a), int(b)) if b else [int(a)]
-    cfg = SimConfig(sites=args.sites, faults=not args.no_faults, consensus=args.consensus)
+    cfg = SimConfig(sites=args.sites, faults=not args.no_faults)
     bad = 0
     counts: dict[str, int] = {}
     t0 = time.time()

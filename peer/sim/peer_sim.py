@@ -11,20 +11,26 @@ the node's executor (peer/coordinator.py) does with I/O is done here in simulate
   the round and the contributors' (site, tokens, root). A contributor whose process is down serves
   no Δ (Unavailable); `CatchUp` copies θ from a live peer that holds the newest committed round;
 - membership: a site's crash is reported to every live core (member_dead, MemberDown) after a
-  detection delay, a (re)start as member_alive after one.
+  detection delay, a (re)start as member_alive after one; each site keeps its own view (`live`), so
+  the two sides of a partition disagree.
+- `ops leave`: as `Node.leave` (rounds and leases first, then the voter seat, then LEFT).
 
 Faults per seed, at seeded times: a late join, a contributor killed mid-round (kill -9: its pending
 training and Δ are lost) and restarted, the leader killed mid-round (a leader change reopens the
 round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
-reordering, skewed clocks. (Partitions are not simulated here yet.)
+reordering, skewed clocks; then, one at a time at quiet moments in a seeded order, the phases: a
+partition (a minority cut off past a lease, then healed), `ops leave` down to one site that commits
+alone and back (`leave`), every site killed at once and restarted from its disk (`restart`).
 
 Checked after every event: no sample in two commits of a data epoch (I4); every commit's θ hash is
 the function of its contributions and θ_{r-1} (I7 at the leader); every peer applies the committed
-rounds in log order with the committed hash, each once (state transfers may skip rounds, never
-reorder them). At the end of every data epoch: every sample committed (I5); at the end: the run
-finished its data epochs (liveness).
+rounds in log order with the committed hash, each once, across its restarts (state transfers may
+skip rounds, never reorder them); the same round at every log index; a minority cut off never
+commits first; liveness: while the up sites on one side of any cut hold a majority of the voters, a
+round commits within LIVENESS_S. At the end of every data epoch: every sample committed (I5); at
+the end: the run finished its data epochs and every up site holds θ of the last round.
 
-    ops simulate --protocol peer --members 5 --seeds 0:100
+    ops simulate --protocol peer --members 5 --seeds 0:100 --faults all
     ops simulate --protocol peer --members 5 --seed 7 --trace
 """
 
@@ -47,7 +53,7 @@ from peer.core import events as ev
 from peer.core.lease_log import LeaseLog
 from peer.core.round_core import RoundCore
 from peer.core.site_round import SiteRound
-from peer.election import ElectionConfig, Header, Role, SiteId
+from peer.election import ElectionConfig, Header, Role, SiteId, has_majority
 from peer.lease_types import Send as LeaseSend
 from peer.leases import LeaseConfig
 from peer.logstore import MemoryStore
@@ -65,6 +71,23 @@ TICK_S = 0.25
 """The lease cores retry grants, starts and claims on ticks that report no deadline: tick this often."""
 DETECT_S = 1.5
 """Membership's delay between a crash (or a start) and the verdict the cores are told."""
+LEAVE_WAIT_S = 4 * RAFT.election_timeout_max_s
+"""How long a leaving voter waits for its removal to commit (as `Node.leave`): room for an election."""
+LEFT_S = 0.2
+"""Membership's delay between a graceful leave and the LEFT verdict (gossip, no suspicion)."""
+LIVENESS_S = 30.0
+"""While the live, connected sites hold a majority of the voters, some round commits within this long
+of the last commit or the last fault action (the longest stall seen over 1,000 seeds is in
+docs/decisions/site-round-core.md)."""
+CONVERGE_S = 30.0
+"""After the last round commits, every site that is up holds θ of it within this long (convergence)."""
+GRACE_S = 0.2
+"""Messages sent before a cut still arrive (the network decides a message's fate when it is sent):
+a minority may finish what a majority acked up to this long after the cut."""
+EXTRA_KINDS = ("leave", "restart")
+"""Faults of this simulator beyond peer.sim.faults.KINDS: `leave` (`ops leave` site after site down
+to one, which commits rounds alone, then they join again) and `restart` (every site killed at once
+and restarted from its disk)."""
 THETA0 = hashlib.blake2b(b"theta_0", digest_size=16).digest()
 _CONSENSUS = typing.get_args(ConsensusMessage)
 _ROUND = typing.get_args(r.Message)
@@ -92,8 +115,9 @@ class PeerSimConfig:
     rounds: r.RoundsConfig = field(default_factory=lambda: r.RoundsConfig(
         inner_steps=2, samples_per_step=8, deadline_s=4.0, data_epochs=2, idle_wait_s=0.5, gather_s=0.5))
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
-    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause")
-    """Of `peer.sim.faults.KINDS`, these act here; partitions and one-way cuts are not simulated yet."""
+    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause", "partition",
+                               *EXTRA_KINDS)
+    """Of `peer.sim.faults.KINDS` plus `EXTRA_KINDS`, these act here (one-way cuts and bridges do not)."""
     max_time: float = 600.0
     fetch_s: float = 0.3
     apply_s: float = 0.2
@@ -143,10 +167,17 @@ class PeerNode:
         self._seq = 0
         self._next_tick = now
         self.applied: list[tuple[int, bytes]] = []
+        self._outcome: tuple[int, bytes] | None = None
+        """The round and θ hash the last fetch here computed: applying it fetches nothing again."""
+        self.leave_until: float | None = None
+        self._told_left = False
+        """A leaving leader waits this long at most for its own removal to commit (as `Node.leave`)."""
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
         self.started += self.leases.apply_entries([e for e in replay if e is not None], now)
+        self.live = set(world.live) | {site}
+        """The sites this site's membership reports alive (the two sides of a partition disagree)."""
         for other in world.live:
             if other != site:
                 self.raft.member_alive(SiteId(other), other)
@@ -161,6 +192,10 @@ class PeerNode:
         out += self._consensus(self.raft.tick(now), now)
         if now >= self._next_tick:
             self._next_tick = now + TICK_S
+        if self.leave_until is not None and (now >= self.leave_until or (
+                not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index)):
+            self.leave_until = None
+            self.world.left(self.site, told=self._told_left)
         if self.leader.done:
             out += self.leases.release_all(now)
         out += self.leases.tick(now)
@@ -181,21 +216,55 @@ class PeerNode:
 
     def next_deadline(self) -> float:
         times = [self.raft.next_deadline(), self.leases.next_deadline(), self.core.next_deadline(), self._next_tick]
+        if self.leave_until is not None:
+            times.append(self.leave_until)
         if self.pending:
             times.append(self.pending[0][0])
         return min(times)
 
     # ----- membership, as the membership layer reports it ------------------------------------------
     def member_alive(self, site: str, now: float) -> list[Any]:
+        self.live.add(site)
         self.raft.member_alive(SiteId(site), site)
         return []
 
     def member_down(self, site: str, now: float) -> list[Any]:
+        self.live.discard(site)
         self.raft.member_dead(SiteId(site))
         out: list[Any] = []
         if self.raft.role is Role.LEADER:
             out += self._leader_effects(self.leader.member_down(site, now), now)
         return out + self._feed(ev.MemberDown(site), now)
+
+    def member_left(self, site: str, now: float) -> list[Any]:
+        self.live.discard(site)
+        self.raft.member_left(SiteId(site))
+        out: list[Any] = []
+        if self.raft.role is Role.LEADER:
+            out += self._leader_effects(self.leader.member_down(site, now), now)
+        return out + self._feed(ev.MemberDown(site), now)
+
+    # ----- `ops leave`, as Node.leave runs it ------------------------------------------------------
+    def leave(self, now: float) -> list[Any]:
+        """Rounds and leases first (I8), then the voter seat (on LeaveReady), then the process stops."""
+        return self._feed(ev.LeaveRequested(self.world.cfg.rounds.deadline_s), now)
+
+    def _leave_consensus(self, now: float, queue: list[ev.Event]) -> list[Any]:
+        voter, leader = self.raft.is_voter(), self.raft.role is Role.LEADER
+        decision = self.raft.leave(now)
+        self.world.notes.append(f"{self.site}: leaving: {decision.reason}")
+        out = self._consensus(decision.effects, now, queue)
+        if not decision.accepted or not voter:
+            self.world.left(self.site, told=False)
+        elif leader:
+            # The leader commits its own removal first, then says LEFT (so the rest elect at once).
+            self.leave_until, self._told_left = now + LEAVE_WAIT_S, False
+        else:
+            # A follower says LEFT and stays until the leader's removal of it commits: leaving before
+            # that strands a voter set of two (the other voter can never reach a majority).
+            self.world.say_left(self.site)
+            self.leave_until, self._told_left = now + LEAVE_WAIT_S, True
+        return out
 
     # ----- the executor --------------------------------------------------------------------------
     def _feed(self, event: ev.Event, now: float) -> list[Any]:
@@ -244,6 +313,8 @@ class PeerNode:
             self._later(now + w.cfg.apply_s, _Due(effect))
         elif isinstance(effect, ev.RoundApplied):
             w.applied_by(self.site, effect.round, self.disk.weights_hash)
+        elif isinstance(effect, ev.LeaveReady):
+            return self._leave_consensus(now, queue)
         return []
 
     def _consensus(self, effects: Sequence[Any], now: float, queue: list[ev.Event] | None = None) -> list[Any]:
@@ -256,6 +327,7 @@ class PeerNode:
                 out.append(SimSend(e.address, e.msg))
             elif isinstance(e, Committed):
                 entries.append(e.entry)
+                self.world.see_entry(self.site, e.entry.index)
             elif isinstance(e, LeaderChanged):
                 self.leases.note_leader_epoch(e.epoch)
                 if e.leader != self.site:
@@ -289,7 +361,7 @@ class PeerNode:
         if self.disk.round != status.committed_round:
             return []
         header = Header(self.site, self.site, status.epoch, status.committed_round)
-        live = sorted(self.world.live)
+        live = sorted(self.live)
         return self._leader_effects(self.leader.tick(now, header, status.committed_round, live,
                                                      self.disk.weights_hash), now)
 
@@ -297,9 +369,9 @@ class PeerNode:
         out: list[Any] = []
         for e in effects:
             if isinstance(e, r.Broadcast):
-                out += [SimSend(s, e.msg) for s in sorted(self.world.live)]
+                out += [SimSend(s, e.msg) for s in sorted(self.live)]
             elif isinstance(e, r.Decide):
-                out += self._feed(ev.DecideRound(e, frozenset(self.world.live)), now)
+                out += self._feed(ev.DecideRound(e, frozenset(self.live)), now)
         return out
 
     # ----- the fake exchange and disk --------------------------------------------------------------
@@ -314,11 +386,13 @@ class PeerNode:
                                                                         "fetched (its process is down)")
             h = theta(self.disk.weights_hash, f.round, [(c.site, c.tokens, c.pseudo_gradient_root)
                                                         for c in f.admitted])
+            self._outcome = (f.round, h)
             return ev.OutcomeReady(f.round, f.attempt, h)
         if isinstance(item.effect, ev.Apply):
             a = item.effect
+            cached = self._outcome == (a.commit.round, a.commit.weights_hash)  # as Training.outcome's cache
             for who in a.commit.contributors:
-                if who.site != self.site and not w.serving(who.site):
+                if not cached and who.site != self.site and not w.serving(who.site):
                     return ev.ApplyFailed(a.commit.round, "unavailable", f"round {a.commit.round}: {who.site}'s "
                                           "pseudo-gradient is served by nobody")
             h = theta(self.disk.weights_hash, a.commit.round, [(c.site, c.tokens, c.pseudo_gradient_root)
@@ -375,6 +449,20 @@ class PeerSim:
         self.excluded = 0
         self.notes: list[str] = []
         """Every decision the sites' round cores took, with its reason (in event order)."""
+        self.gone: set[str] = set()
+        """Sites that left gracefully (`ops leave`) and have not joined again."""
+        self.leaving: str | None = None
+        self.phase: str | None = None
+        """The fault phase under way (partition, leave, restart): the other faults wait for its end."""
+        self.phases_done: list[str] = []
+        self.cut: tuple[frozenset[str], float] | None = None
+        """The minority cut off by a partition, and since when."""
+        self.first_seen: dict[int, str] = {}
+        self.last_commit = 0.0
+        self.disrupted = 0.0
+        """When a fault last acted (a kill, start, pause, cut, leave, verdict ...): liveness counts from it."""
+        self.longest_stall = 0.0
+        """The longest wait for a commit since the previous one or the last fault action."""
 
     # ----- what the nodes ask -----------------------------------------------------------------------
     def serving(self, site: str) -> bool:
@@ -390,6 +478,16 @@ class PeerSim:
             if n != site and self.serving(n) and d.round == newest:
                 return d.index, d.round, d.weights_hash
         return None
+
+    def see_entry(self, site: str, index: int) -> None:
+        """`site` committed log index `index`: a minority cut off by a partition must never be the first."""
+        if index in self.first_seen:
+            return
+        self.first_seen[index] = site
+        if self.cut is not None and site in self.cut[0] and self.sim.now > self.cut[1] + GRACE_S:
+            self.violations.append(f"{site} committed log index {index} first, cut off in a minority "
+                                   f"({', '.join(sorted(self.cut[0]))}) since t={self.cut[1]:.2f} (a minority "
+                                   "never commits)")
 
     def see_commit(self, index: int, commit: RoundCommit) -> None:
         """A peer's log committed `commit` at `index`: the first sighting is the truth, later ones must
@@ -413,6 +511,8 @@ class PeerSim:
                                    "and θ_{r-1} (I7)")
         self.commits[rnd] = commit
         self.order.append(rnd)
+        self.longest_stall = max(self.longest_stall, self.sim.now - max(self.last_commit, self.disrupted))
+        self.last_commit = self.sim.now
         for c in commit.contributors:
             for x in c.ranges:
                 for i in range(x.start, x.end):
@@ -428,7 +528,7 @@ class PeerSim:
             self.epochs_done += 1
             self.epoch_samples = set()
             if self.epochs_done >= self.cfg.epochs:
-                self.sim.schedule(self.sim.now + 5.0, self.sim.stop, "run complete")
+                self._finish(self.sim.now + CONVERGE_S)
 
     def applied_by(self, site: str, round_: int, weights_hash: bytes) -> None:
         """`site` applied `round_` (in order, or by a state transfer that skips, never reorders)."""
@@ -441,6 +541,13 @@ class PeerSim:
             self.violations.append(f"{site} applied round {round_} with θ {weights_hash.hex()[:8]}, not the "
                                    "committed one (I7)")
         seq.append(round_)
+
+    def _finish(self, until: float) -> None:
+        """The data is done: stop once every up site holds θ of the last round (at_end checks it)."""
+        if self._caught_up() or self.sim.now >= until:
+            self.sim.stop()
+        else:
+            self.sim.schedule(self.sim.now + 0.5, lambda: self._finish(until), "run complete (converging)")
 
     # ----- the run -----------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -462,6 +569,10 @@ class PeerSim:
             at(rng.uniform(8, 20), self._kill_leader, "kill the leader mid-round")
         if "pause" in cfg.faults:
             at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
+        phases: list[str] = [k for k in ("partition", "leave", "restart") if k in cfg.faults]
+        rng.shuffle(phases)
+        if phases:
+            at(rng.uniform(5, 15), lambda: self._next_phase(phases), "next fault phase")
         res = self.sim.run(cfg.max_time, _Checker(self))
         return res
 
@@ -477,23 +588,31 @@ class PeerSim:
 
     def _tell(self, method: str, site: str) -> None:
         """Membership's verdict on `site`, told to every running core."""
-        if method == "member_alive":
-            self.live.add(site)
-        else:
-            self.live.discard(site)
-        for n in self._up():
-            if n != site:
-                self.sim.act(n, lambda node, now: getattr(node, method)(site, now))
+        self._tell_some(method, site, [n for n in self._up() if n != site])
+
+    def _tell_some(self, method: str, site: str, to: Sequence[str], world: bool = True) -> None:
+        """Membership's verdict on `site` reaches `to` (`world`: it is the verdict of the majority side,
+        the one the leader's live list and a restarting site see)."""
+        self.disrupted = self.sim.now
+        if world:
+            if method == "member_alive":
+                self.live.add(site)
+            else:
+                self.live.discard(site)
+        for n in to:
+            self.sim.act(n, lambda node, now: getattr(node, method)(site, now))
 
     def _join(self, name: SiteId) -> None:
-        if self.sim.state(name) is not NodeState.DOWN:
+        if self.sim.state(name) is not NodeState.DOWN or name in self.gone:
             return
         self._note(f"start {name}")
+        self.disrupted = self.sim.now
         self.sim.restart(name)
         self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
 
     def _kill(self, name: SiteId, why: str) -> None:
         self._note(f"kill {name} ({why})")
+        self.disrupted = self.sim.now
         self.sim.crash(name)
         self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_down", name), f"{name} dead")
         self.sim.schedule(self.sim.now + self.rng.uniform(4, 10), lambda: self._join(name), f"restart {name}")
@@ -503,18 +622,29 @@ class PeerSim:
         leases are reclaimed meanwhile, membership declares it dead, then alive again on SIGCONT."""
         leader = self._leader()
         others = [n for n in self._up() if n != leader]
-        if len(self._up()) <= len(self.names) // 2 + 1 or not others:
+        if len(self._up()) <= len(self.names) // 2 + 1 or not others or self.phase is not None:
             self.sim.schedule(self.sim.now + 1.0, lambda: self._pause(seconds), "SIGSTOP (retry)")
             return
         name = self.rng.choice(others)
         self._note(f"pause {name} for {seconds:.1f}s")
+        self.disrupted = self.sim.now
         self.sim.pause(name)
         self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_down", name), f"{name} dead")
         self.sim.schedule(self.sim.now + seconds, lambda: self._resume(name), f"resume {name}")
 
     def _resume(self, name: SiteId) -> None:
+        self.disrupted = self.sim.now
         self.sim.resume(name)
-        self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
+
+        def alive() -> None:
+            self._tell("member_alive", name)
+            # Verdicts given while it was stopped did not reach it; its gossip catches up now.
+            for n in self.names:
+                if n != name:
+                    method = "member_alive" if n in self.live else "member_left" if n in self.gone else "member_down"
+                    self._tell_some(method, n, [name] if self.sim.state(name) is NodeState.UP else [], world=False)
+
+        self.sim.schedule(self.sim.now + DETECT_S, alive, f"{name} alive")
 
     def _leader(self) -> SiteId | None:
         for n in self._up():
@@ -530,7 +660,8 @@ class PeerSim:
         busy = [n for n in self._up() if n != leader and (node := self.sim.node(n)) is not None
                 and isinstance(node, PeerNode) and node.core.site.busy is not None]
         others = [n for n in self._up() if n != leader]
-        if len(self._up()) <= len(self.names) // 2 + 1 or not others or (not busy and tries > 0):
+        if (len(self._up()) <= len(self.names) // 2 + 1 or not others or (not busy and tries > 0)
+                or self.phase is not None):
             self.sim.schedule(self.sim.now + 0.3, lambda: self._kill_contributor(tries - 1), "kill a contributor")
             return
         self._kill(self.rng.choice(busy or others), "contributor mid-round" if busy else "a site")
@@ -539,20 +670,196 @@ class PeerSim:
         leader = self._leader()
         node = self.sim.node(leader) if leader else None
         in_round = isinstance(node, PeerNode) and (node.leader._open is not None or node.core.decision.deciding)
-        if leader is None or not in_round or len(self._up()) <= len(self.names) // 2 + 1:
+        if leader is None or not in_round or len(self._up()) <= len(self.names) // 2 + 1 or self.phase is not None:
             self.sim.schedule(self.sim.now + 0.5, self._kill_leader, "kill the leader (retry)")
             return
         self._kill(leader, "the leader, mid-round")
+
+    # ----- the fault phases: one at a time, each at a quiet moment -------------------------------
+    def _quiet(self) -> bool:
+        """Every site that has not left is up (not killed, paused or yet to join), and nothing is cut."""
+        if self.phase is not None or self.cut is not None or self.leaving is not None:
+            return False
+        here = {n for n in self.names if n not in self.gone}
+        leader = self._leader()
+        return (all(self.sim.state(n) is NodeState.UP for n in here) and self.live == here
+                and leader is not None and set(self._voters(leader)) == here)
+
+    def _next_phase(self, phases: list[str]) -> None:
+        if not phases:
+            return
+        if not self._quiet():
+            self.sim.schedule(self.sim.now + 0.5, lambda: self._next_phase(phases), "next fault phase (wait)")
+            return
+        kind = phases.pop(0)
+        self.phase = kind
+
+        def done() -> None:
+            self.phase = None
+            self.phases_done.append(kind)
+            self.sim.schedule(self.sim.now + self.rng.uniform(1, 4), lambda: self._next_phase(phases),
+                              "next fault phase")
+
+        {"partition": self._partition, "leave": self._leave_down, "restart": self._stop_all}[kind](done)
+
+    def _partition(self, done: Callable[[], None]) -> None:
+        """Cut a minority (one or two sites, the leader among them half the time) off for longer than a
+        lease, then heal. Each side's membership declares the other side dead, and alive after the heal."""
+        rng, now = self.rng, self.sim.now
+        up, leader = self._up(), self._leader()
+        k = rng.choice([1, 2]) if len(up) >= 5 else 1
+        pool = [n for n in up if n != leader]
+        if leader is not None and rng.random() < 0.5:
+            minority = [leader, *rng.sample(pool, k - 1)]
+        else:
+            minority = rng.sample(pool, k)
+        cut = frozenset(minority)
+        majority = [n for n in self.names if n not in cut]
+        self.sim.network.partition([sorted(cut), majority])
+        self.cut = (cut, now)
+        self.disrupted = now
+        self._note(f"partition {','.join(sorted(cut))} | {','.join(majority)}"
+                   + (f" (leader {leader} cut off)" if leader in cut else ""))
+
+        def verdicts(method: str) -> None:
+            inside = [n for n in self._up() if n in cut]
+            outside = [n for n in self._up() if n not in cut]
+            for n in sorted(cut):
+                self._tell_some(method, n, outside)
+            for n in outside:
+                self._tell_some(method, n, inside, world=method == "member_alive")
+
+        def heal() -> None:
+            self.sim.network.heal()
+            self.cut = None
+            self.disrupted = self.sim.now
+            self._note("heal the partition")
+            def alive_again() -> None:
+                verdicts("member_alive")
+                done()
+
+            self.sim.schedule(self.sim.now + DETECT_S, alive_again, "alive again")
+
+        self.sim.schedule(now + DETECT_S, lambda: verdicts("member_down"), "dead across the cut")
+        self.sim.schedule(now + rng.uniform(6, 15), heal, "heal")
+
+    def _leave_down(self, done: Callable[[], None]) -> None:
+        """`ops leave` site after site until one is left; it commits rounds alone; then they join again."""
+        up = self._up()
+        survivor = self.rng.choice(up)
+        order: list[str] = [n for n in up if n != survivor]
+        self.rng.shuffle(order)
+        self._note(f"ops leave {', '.join(order)} in turn ({survivor} stays)")
+        self._leave_step(order, survivor, done)
+
+    def _caught_up(self) -> bool:
+        newest = self.order[-1] if self.order else 0
+        return all(self.disks[n].round == newest for n in self._up())
+
+    def _voters(self, site: str) -> list[str]:
+        node = self.sim.node(site)
+        if not isinstance(node, PeerNode):
+            return []
+        return [s for s, _ in node.raft.log.voters_at(node.raft.commit_index)]
+
+    def _leave_step(self, order: list[str], survivor: SiteId, done: Callable[[], None]) -> None:
+        if (self.leaving is not None or any(n in self.gone for n in self._voters(survivor))
+                or not self._caught_up()):
+            # The operator waits for the last leave to finish and its voter removal to commit (leaving
+            # faster can take the live voters below a majority of the voter set), and for every site
+            # left to hold θ of the newest round (else it may exist only on sites that left: see
+            # docs/decisions/site-round-core.md, "stranded θ").
+            self.sim.schedule(self.sim.now + 0.5, lambda: self._leave_step(order, survivor, done), "ops leave (wait)")
+            return
+        if not order:
+            self._note(f"{survivor} runs alone")
+            self._alone(survivor, len(self.order), self.sim.now + LIVENESS_S, done)
+            return
+        name = order.pop(0)
+        self.leaving = name
+        self.disrupted = self.sim.now
+        self._note(f"ops leave {name}")
+        self.sim.act(name, lambda node, now: node.leave(now))
+        self.sim.schedule(self.sim.now + self.rng.uniform(0.5, 2), lambda: self._leave_step(order, survivor, done),
+                          "ops leave (next)")
+
+    def say_left(self, site: str) -> None:
+        """Membership's LEFT verdict on `site` (its gossip, before or as it stops)."""
+        self.sim.schedule(self.sim.now + LEFT_S, lambda: self._tell("member_left", site), f"{site} left")
+
+    def left(self, site: str, told: bool) -> None:
+        """`site`'s `ops leave` is done: the process stops (and says LEFT unless it was `told`)."""
+        def gone() -> None:
+            self.sim.crash(site)
+            self.gone.add(site)
+            self.leaving = None
+            self.disrupted = self.sim.now
+            self._note(f"{site} left")
+            if not told:
+                self.say_left(site)
+
+        self.sim.schedule(self.sim.now, gone, f"{site} stops")
+
+    def _alone(self, survivor: SiteId, rounds: int, until: float, done: Callable[[], None]) -> None:
+        """Wait for the lone site to commit two rounds (or the data to end), then every leaver joins again."""
+        if len(self.order) < rounds + 2 and self.epochs_done < self.cfg.epochs and self.sim.now < until:
+            self.sim.schedule(self.sim.now + 0.5, lambda: self._alone(survivor, rounds, until, done), "alone")
+            return
+        back = sorted(self.gone)
+        self.rng.shuffle(back)
+        last = self.sim.now
+        for name in back:
+            last += self.rng.uniform(0.5, 3)
+            self.sim.schedule(last, partial(self._rejoin, SiteId(name)), f"rejoin {name}")
+        self.sim.schedule(last + DETECT_S, done, "every leaver is back")
+
+    def _rejoin(self, name: SiteId) -> None:
+        self.gone.discard(name)
+        self._join(name)
+
+    def _stop_all(self, done: Callable[[], None]) -> None:
+        """kill -9 of every site at once; each restarts from its disk a few seconds later."""
+        up = self._up()
+        self._note("kill -9 every site")
+        self.disrupted = self.sim.now
+        for n in up:
+            self.sim.crash(n)
+        self.live.clear()
+        back = self.sim.now + self.rng.uniform(2, 6)
+        for n in up:
+            self.sim.schedule(back + self.rng.uniform(0, 1), partial(self._join, n), f"restart {n}")
+        self.sim.schedule(back + 1 + DETECT_S, done, "every site is back")
+
+    def majority_live(self) -> bool:
+        """The up sites on one side of any cut hold a majority of the voter set (as the most advanced
+        up site's log says)."""
+        up = self._up()
+        nodes = [node for n in up if isinstance(node := self.sim.node(n), PeerNode)]
+        if not nodes:
+            return False
+        ref = max(nodes, key=lambda node: node.raft.commit_index)
+        voters = [s for s, _ in ref.raft.log.voters()]
+        sides = [set(up)] if self.cut is None else [set(up) - self.cut[0], set(up) & self.cut[0]]
+        return any(has_majority(map(SiteId, side), voters) for side in sides)
 
 
 class _Checker:
     def __init__(self, world: PeerSim) -> None:
         self.world = world
         self._seen = 0
+        self._stalled = False
 
     def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
         w = self.world
         w.excluded += sum(1 for e in effects if isinstance(e, ev.Excluded))
+        if w.epochs_done < w.cfg.epochs and not self._stalled:
+            # Whether a majority is live changes only with a fault action (which resets the clock):
+            # asked only once the wait is past the bound, it costs nothing on the other events.
+            stall = sim.now - max(w.last_commit, w.disrupted)
+            if stall > LIVENESS_S and w.majority_live():
+                self._stalled = True
+                w.violations.append(f"no round committed for {stall:.1f} s while the live sites hold a "
+                                    f"majority of the voters (last commit t={w.last_commit:.1f}) (liveness)")
         if len(w.violations) > self._seen:
             new = w.violations[self._seen:]
             self._seen = len(w.violations)
@@ -564,6 +871,10 @@ class _Checker:
         if w.epochs_done < w.cfg.epochs:
             return [f"t={sim.now:.1f}: only {w.epochs_done} of {w.cfg.epochs} data epochs committed, "
                     f"{len(w.order)} rounds (liveness)"]
+        behind = {n: w.disks[n].round for n in w._up() if w.disks[n].round != w.order[-1]}
+        if behind:
+            return [f"t={sim.now:.1f}: {behind} still behind round {w.order[-1]} {CONVERGE_S:g} s after the run's "
+                    "last commit (convergence)"]
         return []
 
 
@@ -573,10 +884,16 @@ def simulate(seed: int, cfg: PeerSimConfig | None = None,
     return world, world.run()
 
 
+def parse_kinds(spec: str) -> tuple[str, ...]:
+    """`ops simulate --faults` words plus `leave` and `restart`; `all` includes them."""
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    extra = tuple(k for k in EXTRA_KINDS if k in words or "all" in words)
+    return parse_faults(",".join(w for w in words if w not in EXTRA_KINDS) or "none") + extra
+
+
 def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None) -> RunResult:
     """One seed for `ops simulate --protocol peer` (`--members` sites, `--faults`)."""
-    kinds = parse_faults(args.faults)
-    _, res = simulate(seed, PeerSimConfig(sites=args.members, faults=kinds), trace)
+    _, res = simulate(seed, PeerSimConfig(sites=args.members, faults=parse_kinds(args.faults)), trace)
     return res
 
 

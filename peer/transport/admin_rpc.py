@@ -57,6 +57,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 diverged=coord.diverged,
                 data_epoch=coord.leasing.ledger.data_epoch if coord.leasing else 0,
                 leases_held=coord.leasing.held if coord.leasing else 0,
+                last_decision=coord.last_reason,
             ))
             if coord.last_timeline is not None:
                 reply.training.last_round.CopyFrom(timeline_to_proto(coord.last_timeline))

@@ -32,14 +32,6 @@ def test_no_violation_under_all_faults(seed: int) -> None:
     assert kinds == set(FAULT_KINDS), f"seed {seed} injected only {sorted(kinds)}"
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_with_the_real_consensus_core_leader_failover_keeps_exactly_once(seed: int) -> None:
-    res = simulate(seed, SimConfig(consensus=True))
-    assert res.violations == [], f"replay: .venv/bin/python -m peer.sim.leases_sim --consensus --seeds {seed}"
-    assert [a.epoch for a in res.audits if a.ended] == [0, 1, 2]
-    assert any("(the leader)" in what for _, what in res.faults), "the leader must crash at least once"
-
-
 def test_faults_cause_reclaims_and_steals_that_the_audit_counts() -> None:
     results = [simulate(seed) for seed in range(4)]
     assert all(sum(a.reclaimed for a in r.audits) > 0 for r in results)

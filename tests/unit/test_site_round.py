@@ -205,7 +205,10 @@ def test_a_leave_waits_for_the_commit_of_the_reported_round_then_gives_every_lea
     assert not any(isinstance(e, ev.LeaveReady) for e in out) and s.core.next_deadline() == 8.0
     assert [c.tokens for c in _reports(s.handle(_open(2), 3.5))] == [0]  # leaving: trains no more
     out = s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 4.0)
-    assert any(isinstance(e, ev.LeaveReady) for e in out) and s.client.held == {}
+    assert not any(isinstance(e, ev.LeaveReady) for e in out) and s.client.held == {}
+    # It stays, serving round 1's pseudo-gradient, until round 2 commits: the leader applied round 1.
+    out = s.handle(ev.Committed(8, RoundCommit(Round(2), (), b"t2")), 4.5)
+    assert any(isinstance(e, ev.LeaveReady) for e in out)
 
 
 def test_a_leave_gives_up_waiting_at_its_deadline() -> None:

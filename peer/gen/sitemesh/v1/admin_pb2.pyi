@@ -45,7 +45,7 @@ class StatusReply(_message.Message):
     def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ..., training: _Optional[_Union[TrainingStatus, _Mapping]] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
-    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held", "last_round")
+    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held", "last_round", "last_decision")
     APPLIED_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class TrainingStatus(_message.Message):
     DATA_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASES_HELD_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
     applied_round: int
     weights_hash: str
     samples_committed: int
@@ -66,7 +67,8 @@ class TrainingStatus(_message.Message):
     data_epoch: int
     leases_held: int
     last_round: RoundTimeline
-    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ..., last_round: _Optional[_Union[RoundTimeline, _Mapping]] = ...) -> None: ...
+    last_decision: str
+    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ..., last_round: _Optional[_Union[RoundTimeline, _Mapping]] = ..., last_decision: _Optional[str] = ...) -> None: ...
 
 class RoundTimeline(_message.Message):
     __slots__ = ("round", "gather_s", "compute_s", "publish_s", "exchange_s", "commit_wait_s", "outer_s", "persist_s", "idle_s", "wall_s", "overhead_share", "tokens", "tokens_per_s", "inner_steps")
