@@ -244,7 +244,10 @@ class Trainer:
             n = sum(r.num_samples for r in batch_ranges)
             # A short batch is trained only when it ends the ranges handed over (the data epoch's
             # tail): otherwise those samples could never be trained and the epoch never completes.
-            if n < inner.batch_size and (queue or n < self.world):
+            # That holds for a tail smaller than the ranks too (a rank without a sample takes a
+            # step that counts for nothing): a 2-rank site left 1 sample of an epoch trained it 0
+            # times, put it back on its lease and took it again, round after round.
+            if n == 0 or (n < inner.batch_size and queue):
                 break
             step_started = time.perf_counter()
             losses.append(self._step(self.index.read_ranges(batch_ranges)))
@@ -288,8 +291,10 @@ class Trainer:
                     if len(x):
                         # Each micro-batch weighs by its share of this rank's samples (1/accum when full).
                         loss = self.net(input_ids=x, labels=x).loss / (len(mine) / len(x))
-                    else:  # FSDP's padding step: a forward that counts for nothing
-                        loss = self.net(input_ids=mine[:1], labels=mine[:1]).loss * 0.0
+                    else:  # a padding step that counts for nothing (FSDP's uneven tail, a rank
+                        # without a sample): every rank must run the collectives of a step
+                        pad = batch[:1].to(self.device, non_blocking=True)
+                        loss = self.net(input_ids=pad, labels=pad).loss * 0.0
                 loss.backward()
             total += loss.detach()
         if inner.grad_clip > 0:

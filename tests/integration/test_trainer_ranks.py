@@ -68,13 +68,13 @@ def test_two_rank_site_delta_equals_one_rank_site_delta(tmp_path: Path, parallel
     assert out2.losses == pytest.approx(out1.losses, rel=1e-5)  # type: ignore[attr-defined]
 
 
-async def _tail_round(cfg: TrainerConfig, workdir: Path) -> tuple[tuple, int]:
+async def _tail_round(cfg: TrainerConfig, workdir: Path, tail: int = 5) -> tuple[tuple, int]:
     proc = TrainerProcess(threads=1)
     hello = await proc.start(cfg, workdir)
     try:
         block = hello.blocks[0][0]
-        # 2 full batches of 8, then the 5 samples left: ranks get 3 and 2 (the tail ends the ranges).
-        out = await proc.train(1, hello.weights, [(block, 0, 16), (hello.blocks[1][0], 0, 5)], 5, 0)
+        # 2 full batches of 8, then the `tail` samples left (5: ranks get 3 and 2; 1: rank 1 none).
+        out = await proc.train(1, hello.weights, [(block, 0, 16), (hello.blocks[1][0], 0, tail)], 5, 0)
         return out.trained, out.steps
     finally:
         await proc.stop()
@@ -86,6 +86,17 @@ def test_fsdp_site_trains_an_uneven_last_batch(tmp_path: Path) -> None:
     trained, steps = asyncio.run(_tail_round(cfg, tmp_path / "w"))
     assert steps == 3
     assert sum(e - s for _, s, e in trained) == 21
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_last_batch_smaller_than_the_ranks_is_trained(tmp_path: Path, parallel: str) -> None:
+    """The epoch's last sample at a 2-rank site: trained (rank 1 takes a step that counts for
+    nothing), not left out, or the site takes it again every round and the epoch never ends."""
+    cfg = config(tmp_path / "tokens", 2, timeout_s=20.0, parallel=parallel)  # a missing collective would hang
+    trained, steps = asyncio.run(_tail_round(cfg, tmp_path / "w", tail=1))
+    assert steps == 3
+    assert sum(e - s for _, s, e in trained) == 17
 
 
 def _rank_pid(hello: object, rank: int) -> int:
