@@ -85,7 +85,10 @@ def test_gradient_accumulation_matches_one_big_batch(index: BlockIndex) -> None:
     a, b = whole.train_round(theta, q, 3), accum.train_round(theta, q, 3)
     assert a.trained == b.trained
     for n in theta:
-        torch.testing.assert_close(a.pseudo_gradient[n], b.pseudo_gradient[n], rtol=1e-4, atol=1e-6)
+        # fp32 tolerance, as for 2 ranks vs 1 (test_trainer_ranks.py): micro-batch sums round
+        # differently, and AdamW's m/sqrt(v) magnifies that where v is tiny (seen on a fresh clone:
+        # 1 of 1024 elements 1.4e-6 apart). Accumulating only some micro-batches is off by ~1e-3.
+        torch.testing.assert_close(a.pseudo_gradient[n], b.pseudo_gradient[n], rtol=1e-4, atol=1e-5)
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
