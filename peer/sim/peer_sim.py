@@ -229,16 +229,16 @@ class PeerNode:
         return []
 
     def member_down(self, site: str, now: float) -> list[Any]:
-        self.live.discard(site)
         self.raft.member_dead(SiteId(site))
-        out: list[Any] = []
-        if self.raft.role is Role.LEADER:
-            out += self._leader_effects(self.leader.member_down(site, now), now)
-        return out + self._feed(ev.MemberDown(site), now)
+        return self._gone(site, now)
 
     def member_left(self, site: str, now: float) -> list[Any]:
-        self.live.discard(site)
         self.raft.member_left(SiteId(site))
+        return self._gone(site, now)
+
+    def _gone(self, site: str, now: float) -> list[Any]:
+        """What a dead and a left member have in common once consensus was told which it is."""
+        self.live.discard(site)
         out: list[Any] = []
         if self.raft.role is Role.LEADER:
             out += self._leader_effects(self.leader.member_down(site, now), now)
