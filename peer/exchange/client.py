@@ -446,6 +446,9 @@ async def _one_bulk_stream(
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
             loop.call_soon_threadsafe(settle, err)
 
+    # Cancelled, nobody reads what the thread ended with (the sink's own CancelledError, a refused
+    # connect): mark it read, or the collector logs it as "Future exception was never retrieved".
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())
     threading.Thread(target=run, name=f"bulk-fetch-{manifest.key}", daemon=True).start()
     due = progress.next
     try:
@@ -457,7 +460,10 @@ async def _one_bulk_stream(
             task.cancel()
         for sock in held:  # wakes the thread's recv; it exits without delivering more
             bulk.shutdown(sock)
-        if held:  # the thread may be inside the sink still: the fetch is over when it is
+        # The thread may be inside the sink still: the fetch is over when it is, however often it is
+        # cancelled meanwhile (a stopping node cancels again). Bounded: its socket is shut and the
+        # sink's task cancelled, so the thread ends within one sink call.
+        while held and not done.done():
             with contextlib.suppress(BaseException):
                 await asyncio.shield(done)
         raise

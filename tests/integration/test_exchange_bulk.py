@@ -594,6 +594,55 @@ def test_a_cancelled_bulk_fetch_returns_only_once_its_sink_is_done() -> None:
     run(scenario)
 
 
+def test_a_fetch_cancelled_twice_while_its_sink_finishes_leaves_no_unretrieved_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sink that must finish what it started (a reducer's window) outlives the first cancel; a
+    second cancel (a stopping node) lands while the fetch waits for it. The receiving thread then
+    ends with the sink's CancelledError, which nobody awaits any more: it must not be left to the
+    garbage collector to log as "Future exception was never retrieved" (CI saw exactly that)."""
+    import gc
+
+    async def scenario() -> None:
+        enc = _encoded()
+        store = await _store(enc)
+        entered, first_cancel = asyncio.Event(), asyncio.Event()
+        finished = [False]
+
+        async def finishing(index: int, data: memoryview) -> None:
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                first_cancel.set()
+                await asyncio.shield(asyncio.sleep(0.3))  # finishes its window, then gives up
+                raise
+            finally:
+                finished[0] = True
+
+        async with serving(store) as address:
+            client = ExchangeClient(address)
+            task = asyncio.create_task(fetch_chunks(enc.manifest, [client], finishing, policy=POLICY))
+            await asyncio.wait_for(entered.wait(), 10)
+            assert any(t.name.startswith("bulk-fetch-") for t in threading.enumerate()), "not on the bulk plane"
+            task.cancel()
+            await asyncio.wait_for(first_cancel.wait(), 10)
+            await asyncio.sleep(0.05)  # the fetch now waits for the thread, which waits for the sink
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert finished[0], "the twice-cancelled fetch returned while its sink still ran"
+            await asyncio.sleep(0.1)
+            await client.close()
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        run(scenario)
+        gc.collect()
+    left = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert not left, left
+
+
 def test_the_private_key_is_loaded_without_a_temporary_file(
     tls: tuple[Credentials, Credentials, Credentials], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
