@@ -129,8 +129,21 @@ class Coordinator:
         return self.core.last_reason if self.core is not None else ""
 
     def next_deadline(self) -> float:
-        """When the round core next needs a Tick (node-clock seconds; inf: on events only)."""
-        return self.core.next_deadline() if self.core is not None else float("inf")
+        """When `tick` next has something to do on its own (node-clock seconds; -inf: now; inf: on
+        events only): the round core's, the lease cores' and, while this peer may lead, the leader's
+        deadlines. The node ticks after every event too."""
+        if self.core is None or self.leasing is None or self.leader is None:
+            return float("inf")
+        times = [self.core.next_deadline(), self.leasing.next_deadline()]
+        if self._may_lead():
+            times.append(self.leader.next_deadline())
+        return min(times)
+
+    def _may_lead(self) -> bool:
+        """The leader half may open the next round now (RoundCore.may_open)."""
+        assert self.core is not None
+        status = self.node.consensus_status()
+        return self.core.may_open(status.role is Role.LEADER, self.training.applied_round, status.committed_round)
 
     # ----- from the node -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -140,11 +153,9 @@ class Coordinator:
             self.leasing.release_all(now)  # nothing left to train: lease no more
         self.leasing.tick(now)
         self._feed(ev.Tick())
-        status = self.node.consensus_status()
-        if status.role is not Role.LEADER or not self.core.ready_to_open:
+        if not self._may_lead():
             return
-        if self.training.applied_round != status.committed_round:
-            return  # θ_{r-1} must be ours before we open r
+        status = self.node.consensus_status()
         live = [v.site for v in self.node.members() if v.state.name in LIVE]
         header = Header(SiteId(self.node.config.site), self.node.address, status.epoch, status.committed_round)
         for effect in self.leader.tick(now, header, status.committed_round, live, self.training.weights_hash):

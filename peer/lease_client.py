@@ -233,7 +233,17 @@ class LeaseClient:
         return out
 
     def next_deadline(self) -> float | None:
-        return self.last_renew + self.cfg.renew_every if self.view else None
+        """When tick next has something to do on its own: a renewal, a lease running out, a grant,
+        start or claim to (re)send (-inf: now). Between these only messages and the trainer change
+        what tick would do, and the executor ticks after each of those."""
+        if self.view is None or not self.view.members:
+            return None
+        times = [self._grant_from(), self._start_from()[1]]
+        if self.held:  # with nothing to renew, tick's renewal sends nothing: no reason to wake for it
+            times.append(self.last_renew + self.cfg.renew_every)
+        times += [h.valid_until for h in self.held.values()]
+        times += [rc.sent + self.cfg.retry_after for rc in self.rounds.values() if not rc.complete]
+        return min(times)
 
     def note_leader_epoch(self, epoch: int) -> None:
         """The consensus layer saw a new leader epoch (LeaderChanged): send it from now on."""
@@ -286,13 +296,35 @@ class LeaseClient:
             if h is None or h.gen != g.generation:
                 self.held[g.block_id] = Held(g.block_id, g.generation, g.spans, sent + VALID_FRACTION * self.cfg.ttl)
 
+    def _ready(self) -> int:
+        """Leases with samples left to train (started or prefetched)."""
+        return sum(1 for h in self.held.values() if h.spans)
+
+    def _nothing_free(self) -> bool:
+        """Every owner we know of said it has no free block."""
+        assert self.view is not None
+        return all(self.free_hint.get(m) == 0 for m in self.view.members)
+
+    def _grant_from(self) -> float:
+        """From when _maybe_grant asks for leases (-inf: now; inf: not until a message or the
+        trainer changes something)."""
+        ready = self._ready()
+        if self.leaving or ready >= self.prefetch:
+            return float("inf")
+        if self.asking is not None:  # answered, or asked again after retry_after
+            return self.asking[1] + self.cfg.retry_after
+        if self._nothing_free():
+            # Nothing free anywhere we know of. Only an idle site steals (a busy one taking a
+            # prefetched block from another would just make that one steal it back): it asks again
+            # after retry_after; a busy one at renewal pace, in case something came free.
+            return self.asked_empty + (self.cfg.retry_after if ready == 0 else self.cfg.renew_every)
+        return float("-inf")
+
     def _maybe_grant(self, now: float) -> list[Send]:
         assert self.view is not None
-        if self.leaving or (self.asking is not None and self.asking[1] + self.cfg.retry_after > now):
+        if now < self._grant_from():
             return []
-        ready = sum(1 for h in self.held.values() if h.spans)
-        if ready >= self.prefetch:
-            return []
+        ready = self._ready()
         members = self.view.members
         unknown = [m for m in members if m not in self.free_hint]
         steal = False
@@ -303,15 +335,9 @@ class LeaseClient:
         else:
             owner = max(members, key=lambda m: (self.free_hint[m], m))
             if self.free_hint[owner] == 0:
-                # Nothing free anywhere we know of. Only an idle site steals (a busy one taking a
-                # prefetched block from another would just make that one steal it back); a busy
-                # one asks again at renewal pace, in case something came free. Forgetting the hint
-                # makes the next request find out whether something came free there.
-                idle = ready == 0
-                if not idle and self.asked_empty + self.cfg.renew_every > now:
-                    return []
+                # Forgetting the hint makes the next request find out whether something came free there.
                 self.asked_empty = now
-                steal, owner = idle, members[self.req % len(members)]
+                steal, owner = ready == 0, members[self.req % len(members)]
                 del self.free_hint[owner]
         self.req += 1
         self.asking = (owner, now)
@@ -320,15 +346,21 @@ class LeaseClient:
         want = self.prefetch - ready + mine_there
         return [Send(owner, GrantRequest(self.header(), self.req, want, steal))]
 
-    def _maybe_start(self, now: float) -> list[Send]:
-        """Start the next leased block when no started block has samples left to train."""
+    def _start_from(self) -> tuple[Held | None, float]:
+        """The leased block _maybe_start starts next, and from when (inf: none to start): one when no
+        started block has samples left to train, its Start resent after retry_after."""
         if any(h.started and h.spans for h in self.held.values()):
-            return []
+            return None, float("inf")
         waiting = [h for h in self.held.values() if not h.started and h.spans]
         if not waiting:
-            return []
+            return None, float("inf")
         h = min(waiting, key=lambda h: h.block)
-        if h.start_sent is not None and h.start_sent + self.cfg.retry_after > now:
+        return h, float("-inf") if h.start_sent is None else h.start_sent + self.cfg.retry_after
+
+    def _maybe_start(self, now: float) -> list[Send]:
+        """Start the next leased block when no started block has samples left to train."""
+        h, due = self._start_from()
+        if h is None or now < due:
             return []
         h.start_sent = now
         assert self.view is not None

@@ -85,6 +85,10 @@ class Leasing:
     def tick(self, now: float) -> None:
         self._run(self.cores.tick(now))
 
+    def next_deadline(self) -> float:
+        """When the lease cores next need a tick (-inf: now; inf: on messages only)."""
+        return self.cores.next_deadline()
+
     def take(self, n: int, now: float) -> tuple[SampleRange, ...]:
         """Up to n samples of started, valid leases, in block order; the client notes them trained
         (the node's round core calls the client itself; scripts/bench_leases drives this edge)."""

@@ -398,7 +398,6 @@ class Node:
     async def _timers(self) -> None:
         core, raft = self._core(), self._raft_core()
         while not self._stopped.is_set():
-            self._wake.clear()
             now = self._clock()
             await self._execute(core.tick(now))
             self._execute_consensus(raft.tick(now))
@@ -407,18 +406,24 @@ class Node:
             else:
                 self._maybe_propose_round(now)
             self._notify_changed()
+            # Cleared only now: the ticks above never yield to the loop, so every wake() so far came
+            # from them and the deadlines below account for it. Clearing it first made each tick's
+            # own wake() (a Tick fed to the round core) run the next tick at once: a busy loop that
+            # kept one core at 100% for the whole run.
+            self._wake.clear()
             deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
-            delay = min(max(deadline - self._clock(), 0.0), 1.0)
+            delay = deadline - self._clock()
+            if delay <= 0:
+                await asyncio.sleep(0)  # due now: let the messages and completions waiting run first
+                continue
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                await asyncio.wait_for(self._wake.wait(), timeout=None if delay == float("inf") else delay)
             except asyncio.TimeoutError:
                 pass
 
     def _next_round_deadline(self) -> float:
         if self.coordinator is not None:
-            # The round core's own deadlines, and the leader's and the lease cores' ticks, which
-            # have none to report: their events are few and cheap.
-            return min(self._clock() + 0.1, self.coordinator.next_deadline())
+            return self.coordinator.next_deadline()
         return self._next_round_at if self.config.round_interval_s > 0 else float("inf")
 
     def _maybe_propose_round(self, now: float) -> None:
@@ -445,6 +450,7 @@ class Node:
                 if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
                     self.coordinator.member_down(effect.site)
                 self.events.member_changed(effect.old.name if effect.old else None, effect.new.name)
+                self.wake()  # the live sites changed: the leader may open, or stop waiting
         if wait:
             await asyncio.gather(*sends)
         else:

@@ -159,6 +159,8 @@ class RoundLeader:
         self._open: _Open | None = None
         self._decided: int | None = None  # round handed to the node, awaiting its commit
         self._idle_until = float("-inf")
+        self._for_sites = False
+        """The last tick could not open a round for want of live sites: only a membership change helps."""
         self._epoch_reported = False
         self._pace: deque[tuple[int, float]] = deque()
         """(round, seconds from its open to a site's report) of recent reports, late ones included."""
@@ -181,8 +183,20 @@ class RoundLeader:
         """Lost the leadership: whatever was open is abandoned; a successor reopens the round."""
         self._open, self._decided = None, None
 
+    def next_deadline(self) -> float:
+        """When tick next has something to do on its own (-inf: now; inf: only after an event), for
+        an executor that also ticks after every commit, report and membership change."""
+        if self._decided is not None or self._for_sites:
+            return float("inf")
+        if self._open is not None:
+            return self._open.deadline
+        if self.done:
+            return float("inf") if self._epoch_reported else float("-inf")
+        return self._idle_until
+
     def tick(self, now: float, header: Header, committed_round: int, live_sites: Sequence[str],
              base_hash: bytes) -> list[Effect]:
+        self._for_sites = False
         if self._decided is not None:
             return []
         o = self._open
@@ -192,10 +206,11 @@ class RoundLeader:
                     return []
                 self._epoch_reported = True
                 return [EpochComplete(self.ledger.total, self.config.data_epochs)]
-            if now < self._idle_until or not live_sites:
+            if now < self._idle_until:
                 return []
-            if committed_round == 0 and len(set(live_sites)) < self.config.start_sites:
-                return []  # the run starts once its first sites are all up (start_sites)
+            if not live_sites or (committed_round == 0 and len(set(live_sites)) < self.config.start_sites):
+                self._for_sites = True  # the run starts once its first sites are all up (start_sites)
+                return []
             rnd = committed_round + 1
             deadline_s = self.deadline_s()
             self._open = _Open(rnd, now, now + deadline_s, frozenset(live_sites))

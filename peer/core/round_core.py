@@ -37,6 +37,12 @@ class RoundCore:
         """Leader: nothing of the last round is being decided or applied here."""
         return not self.decision.deciding and self.applier.idle
 
+    def may_open(self, leading: bool, applied_round: int, committed_round: int) -> bool:
+        """Whether the leader half may open round committed_round + 1 now: this peer leads, nothing
+        of the last round is being decided or applied here, and θ of the last committed round is
+        this peer's (θ_{r-1} must be ours before we open r)."""
+        return leading and self.ready_to_open and applied_round == committed_round
+
     def handle(self, event: ev.Event, now: float) -> list[ev.Effect]:
         out = self.site.handle(event, now) + self.decision.handle(event, now) + self.applier.handle(event, now)
         self.reasons.extend(e.text for e in out if isinstance(e, ev.Note))

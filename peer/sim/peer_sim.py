@@ -67,8 +67,6 @@ from peer.timeline import RoundClock
 RAFT = ElectionConfig(election_timeout_min_s=1.0, election_timeout_max_s=2.0, heartbeat_interval_s=0.2,
                       max_clock_drift=0.01, max_batch=16)
 """Consensus timing: failover well within a round deadline and a lease ttl."""
-TICK_S = 0.25
-"""The lease cores retry grants, starts and claims on ticks that report no deadline: tick this often."""
 DETECT_S = 1.5
 """Membership's delay between a crash (or a start) and the verdict the cores are told."""
 LEAVE_WAIT_S = 4 * RAFT.election_timeout_max_s
@@ -165,7 +163,10 @@ class PeerNode:
         self.pending: list[tuple[float, int, ev.Event | _Due]] = []
         """The fake trainer's and exchange's completions due (lost with the process)."""
         self._seq = 0
-        self._next_tick = now
+        self._tick_due = now
+        """A membership verdict or a leave arrived: tick now (the leader reads the live sites only
+        there). Otherwise this peer ticks only at the deadlines its cores report, so a deadline a
+        core forgets to report stalls the run here and the liveness check says so."""
         self.applied: list[tuple[int, bytes]] = []
         self._outcome: tuple[int, bytes] | None = None
         """The round and θ hash the last fetch here computed: applying it fetches nothing again."""
@@ -190,8 +191,7 @@ class PeerNode:
             # A fake fetch or apply is decided when it completes: a contributor killed meanwhile serves nothing.
             out += self._feed(self._due(item) if isinstance(item, _Due) else item, now)
         out += self._consensus(self.raft.tick(now), now)
-        if now >= self._next_tick:
-            self._next_tick = now + TICK_S
+        self._tick_due = float("inf")
         if self.leave_until is not None and (now >= self.leave_until or (
                 not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index)):
             self.leave_until = None
@@ -215,7 +215,9 @@ class PeerNode:
         return out
 
     def next_deadline(self) -> float:
-        times = [self.raft.next_deadline(), self.leases.next_deadline(), self.core.next_deadline(), self._next_tick]
+        times = [self.raft.next_deadline(), self.leases.next_deadline(), self.core.next_deadline(), self._tick_due]
+        if self._may_lead():
+            times.append(self.leader.next_deadline())
         if self.leave_until is not None:
             times.append(self.leave_until)
         if self.pending:
@@ -225,6 +227,7 @@ class PeerNode:
     # ----- membership, as the membership layer reports it ------------------------------------------
     def member_alive(self, site: str, now: float) -> list[Any]:
         self.live.add(site)
+        self._tick_due = now
         self.raft.member_alive(SiteId(site), site)
         return []
 
@@ -239,6 +242,7 @@ class PeerNode:
     def _gone(self, site: str, now: float) -> list[Any]:
         """What a dead and a left member have in common once consensus was told which it is."""
         self.live.discard(site)
+        self._tick_due = now
         out: list[Any] = []
         if self.raft.role is Role.LEADER:
             out += self._leader_effects(self.leader.member_down(site, now), now)
@@ -354,12 +358,14 @@ class PeerNode:
             return self._leader_effects(self.leader.receive(msg, now), now)
         return []
 
-    def _lead(self, now: float) -> list[Any]:
+    def _may_lead(self) -> bool:
         status = self.raft.status()
-        if status.role is not Role.LEADER or not self.core.ready_to_open:
+        return self.core.may_open(status.role is Role.LEADER, self.disk.round, status.committed_round)
+
+    def _lead(self, now: float) -> list[Any]:
+        if not self._may_lead():
             return []
-        if self.disk.round != status.committed_round:
-            return []
+        status = self.raft.status()
         header = Header(self.site, self.site, status.epoch, status.committed_round)
         live = sorted(self.live)
         return self._leader_effects(self.leader.tick(now, header, status.committed_round, live,

@@ -240,3 +240,24 @@ def test_the_first_round_waits_for_start_sites_and_later_rounds_do_not() -> None
     assert _open(leader, ["a"], now=2.0, committed=1).round == 2, "once started, any number of sites"
     with pytest.raises(ValueError, match="start_sites"):
         dataclasses.replace(CFG, start_sites=0)
+
+
+def test_next_deadline_names_every_moment_tick_acts_on_its_own() -> None:
+    """The node ticks the leader only at next_deadline() and after events (a report, a commit, a
+    membership change): every decision tick takes by the clock alone must be reported there."""
+    inf = float("inf")
+    leader = _leader()
+    assert leader.next_deadline() == -inf, "nothing open yet: open now"
+    assert leader.tick(0.0, H, 0, [], b"") == [] and leader.next_deadline() == inf, \
+        "no live site: only a membership change helps"
+    _open(leader, ["a", "b"], now=1.0)
+    assert leader.next_deadline() == 1.0 + CFG.deadline_s, "open: its deadline"
+    leader.receive(_report("a", 1), 2.0)
+    leader.receive(_report("b", 1), 2.0)  # both idle: dropped, asked again after idle_wait_s
+    assert leader.next_deadline() == 2.0 + CFG.idle_wait_s
+    _open(leader, ["a", "b"], now=3.0)
+    (decide,) = leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 4.0) + leader.receive(
+        _report("b", 1, SampleRange(11, 0, 4)), 4.0)
+    assert isinstance(decide, Decide) and leader.next_deadline() == inf, "decided: the commit is the event"
+    leader.on_commit(1)
+    assert leader.next_deadline() <= 4.0, "committed: open the next round now"
