@@ -1,11 +1,12 @@
 """Deterministic simulation of data leases (DARL) under faults, with invariants checked per event.
 
 Runs on the generic simulator (peer/sim/runner.py: event heap, `SimNetwork`, `NodeClock`). Every site
-is a `LeasePeer` node: the real lease cores (peer/leases.py owner, peer/lease_client.py holder) plus a
-training stand-in that consumes samples at a site-specific speed. The commit log comes from one more
-node, `Control` at address "leader", that decides rounds in one place (with the real admission check,
-peer/admission.py) and never crashes; it replicates its log (RoundCommits and ring views) with resent
-`LogUpdate`s. Cheap: the 50-peer benchmark uses it. What this simulator tests is the lease protocol
+is a `LeasePeer` node: the node's lease cores fed from the log exactly as the node feeds them
+(peer/core/lease_log.py: the owner, the holder and the ring views they derive from committed voter
+changes) plus a training stand-in that consumes samples at a site-specific speed. The commit log
+comes from one more node, `Control` at address "leader", that decides rounds in one place (with the
+real admission check, peer/admission.py) and never crashes; it replicates its log (real log entries:
+VoterChanges and RoundCommits) with resent `LogUpdate`s. Cheap: the 50-peer benchmark uses it. What this simulator tests is the lease protocol
 under lease-specific faults; the real consensus core, round leader and round core deciding rounds
 through leader failovers, with the lease cores fed from a real log, are the whole-peer simulator's
 (peer/sim/peer_sim.py, `ops simulate --protocol peer`), which replaced this module's `--consensus`
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from peer.admission import Admission, Contribution, admit_round
 from peer.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
@@ -43,11 +44,12 @@ from peer.commitlog import (
     Round,
     RoundCommit,
     SampleRange,
+    VoterChange,
 )
+from peer.core.lease_log import LeaseLog
 from peer.election import Epoch, HardState, SiteId
-from peer.lease_client import LeaseClient
 from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
-from peer.leases import LeaseConfig, LeaseOwner
+from peer.leases import LeaseConfig
 from peer.logstore import FileStore
 from peer.ring import RingView
 from peer.sim.clock import NodeClock
@@ -89,25 +91,12 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
-class ViewEntry:
-    view: RingView
-
-
-@dataclass(frozen=True)
-class CommitEntry:
-    round: int
-    contributors: tuple[tuple[SiteId, tuple[SampleRange, ...]], ...]
-
-
-LogItem = Union[ViewEntry, CommitEntry]
-
-
-@dataclass(frozen=True)
 class LogUpdate:
     """Leader -> site: log entries from `first` (1-based) on, and the last round it closed."""
 
     first: int
-    entries: tuple[LogItem, ...]
+    entries: tuple[Entry, ...]
+    """The real log's entries: VoterChanges (the ring views) and RoundCommits."""
     closed_round: int
 
 
@@ -178,7 +167,8 @@ class Control:
     def __init__(self, truth: Truth, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.truth = truth
-        self.log: list[LogItem] = []
+        self.log: list[Entry] = []
+        self._voters: set[SiteId] = set()
         self.acked: dict[SiteId, int] = {}
         """Sites the log is replicated to (members, joiners, leavers until gone) -> applied index."""
         self.round = 0
@@ -188,9 +178,18 @@ class Control:
         self._next_resend = 0.0
 
     def commit_view(self, members: set[SiteId]) -> None:
-        version = 1 + sum(1 for e in self.log if isinstance(e, ViewEntry))
-        self.log.append(ViewEntry(RingView.of(version, members)))
-        self.truth.see_view(len(self.log), self.log[-1].view)  # type: ignore[union-attr]
+        """Commits the voter set `members`, a VoterChange per site in or out, as consensus does; every
+        peer's LeaseLog derives the ring view from them (its version: the last change's index)."""
+        changes = [VoterChange(s, s, True, "joined") for s in sorted(members - self._voters)]
+        changes += [VoterChange(s, s, False, "gone") for s in sorted(self._voters - members)]
+        for change in changes:
+            self._append(change)
+        self._voters = set(members)
+        if changes:
+            self.truth.see_view(len(self.log), RingView.of(len(self.log), sorted(members)))
+
+    def _append(self, body: VoterChange | RoundCommit) -> None:
+        self.log.append(Entry(LogIndex(len(self.log) + 1), Epoch(LEADER_EPOCH), body))
 
     # Node interface (the leader's clock is true time: it is never skewed)
 
@@ -206,7 +205,9 @@ class Control:
                 self._decide.remove((at, r))
                 decisions, included = decide(r, self.offers.pop(r, {}), self.truth.ledger)
                 self.truth.decisions.extend(decisions)
-                self.log.append(CommitEntry(r, included))
+                self._append(RoundCommit(Round(r), tuple(
+                    Contributor(site, sum(x.end - x.start for x in ranges), ranges, b"")
+                    for site, ranges in sorted(included)), b""))
                 self.truth.see_commit(len(self.log), r, included)
                 self._next_resend = now
         if now < self._next_resend:
@@ -227,20 +228,19 @@ class Control:
 
 
 class LeasePeer:
-    """One site: lease owner + holder cores, its copy of the log, and a training stand-in. Its log
-    comes from `Control`'s LogUpdates."""
+    """One site: the node's lease cores fed from the log (`LeaseLog`, as peer/leasing.py runs them),
+    its copy of the log from `Control`'s LogUpdates, and a training stand-in."""
 
     def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
-                 amnesiac: bool, boot: int) -> None:
+                 boot: int) -> None:
         self.site = site
         self.cfg = cfg
         self.speed = speed
-        self.ledger = EpochLedger(universe)
-        self.owner = LeaseOwner(site, self.ledger, cfg.lease, amnesiac=amnesiac, boot=boot)
-        self.client = LeaseClient(site, self.ledger, cfg.lease)
+        self.leases = LeaseLog(site, universe, cfg.lease, boot, prefetch=2)
+        self.leases.note_leader_epoch(LEADER_EPOCH)
+        self.owner, self.client = self.leases.owner, self.leases.client
         self.applied = 0
         self.closed = 0
-        self.views: list[RingView] = []
         self.next_step = now + STEP
         self.offered: set[int] = set()
         self.left = False
@@ -250,46 +250,27 @@ class LeasePeer:
             self.next_step = now + STEP
             if not self.left:
                 self.client.next_samples(self.speed * self.cfg.speed_scale, now)
-        return self.owner.tick(now) + self.client.tick(now) + self._offers()
+        return [*self.leases.tick(now), *self._offers()]
 
     def receive(self, msg: object, now: float) -> list[Any]:
         if isinstance(msg, LogUpdate):
             return self._log_update(msg, now)
-        return self.owner.receive(msg, now) + self.client.receive(msg, now) + self._offers()  # type: ignore[arg-type]
+        return [*self.leases.receive(msg, now), *self._offers()]  # type: ignore[arg-type]
 
     def next_deadline(self) -> float:
-        times = [self.next_step, self.owner.next_deadline(), self.client.next_deadline()]
-        return min(t for t in times if t is not None)
+        return min(self.next_step, self.leases.next_deadline())
 
     def leave(self, now: float) -> list[Any]:
         """Graceful leave (I8): give every lease back, train no more."""
         self.left = True
         return list(self.client.release_all(now))
 
-    def _apply(self, items: Sequence[LogItem], now: float) -> list[Any]:
-        """Apply committed entries in order; of the views among them only the newest is given to the
-        cores (a restarted peer replays them all, and its cores must see only the current one)."""
-        out: list[Any] = []
-        seen = len(self.views)
-        for item in items:
-            if isinstance(item, ViewEntry):
-                self.views.append(item.view)
-            else:
-                self.ledger.apply(item.round, item.contributors)
-                out += self.owner.on_commit(now) + self.client.on_commit(now)
-        if len(self.views) > seen:
-            prev = self.views[-2] if len(self.views) > 1 else None
-            out += self.owner.set_view(self.views[-1], LEADER_EPOCH, now, previous=prev)
-            out += self.client.set_view(self.views[-1], LEADER_EPOCH, now)
-            out += self.owner.on_commit(now) + self.client.on_commit(now)
-        return out
-
     def _log_update(self, m: LogUpdate, now: float) -> list[Any]:
         out: list[Any] = []
         if m.first <= self.applied + 1:
             fresh = m.entries[self.applied + 1 - m.first:]
             self.applied += len(fresh)
-            out += self._apply(fresh, now)
+            out += self.leases.apply_entries(fresh, now)
         out += self._close(m.closed_round, now)
         out.append(SimSend(LEADER, LogAck(self.site, self.applied)))
         return out + self._offers()
@@ -437,12 +418,10 @@ class LeaseSim:
             self.sim.schedule(self.sim.now + 1.0, self._watch_epochs, "watch epochs")
 
     def _peer(self, name: SiteId, now: float) -> LeasePeer:
-        self.boots[name] = boot = self.boots.get(name, -1) + 1  # the node keeps this count on its disk
-        # A restarted process forgot the writes it acknowledged: it must not count in a sync before
-        # it has lived through a view. A late joiner's first process acknowledged nothing before.
-        amnesiac = boot > 0
+        # The node keeps this count on its disk; LeaseLog distrusts a restarted process's records.
+        self.boots[name] = boot = self.boots.get(name, -1) + 1
         self.control.acked[name] = 0  # a (re)started process applies the log from its start
-        return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, amnesiac, boot)
+        return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, boot)
 
     # --- membership as the membership layer reports it ---
 
