@@ -30,7 +30,7 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_dela
 from peer import __version__
 from peer import consensus as c
 from peer import membership as m
-from peer.commitlog import Entry, Round, RoundCommit
+from peer.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
 from peer.durable import write_atomic
 from peer.election import Role, SiteId
@@ -50,6 +50,7 @@ from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
 from peer.exchange import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
+from peer.rounds import EmptyRounds
 from peer.rounds import Message as RoundMessage
 from peer.lease_types import Message as LeaseMessage
 from peer.training import SiteTraining
@@ -98,7 +99,7 @@ class Node:
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[object]] = set()
         self._started_at = clock()
-        self._next_round_at = 0.0
+        self._empty_rounds = EmptyRounds(config.round_interval_s)
         self.address = ""
         self.failed = False
         """True when the peer stopped because of an internal error (exit status 1)."""
@@ -424,17 +425,18 @@ class Node:
     def _next_round_deadline(self) -> float:
         if self.coordinator is not None:
             return self.coordinator.next_deadline()
-        return self._next_round_at if self.config.round_interval_s > 0 else float("inf")
+        return self._empty_rounds.next_deadline(self._raft_core().role is Role.LEADER)
 
     def _maybe_propose_round(self, now: float) -> None:
-        """Without a trainer, the leader commits an empty round every round_interval_s."""
         raft = self._raft_core()
-        if self.config.round_interval_s <= 0 or now < self._next_round_at or raft.role is not Role.LEADER:
-            return
-        self._next_round_at = now + self.config.round_interval_s
+        leading = raft.role is Role.LEADER
+        if self._empty_rounds.next_deadline(leading) > now:
+            return  # not due: spare reading the log
         status = raft.status()
         _, _, weights = raft.log.last_round_entry(status.commit_index)
-        self.propose(RoundCommit(Round(status.committed_round + 1), (), weights))
+        commit = self._empty_rounds.tick(now, leading, status.committed_round, weights)
+        if commit is not None:
+            self.propose(commit)
 
     async def _execute(self, effects: Sequence[m.Effect], wait: bool = False) -> None:
         sends = []

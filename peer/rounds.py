@@ -23,7 +23,7 @@ from typing import Union
 
 from peer import admission
 from peer.audit import EpochLedger
-from peer.commitlog import SampleRange
+from peer.commitlog import Round, RoundCommit, SampleRange
 from peer.election import Header, SiteId
 from peer.lease_types import Voucher
 
@@ -57,6 +57,25 @@ class Contribution:
 
 
 Message = Union[RoundOpen, Contribution]
+
+
+class EmptyRounds:
+    """A peer without a trainer (`peer serve --round-interval S`: membership and consensus runs): its
+    leader commits an empty round every `interval_s`, carrying the last committed weights hash."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._next_at = 0.0
+
+    def next_deadline(self, leading: bool) -> float:
+        """The next proposal's time while this peer leads; a follower waits for an election (an event)."""
+        return self._next_at if leading and self.interval_s > 0 else float("inf")
+
+    def tick(self, now: float, leading: bool, committed_round: int, weights_hash: bytes) -> RoundCommit | None:
+        if not leading or self.interval_s <= 0 or now < self._next_at:
+            return None
+        self._next_at = now + self.interval_s
+        return RoundCommit(Round(committed_round + 1), (), weights_hash)
 
 
 @dataclass(frozen=True)

@@ -261,3 +261,18 @@ def test_next_deadline_names_every_moment_tick_acts_on_its_own() -> None:
     assert isinstance(decide, Decide) and leader.next_deadline() == inf, "decided: the commit is the event"
     leader.on_commit(1)
     assert leader.next_deadline() <= 4.0, "committed: open the next round now"
+
+
+def test_empty_rounds_are_proposed_by_the_leader_alone_at_their_interval() -> None:
+    """Without a trainer (`--round-interval`): a follower has no deadline at all (it used to report
+    a past one and spin), the leader one round per interval on the last weights."""
+    from peer.rounds import EmptyRounds
+
+    empty = EmptyRounds(0.5)
+    assert empty.next_deadline(leading=False) == float("inf")
+    assert empty.tick(3.0, False, 4, b"w") is None
+    assert empty.next_deadline(leading=True) <= 3.0
+    commit = empty.tick(3.0, True, 4, b"w")
+    assert commit is not None and (commit.round, commit.contributors, commit.weights_hash) == (5, (), b"w")
+    assert empty.next_deadline(leading=True) == 3.5 and empty.tick(3.4, True, 5, b"w") is None
+    assert EmptyRounds(0.0).next_deadline(leading=True) == float("inf")
