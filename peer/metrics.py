@@ -240,6 +240,13 @@ def _training_families(node: Node) -> Iterator[Metric]:
     yield sent
     yield mismatches
     yield refetches
+    refused = CounterMetricFamily("sitemesh_exchange_bulk_refused",
+                                  "Bulk data-plane connections this peer refused, by status (INVALID_ARGUMENT: "
+                                  "not a bulk request; UNAUTHENTICATED: unknown, used or expired token; "
+                                  "RESOURCE_EXHAUSTED: too many connections)", labels=["status"])
+    for status, n in sorted(training.bulk_refusals().items()):
+        refused.add_metric([status], n)
+    yield refused
 
     leasing = coord.leasing
     if leasing is None:

@@ -215,6 +215,10 @@ class SiteTraining:
         if self._bulk is not None:
             self._bulk.close()
 
+    def bulk_refusals(self) -> dict[str, int]:
+        """Bulk data-plane connections this peer refused, by status name (none without the plane)."""
+        return self._bulk.refusals() if self._bulk is not None else {}
+
     def serve_bulk(self, host: str) -> BulkServer | None:
         """Starts this site's bulk data plane on `host` (the gRPC listen host), unless the plane is
         "grpc"; the node hands it to add_exchange_service. Call on the event loop."""

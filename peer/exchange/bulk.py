@@ -142,7 +142,7 @@ class BulkServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self.refused: dict[str, int] = {}
-        """Connections refused, by status name (tests read it; not exported as a metric yet)."""
+        """Connections refused, by status name (under `_lock`; `refusals()` reads a copy)."""
 
     def start(self) -> int:
         """Listens (on the calling event loop's behalf: byte counts go to the store on it); the port."""
@@ -224,6 +224,11 @@ class BulkServer:
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn,), name=f"bulk-serve-{self.port}", daemon=True).start()
+
+    def refusals(self) -> dict[str, int]:
+        """Connections refused so far, by status name (the metric sitemesh_exchange_bulk_refused)."""
+        with self._lock:
+            return dict(self.refused)
 
     def _count(self, what: str) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ the end of its data epoch once for the whole module; each test then reads what a
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops import report
+from peer.exchange.bulk import MAGIC, TOKEN_BYTES
 from ops.audit import read_round_commits
 from peer import timeline
 from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
@@ -161,6 +163,22 @@ def test_metrics_of_a_live_peer(run: Cluster) -> None:
     leader = next(s for s in SITES if _scrape(run.peers[s])["sitemesh_consensus_is_leader"][()] == 1)
     latency = _scrape(run.peers[leader])
     assert latency["sitemesh_consensus_commit_latency_seconds_count"][()] >= 1
+
+
+def test_refused_bulk_connections_are_counted_by_status(run: Cluster) -> None:
+    """A connection to a site's bulk data plane that is not a bulk request, and one with a token no
+    OpenBulk handed out, are refused and show up in sitemesh_exchange_bulk_refused by status."""
+    peer = run.peers[SITES[0]]
+    host, port = re.findall(r"exchange bulk data plane on (\S+):(\d+)", peer.log())[-1]
+    before = _scrape(peer).get("sitemesh_exchange_bulk_refused_total", {})
+    for payload in (b"GET / HTTP/1.0\r\n\r\n" + bytes(64), MAGIC + bytes(TOKEN_BYTES) + bytes(4)):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(payload)
+            assert sock.recv(1 << 16), "a refused connection gets an error frame before it is closed"
+    after = _scrape(peer)["sitemesh_exchange_bulk_refused_total"]
+    for code in ("INVALID_ARGUMENT", "UNAUTHENTICATED"):
+        key = (("status", code),)
+        assert after[key] == before.get(key, 0) + 1, (code, before, after)
 
 
 def test_report_draws_the_run(run: Cluster, tmp_path: Path) -> None:
