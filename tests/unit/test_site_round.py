@@ -28,9 +28,9 @@ THETA0 = b"theta0"
 class OneSite:
     """Site "a" owning every block: its lease owner and client answer each other at once."""
 
-    def __init__(self, blocks: int = 3) -> None:
+    def __init__(self, blocks: int = 3, size: int = 32) -> None:
         cfg = LeaseConfig.local_test()
-        self.ledger = EpochLedger({1000 + i: 32 for i in range(blocks)})
+        self.ledger = EpochLedger({1000 + i: size for i in range(blocks)})
         self.owner = LeaseOwner(SiteId("a"), self.ledger, cfg, amnesiac=False, boot=0)
         self.client = LeaseClient(SiteId("a"), self.ledger, cfg)
         self.core = RoundCore(SiteRound("a", "addr-a", CONFIG, cfg.ttl, self.client, RoundClock("a", 0.0), 0, THETA0))
@@ -183,6 +183,40 @@ def test_a_time_boxed_round_claims_what_was_trained_and_puts_the_rest_back_on_it
     (again,) = _trains(s.handle(_open(2, b"t1"), 3.0))
     back = {(r.block_id, i) for r in again.ranges for i in range(r.start, r.end)}
     assert {(first.block_id, i) for i in range(first.start + 3, first.end)} <= back
+
+
+def test_a_time_boxed_round_takes_what_the_sites_last_boxed_pace_fits_in_its_budget() -> None:
+    """A slow site takes no more than it can train in the budget, so the blocks it would not reach
+    stay unstarted (stealable by idle sites); an unboxed round takes the full H x batch again."""
+    s = OneSite(size=64)  # one started block serves every round
+    s.lease_ticks(0.3)
+
+    def boxed(rnd: int, budget: float, base: bytes) -> ev.Opened:
+        return ev.Opened(dataclasses.replace(_open(rnd, base).msg, budget_s=budget))
+
+    def finish(rnd: int, train: ev.Train, n: int, seconds: float, now: float) -> None:
+        first = train.ranges[0]
+        done = (SampleRange(first.block_id, first.start, first.start + n),)
+        s.handle(ev.TrainDone(rnd, done, n * 32, b"root", seconds, 1, 3.0), now)
+        theta = f"t{rnd}".encode()
+        s.handle(ev.Committed(10 + rnd, RoundCommit(Round(rnd), (), theta)), now + 0.1)
+        s.handle(ev.Persisted(10 + rnd, rnd, theta), now + 0.2)
+
+    def taken(train: ev.Train) -> int:
+        return sum(r.num_samples for r in train.ranges)
+
+    # The trainer's seconds are its own; the clock here stays within the leases' validity.
+    (first,) = _trains(s.handle(boxed(1, 4.0, THETA0), 1.0))
+    assert taken(first) == CONFIG.samples_per_round, "no pace known yet: the full quota"
+    finish(1, first, 12, 4.0, 1.1)  # 3 samples a second
+    (second,) = _trains(s.handle(boxed(2, 2.0, b"t1"), 1.5))
+    assert taken(second) == 8, "3/s x 2 s x 1.25 = 7.5 -> 8 (one step's worth at least)"
+    finish(2, second, 1, 2.0, 1.6)  # 0.5 a second: the floor of one step
+    (third,) = _trains(s.handle(boxed(3, 2.0, b"t2"), 2.0))
+    assert taken(third) == CONFIG.samples_per_step
+    finish(3, third, 8, 0.5, 2.1)
+    (fourth,) = _trains(s.handle(_open(4, b"t3"), 2.5))
+    assert taken(fourth) == CONFIG.samples_per_round, "not time-boxed: H x batch"
 
 
 def test_a_round_committed_while_this_site_trained_it_does_not_wait_for_vouchers() -> None:
