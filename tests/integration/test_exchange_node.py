@@ -19,11 +19,11 @@ PRESET = "lan"
 
 @pytest.mark.timeout(600)
 def test_three_int4_sites_train_an_epoch_by_reduce_scatter_and_agree_on_theta(cluster: Cluster) -> None:
-    # Three times the shared test's data (6 blocks): on a loaded machine a's trainer can finish the
-    # shared 3-block epoch alone before the others' processes have even started, and this test needs
-    # at least two contributors in a round.
-    train = [*TRAIN, "--wire", "int4"]
-    docs = 24
+    # The first round waits for all three sites (a's trainer could otherwise train the epoch alone
+    # while the others start; this test needs at least two contributors in a round), and half again
+    # the shared test's data leaves every site a block.
+    train = [*TRAIN, "--wire", "int4", "--start-sites", "3"]
+    docs = 12
     train[train.index("--max-documents") + 1] = str(docs)
     a = cluster.start("a", extra=train)
     cluster.start("b", join=[a.address], extra=train)

@@ -26,8 +26,10 @@ from tests.integration.peers import Cluster, ops, status, wait_for
 
 PRESET = "lan"
 DOCS = 24  # 420 samples in 7 blocks: enough rounds for both faults
+# The first round waits for all three sites: since the node stopped spinning, a's trainer trained the
+# whole epoch (27 rounds) before b and c had started, and b's fault never met a round to apply.
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "2",
-         "--round-deadline", "120"]
+         "--round-deadline", "120", "--start-sites", "3"]
 
 
 def _training(cluster: Cluster, site: str) -> dict:
