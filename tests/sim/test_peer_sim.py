@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 
 import pytest
 
@@ -126,9 +127,11 @@ def test_a_leaver_that_goes_at_its_rounds_commit_is_caught_by_the_leave_fault(
 
     real = site_round.SiteRound._progress
     monkeypatch.setattr(site_round.SiteRound, "_progress", leaves_at_the_commit)
-    assert ops_simulate.run(_args(range(5, 6))) == 1
+    # A range of seeds, not one: which seeds meet the bug moves with every change of event order.
+    assert ops_simulate.run(_args(range(0, 10))) == 1
     out = capsys.readouterr().out
-    assert "(liveness)" in out and "replay: ops simulate --protocol peer --members 5 --faults all --seed 5" in out
+    assert "(liveness)" in out and re.search(r"replay: ops simulate --protocol peer --members 5 --faults all "
+                                             r"--seed \d+", out), out
 
 
 def test_a_restart_that_forgets_the_applied_round_on_disk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +185,16 @@ def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch
     monkeypatch.setattr(c.ConsensusCore, "_count_votes", count_votes)
     monkeypatch.setattr(c.ConsensusCore, "_lease_expiry", lease_expiry)
     monkeypatch.setattr(c.ConsensusCore, "_advance_commit", advance_commit)
-    found = simulate(2)[1].violations
-    assert any("committed twice" in v or "commit log safety" in v or "a minority never commits" in v
-               for v in found), found
-    assert simulate(2, _without("partition"))[1].violations == []
+    # Some seed of a range meets it (which one moves with every change of event order), and that seed
+    # is clean without partitions.
+    def caught(seed: int) -> bool:
+        try:
+            found = simulate(seed)[1].violations
+        except AssertionError as err:  # the consensus core's own check: two leaders in one epoch
+            found = [str(err)]
+        return any("committed twice" in v or "commit log safety" in v or "a minority never commits" in v
+                   or "two leaders" in v for v in found)
+
+    seed = next((s for s in range(10) if caught(s)), None)
+    assert seed is not None, "no seed of 0:10 caught majorities over the gossip view"
+    assert simulate(seed, _without("partition"))[1].violations == []
