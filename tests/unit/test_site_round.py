@@ -206,16 +206,19 @@ def test_a_time_boxed_round_takes_what_the_sites_last_boxed_pace_fits_in_its_bud
         return sum(r.num_samples for r in train.ranges)
 
     # The trainer's seconds are its own; the clock here stays within the leases' validity.
-    (first,) = _trains(s.handle(boxed(1, 4.0, THETA0), 1.0))
-    assert taken(first) == CONFIG.samples_per_round, "no pace known yet: the full quota"
-    finish(1, first, 12, 4.0, 1.1)  # 3 samples a second
-    (second,) = _trains(s.handle(boxed(2, 2.0, b"t1"), 1.5))
+    (probe,) = _trains(s.handle(boxed(1, 4.0, THETA0), 1.0))
+    assert taken(probe) == CONFIG.samples_per_step, "no pace known yet: one step probes it"
+    finish(1, probe, 8, 4.0, 1.1)  # 2 samples a second
+    (first,) = _trains(s.handle(boxed(2, 8.0, b"t1"), 1.2))
+    assert taken(first) == CONFIG.samples_per_round, "2/s x 8 s x 1.25 = 20: capped at H x batch"
+    finish(2, first, 12, 4.0, 1.3)  # 3 samples a second
+    (second,) = _trains(s.handle(boxed(3, 2.0, b"t2"), 1.5))
     assert taken(second) == 8, "3/s x 2 s x 1.25 = 7.5 -> 8 (one step's worth at least)"
-    finish(2, second, 1, 2.0, 1.6)  # 0.5 a second: the floor of one step
-    (third,) = _trains(s.handle(boxed(3, 2.0, b"t2"), 2.0))
+    finish(3, second, 1, 2.0, 1.6)  # 0.5 a second: the floor of one step
+    (third,) = _trains(s.handle(boxed(4, 2.0, b"t3"), 2.0))
     assert taken(third) == CONFIG.samples_per_step
-    finish(3, third, 8, 0.5, 2.1)
-    (fourth,) = _trains(s.handle(_open(4, b"t3"), 2.5))
+    finish(4, third, 8, 0.5, 2.1)
+    (fourth,) = _trains(s.handle(_open(5, b"t4"), 2.5))
     assert taken(fourth) == CONFIG.samples_per_round, "not time-boxed: H x batch"
 
 
