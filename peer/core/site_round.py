@@ -163,6 +163,12 @@ class SiteRound:
             return out + self._claimed(b, now)
         return out
 
+    @staticmethod
+    def _budget(open_: RoundOpen) -> float | None:
+        """The round's compute budget in seconds, or None when it is not time-boxed."""
+        budget = open_.budget_s
+        return budget if math.isfinite(budget) and budget > 0 else None
+
     def _quota(self, open_: RoundOpen) -> int:
         """Samples to take for a round: H x batch; for a time-boxed one, what this site's pace in its
         last boxed round fits in the budget, a quarter to spare and at least one step's worth, and
@@ -171,8 +177,8 @@ class SiteRound:
         faster sites would idle while it holds them (measured in tests/integration/test_time_boxed.py:
         the fast site trained in 7 of 30 rounds; with the pace but no probe, in 5 of 24)."""
         full = self.config.samples_per_round
-        budget = open_.budget_s
-        if not (math.isfinite(budget) and budget > 0):
+        budget = self._budget(open_)
+        if budget is None:
             return full
         if self._pace is None:
             return min(full, self.config.samples_per_step)
@@ -198,8 +204,7 @@ class SiteRound:
                             "reporting nothing"), self._report(rnd)]
         ranges = tuple(b.got)
         self.busy = _Training(b.open, ranges, now)
-        budget = b.open.budget_s
-        boxed = budget if math.isfinite(budget) and budget > 0 else None
+        boxed = self._budget(b.open)
         return [ev.Note(f"round {rnd}: training {b.count} leased samples"
                         + (f", time-boxed to {boxed:g} s" if boxed else "")),
                 ev.Train(rnd, ranges, b.open.inner_steps, boxed)]
@@ -235,7 +240,7 @@ class SiteRound:
             return out + [ev.Note(f"round {rnd}: training failed ({failure}); reporting the samples without "
                                   "a pseudo-gradient so the commit frees them", warning=True), ev.Report(self.sent)]
         assert isinstance(event, ev.TrainDone)
-        if math.isfinite(b.open.budget_s) and b.open.budget_s > 0 and event.seconds > 0:
+        if self._budget(b.open) is not None and event.seconds > 0:
             self._pace = sum(r.num_samples for r in event.ranges) / event.seconds
         self.clock.add(rnd, "compute", event.seconds)
         self.clock.trained(rnd, event.tokens, event.steps, event.mean_loss)
