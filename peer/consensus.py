@@ -44,6 +44,7 @@ from peer.commitlog import (
     apply_voter_change,
     quorum_index,
 )
+from peer.membership_types import MemberState
 from peer.election import (
     ElectionConfig,
     Epoch,
@@ -158,7 +159,7 @@ def fencing_epoch(msg: Message) -> Epoch:
 @dataclass
 class _Member:
     address: str
-    state: str  # "alive" | "dead" | "left", as membership reports it
+    state: MemberState  # ALIVE, DEAD or LEFT, as membership reports it (SUSPECT is never stored)
     since: float = 0.0  # core time of the last state change
 
 
@@ -283,19 +284,31 @@ class ConsensusCore:
             return f"round {last_round} is not committed yet"
         return None
 
+    def member_changed(self, site: SiteId, state: MemberState, address: str) -> None:
+        """Membership's verdict on `site`, whatever it is. SUSPECT changes nothing here: a suspect
+        still gets appends, and only a DEAD verdict (confirmed by the missing acks) removes a voter.
+        An ALIVE verdict without an address (membership forgot the member meanwhile) is ignored."""
+        if state is MemberState.ALIVE:
+            if address:
+                self.member_alive(site, address)
+        elif state is MemberState.LEFT:
+            self.member_left(site)
+        elif state is MemberState.DEAD:
+            self.member_dead(site)
+
     def member_alive(self, site: SiteId, address: str) -> None:
         """Membership sees `site` alive at `address`: replicate to it; the leader adds it as a voter
         once it has caught up with the committed log."""
-        self.members[site] = _Member(address, "alive")
+        self.members[site] = _Member(address, MemberState.ALIVE)
 
     def member_left(self, site: SiteId) -> None:
         """Membership reports a graceful leave: the leader removes the voter."""
-        self._mark(site, "left")
+        self._mark(site, MemberState.LEFT)
 
     def member_dead(self, site: SiteId) -> None:
         """Membership declared `site` dead: the leader removes the voter once it has also had no ack
         from it for election_timeout_max (its own confirmation), by a majority-committed entry."""
-        self._mark(site, "dead")
+        self._mark(site, MemberState.DEAD)
 
     def leave(self, now: float) -> Decision:
         """Graceful leave of this peer (`ops leave`, SIGTERM). See docs/decisions/consensus-last-voter.md."""
@@ -450,9 +463,9 @@ class ConsensusCore:
         def leaving(m: _Member, site: SiteId) -> bool:
             silent = self.now - self.ack_time.get(site, self.became_leader_at)
             recent = self.now - m.since < 10 * self.config.election_timeout_max_s
-            return m.state == "left" and (silent < self.config.election_timeout_max_s or recent)
+            return m.state is MemberState.LEFT and (silent < self.config.election_timeout_max_s or recent)
 
-        out = {s: m.address for s, m in self.members.items() if m.state == "alive" or leaving(m, s)}
+        out = {s: m.address for s, m in self.members.items() if m.state is MemberState.ALIVE or leaving(m, s)}
         out.update(self._live_addresses(self.log.voters()))
         out.pop(self.site, None)
         return out
@@ -460,7 +473,7 @@ class ConsensusCore:
     def _live_addresses(self, voters: Voters) -> dict[SiteId, str]:
         """Voter -> address to dial: where membership last saw it alive, else where the log says.
         A site restarted by Slurm on another node keeps its seat but not its address."""
-        return {s: (self.members[s].address if s in self.members and self.members[s].state == "alive" else a)
+        return {s: (self.members[s].address if s in self.members and self.members[s].state is MemberState.ALIVE else a)
                 for s, a in voters}
 
     def _append_and_replicate(self, body: RoundCommit | VoterChange | EpochStart,
@@ -575,7 +588,7 @@ class ConsensusCore:
 
     # ----- voter set -----
 
-    def _mark(self, site: SiteId, state: str) -> None:
+    def _mark(self, site: SiteId, state: MemberState) -> None:
         known = self.members.get(site)
         address = known.address if known else dict(self.log.voters()).get(site, "")
         since = known.since if known and known.state == state else self.now
@@ -607,7 +620,7 @@ class ConsensusCore:
             return None
         def answers(site: SiteId) -> bool:
             fresh = self.now - self.ack_time.get(site, -math.inf) < self.config.election_timeout_min_s
-            dead = site in self.members and self.members[site].state == "dead"
+            dead = site in self.members and self.members[site].state is MemberState.DEAD
             return site == self.site or (fresh and not dead)
 
         for change in self._voter_change_candidates(voters):
@@ -622,15 +635,15 @@ class ConsensusCore:
         for site in sorted(voters):
             m = self.members.get(site)
             silent = self.now - self.ack_time.get(site, self.became_leader_at)
-            if site != self.site and m is not None and m.state == "dead" and silent >= self.config.election_timeout_max_s:
+            if site != self.site and m is not None and m.state is MemberState.DEAD and silent >= self.config.election_timeout_max_s:
                 yield VoterChange(site, voters[site], False, f"dead: membership and no ack for {silent:.1f}s")
         if self.leaving and self.site in voters:
             yield VoterChange(self.site, self.address, False, "graceful leave")
         for site in sorted(voters):
             m = self.members.get(site)
-            if site != self.site and m is not None and m.state == "left":
+            if site != self.site and m is not None and m.state is MemberState.LEFT:
                 yield VoterChange(site, voters[site], False, "graceful leave")
         if not self.leaving:
             for site, m in sorted(self.members.items()):
-                if m.state == "alive" and site not in voters and self.match_index.get(site, 0) >= self.commit_index:
+                if m.state is MemberState.ALIVE and site not in voters and self.match_index.get(site, 0) >= self.commit_index:
                     yield VoterChange(site, m.address, True, "join")

@@ -448,7 +448,8 @@ class Node:
                 old = effect.old.name.lower() if effect.old else "unknown"
                 log.info("member %s: %s -> %s (incarnation %d): %s",
                          effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason)
-                self._tell_consensus(raft, effect)
+                view = self._core().member(effect.site)
+                raft.member_changed(SiteId(effect.site), effect.new, view.address if view else "")
                 if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
                     self.coordinator.member_down(effect.site)
                 self.events.member_changed(effect.old.name if effect.old else None, effect.new.name)
@@ -458,17 +459,6 @@ class Node:
         else:
             for coro in sends:
                 self._spawn(coro)
-
-    def _tell_consensus(self, raft: c.ConsensusCore, change: m.StateChanged) -> None:
-        site = SiteId(change.site)
-        if change.new is m.MemberState.ALIVE:
-            view = self._core().member(change.site)
-            if view is not None:
-                raft.member_alive(site, view.address)
-        elif change.new is m.MemberState.LEFT:
-            raft.member_left(site)
-        elif change.new is m.MemberState.DEAD:
-            raft.member_dead(site)
 
     def _execute_consensus(self, effects: Sequence[c.Effect]) -> None:
         """Runs consensus effects strictly in order: a Persist* is fsynced before any later Send."""

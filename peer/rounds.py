@@ -90,6 +90,11 @@ class RoundsConfig:
     """Passes over the dataset; no round opens once the log has completed this many."""
     idle_wait_s: float = 1.0
     """After a round in which no site trained anything, wait this long before opening it again."""
+    idle_commit_after: int = 2
+    """The round's n-th opening in a row in which no site trained anything is committed empty: a
+    claim pending on it (a site that claimed samples, then left or died before its report reached
+    this leader) settles only by the round's commit, and until then its samples are neither
+    committed nor free, so nobody can train them (docs/decisions/rounds-idle-commit.md)."""
     gather_s: float = 2.0
     """A site stops collecting leased samples for a round when none came for this long (its next
     block needs the owner's Start ack; at the end of the data epoch nothing may come at all)."""
@@ -109,8 +114,9 @@ class RoundsConfig:
 
     def __post_init__(self) -> None:
         if (self.inner_steps < 1 or self.samples_per_step < 1 or self.deadline_s <= 0 or self.data_epochs < 1
-                or self.idle_wait_s < 0 or self.gather_s <= 0):
-            raise ValueError("inner_steps, samples_per_step, deadline_s and data_epochs must be positive")
+                or self.idle_wait_s < 0 or self.gather_s <= 0 or self.idle_commit_after < 1):
+            raise ValueError("inner_steps, samples_per_step, deadline_s, data_epochs and idle_commit_after "
+                             "must be positive")
         if self.start_sites < 1:
             raise ValueError(f"start_sites ({self.start_sites}) must be >= 1")
         if self.budget_s < 0 or self.deadline_k < 0 or self.pace_rounds < 1 or self.deadline_slack_s < 0:
@@ -137,6 +143,8 @@ class Decide:
     admitted: tuple[Contribution, ...]
     excluded: tuple[tuple[str, str], ...]
     """(site, reason) of every expected site or contribution that is not in the round."""
+    why: str = ""
+    """Why a round nobody trained in is committed anyway (empty: it has contributions to decide)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,8 @@ class RoundLeader:
         """(round, seconds from its open to a site's report) of recent reports, late ones included."""
         self._last: tuple[int, float] | None = None
         """(round, opened at) of the last round closed: its late reports still tell the pace."""
+        self._idle: tuple[int, int] = (0, 0)
+        """(round, how many of its openings in a row at this leader closed with nobody training)."""
 
     @property
     def done(self) -> bool:
@@ -288,15 +298,24 @@ class RoundLeader:
         return [] if self._waiting(o) - o.dead else self._close(now)
 
     def _close(self, now: float) -> list[Effect]:
-        """Decide the open round (I6), or, if nobody trained anything, drop it and open it again
-        later: a commit with no claim to settle would only lengthen the log."""
+        """Decide the open round (I6). If nobody trained anything, drop it and open it again later
+        (a commit that settles no claim only lengthens the log), unless that happened
+        `idle_commit_after` times in a row: then commit it empty, since a claim may be pending on
+        it that no report here names (its site left or died after the owner vouched for it)."""
         o = self._open
         assert o is not None
         self._open = None
         self._last = (o.round, o.opened)
         if not o.got:
-            self._idle_until = now + self.config.idle_wait_s
-            return []
+            n = self._idle[1] + 1 if self._idle[0] == o.round else 1
+            self._idle = (o.round, n)
+            if n < self.config.idle_commit_after:
+                self._idle_until = now + self.config.idle_wait_s
+                return []
+            self._decided = o.round
+            return [Decide(o.round, (), (), f"round {o.round}: nobody trained in {n} openings in a row; "
+                                            "committing it empty so that any claim pending on it settles "
+                                            "(its samples go back to free)")]
         # A report of samples without a pseudo-gradient (its training failed) is there to have its
         # claims settled by this round's commit, never to be included.
         failed = sorted(s for s, c in o.got.items() if c.tokens <= 0 or not c.pseudo_gradient_root)

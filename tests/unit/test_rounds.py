@@ -120,6 +120,32 @@ def test_a_round_nobody_trained_in_is_not_committed_but_reopened_later() -> None
     assert _open(leader, ["a", "b"], now=2.0).round == 1, "the same round, reopened"
 
 
+def test_a_round_nobody_trained_in_twice_in_a_row_is_committed_empty_so_pending_claims_settle() -> None:
+    """A site that claimed samples for round 1 and left before its report reached this leader: the
+    owners keep the claim pending until round 1 commits, so nobody can train those samples; were
+    idle rounds never committed, the run would wait for ever (peer sim seed 348 did)."""
+    leader = _leader()
+    _open(leader, ["a"])
+    assert leader.receive(_report("a", 1), 1.0) == [], "the first idle opening is only reopened"
+    assert _open(leader, ["a"], now=2.0).round == 1
+    (decide,) = leader.receive(_report("a", 1), 2.5)
+    assert isinstance(decide, Decide) and (decide.round, decide.admitted, decide.excluded) == (1, (), ())
+    assert "2 openings in a row" in decide.why and "pending" in decide.why
+    assert leader.tick(3.0, H, 0, ["a"], b"") == [], "decided: it waits for the commit"
+    leader.on_commit(1)
+    _open(leader, ["a"], now=3.0, committed=1)
+    assert leader.receive(_report("a", 2), 3.5) == [], "the count starts again for the next round"
+
+
+def test_a_silent_idle_round_counts_towards_its_empty_commit_like_a_reported_one() -> None:
+    leader = _leader()
+    _open(leader, ["a", "b"])
+    assert leader.tick(CFG.deadline_s, H, 0, ["a", "b"], b"") == [], "deadline, no report: reopened later"
+    _open(leader, ["a", "b"], now=CFG.deadline_s + CFG.idle_wait_s)
+    (decide,) = leader.tick(2 * CFG.deadline_s + CFG.idle_wait_s, H, 0, ["a", "b"], b"")
+    assert isinstance(decide, Decide) and decide.admitted == () and decide.why
+
+
 def test_duplicate_and_stale_reports_are_ignored() -> None:
     leader = _leader()
     _open(leader, ["a", "b"])

@@ -1,0 +1,43 @@
+"""Membership's verdicts reach the consensus core through one call (`member_changed`): the node only
+forwards what membership says, and the core decides what a verdict means for the voters.
+
+    .venv/bin/python -m pytest -q tests/unit/test_consensus_membership.py
+"""
+
+from __future__ import annotations
+
+from peer.election import SiteId
+from peer.membership_types import MemberState
+from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
+
+
+def _leader_core() -> tuple[Lockstep, SiteId]:
+    net = Lockstep(3)
+    assert net.run_until(lambda: net.leader() is not None, timeout=3 * SIM_CONFIG.election_timeout_max_s + 1)
+    leader = net.leader()
+    assert leader is not None
+    return net, leader
+
+
+def test_each_verdict_is_what_the_core_records_and_suspect_changes_nothing() -> None:
+    net, leader = _leader_core()
+    core = net.cluster.core(leader)
+    other = next(s for s in net.cluster.live() if s != leader)
+    core.member_changed(other, MemberState.SUSPECT, "elsewhere:1")
+    assert other not in core.members or core.members[other].state is not MemberState.SUSPECT
+    for state in (MemberState.DEAD, MemberState.LEFT, MemberState.ALIVE):
+        core.member_changed(other, state, f"{other}:7000")
+        assert core.members[other].state is state
+    core.member_changed(other, MemberState.DEAD, "")
+    core.member_changed(other, MemberState.ALIVE, "")
+    assert core.members[other].state is MemberState.DEAD, "ALIVE without an address is ignored"
+
+
+def test_a_dead_verdict_removes_the_voter() -> None:
+    net, leader = _leader_core()
+    core = net.cluster.core(leader)
+    other = next(s for s in net.cluster.live() if s != leader)
+    net.cluster.crash(other)  # it stops acking: the leader confirms the verdict before acting on it
+    core.member_changed(other, MemberState.DEAD, "")
+    net.run_until(lambda: other not in dict(core.log.voters()), timeout=10 * SIM_CONFIG.election_timeout_max_s)
+    assert other not in dict(core.log.voters()), "the leader removed the dead voter"
