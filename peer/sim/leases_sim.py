@@ -3,14 +3,16 @@
 Runs on the generic simulator (peer/sim/runner.py: event heap, `SimNetwork`, `NodeClock`). Every site
 is a `LeasePeer` node: the node's lease cores fed from the log exactly as the node feeds them
 (peer/core/lease_log.py: the owner, the holder and the ring views they derive from committed voter
-changes) plus a training stand-in that consumes samples at a site-specific speed. The commit log
-comes from one more node, `Control` at address "leader", that decides rounds in one place (with the
-real admission check, peer/admission.py) and never crashes; it replicates its log (real log entries:
-VoterChanges and RoundCommits) with resent `LogUpdate`s. Cheap: the 50-peer benchmark uses it. What this simulator tests is the lease protocol
-under lease-specific faults; the real consensus core, round leader and round core deciding rounds
-through leader failovers, with the lease cores fed from a real log, are the whole-peer simulator's
-(peer/sim/peer_sim.py, `ops simulate --protocol peer`), which replaced this module's `--consensus`
-backend (a second copy of the round leader and the coordinator).
+changes) plus a training stand-in that consumes samples at a site-specific speed, claims them when
+its time-boxed round ends and reports them. The rounds are decided by one more node, `Control` at
+address "leader", which runs the node's own round leader (`RoundLeader`: open, collect reports,
+admission, deadline, the empty commit of a round nobody trained in) and its decision core
+(`Decision`: the RoundCommit proposal), and never crashes. Only consensus is stood in for: Control's
+log (real log entries: VoterChanges and RoundCommits) commits at once and is replicated with
+resent `LogUpdate`s, which also carry the open round. Cheap: the 50-peer benchmark uses it. What
+this simulator tests is the lease protocol under lease-specific faults; the real consensus core and
+round core deciding rounds through leader failovers are the whole-peer simulator's
+(peer/sim/peer_sim.py, `ops simulate --protocol peer`).
 
 Faults per seed, at seeded random times: crash and restart of a holder; the owners of a block
 crashed in turn (each after the previous one is back); a majority of a block's owners crashed at once
@@ -35,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peer.admission import Admission, Contribution, admit_round
+from peer import rounds as r
+from peer.core import events as ev
+from peer.core.decision import Decision
 from peer.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
 from peer.commitlog import (
     Contributor,
@@ -47,7 +51,7 @@ from peer.commitlog import (
     VoterChange,
 )
 from peer.core.lease_log import LeaseLog
-from peer.election import Epoch, HardState, SiteId
+from peer.election import Epoch, HardState, Header, SiteId
 from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
 from peer.leases import LeaseConfig
 from peer.logstore import FileStore
@@ -59,11 +63,11 @@ from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
 
 LEADER = "leader"
 LEADER_EPOCH = 1
-"""The stand-in leader never fails over: one epoch for the whole run."""
+"""The leader node never fails over: one epoch for the whole run."""
 STEP = 0.5
 """Seconds (local) between two training steps of a site."""
 RESEND = 0.5
-"""Log updates and round closings are resent this often until acknowledged."""
+"""Log updates (with the open round) are resent this often until acknowledged."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,12 @@ class SimConfig:
     block_samples: int = 32
     epochs: int = 3
     round_len: float = 8.0
-    decide_after: float = 2.0
-    """The leader decides round r this long after closing it (contributions arriving later are late)."""
+    """A round's compute budget (RoundOpen.budget_s): a site claims what it trained this long after
+    it saw the round open."""
+    decide_after: float = 8.0
+    """The round's deadline is this long after its budget: a report arriving later is excluded. It
+    covers the site whose clock runs 40% slow (s1 under faults): its 8 s budget ends 13.3 s after
+    the round opened."""
     drop: float = 0.02
     dup: float = 0.01
     reorder: float = 0.02
@@ -87,28 +95,26 @@ class SimConfig:
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
 
 
-# --- the log and the messages of the leader stand-in ---
+# --- the log and the messages of the leader node ---
 
 
 @dataclass(frozen=True)
 class LogUpdate:
-    """Leader -> site: log entries from `first` (1-based) on, and the last round it closed."""
+    """Leader -> site: log entries from `first` (1-based) on, and the round open now."""
 
     first: int
     entries: tuple[Entry, ...]
     """The real log's entries: VoterChanges (the ring views) and RoundCommits."""
-    closed_round: int
+    open: r.RoundOpen | None
+    """What the round leader broadcast last, until its round is decided."""
+    opening: int
+    """Counts the leader's openings: a round opened again (nobody trained in it) is a new one."""
 
 
 @dataclass(frozen=True)
 class LogAck:
     site: SiteId
     applied: int
-
-
-@dataclass(frozen=True)
-class Offer:
-    contribution: Contribution
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,8 @@ class Truth:
         """Last log position seen."""
         self.view: RingView | None = None
         self.commits: list[tuple[int, list[tuple[SiteId, tuple[SampleRange, ...]]]]] = []
-        self.decisions: list[Admission] = []
+        self.excluded: list[tuple[str, str]] = []
+        """(site, reason) of every report or expected site the round leader left out of a round."""
         self.duplicates: list[str] = []
         self.committed_sets: list[frozenset[tuple[int, int]]] = []
         self._epoch_samples: set[tuple[int, int]] = set()
@@ -154,15 +161,9 @@ class Truth:
         self.commits.append((rnd, included))
 
 
-def decide(rnd: int, offers: dict[SiteId, Contribution], ledger: EpochLedger
-           ) -> tuple[list[Admission], tuple[tuple[SiteId, tuple[SampleRange, ...]], ...]]:
-    """The leader's decision of a round: admission of every offer, and the included ranges."""
-    decisions = admit_round(rnd, offers.values(), ledger)
-    return decisions, tuple((d.site, offers[d.site].ranges) for d in decisions if d.included)
-
-
 class Control:
-    """The leader and its commit log (stand-in): rounds, admission, membership views, replication."""
+    """The round leader (the node's `RoundLeader` and `Decision` cores) over a commit log that
+    commits at once (the consensus stand-in), replicated to the sites."""
 
     def __init__(self, truth: Truth, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -171,10 +172,13 @@ class Control:
         self._voters: set[SiteId] = set()
         self.acked: dict[SiteId, int] = {}
         """Sites the log is replicated to (members, joiners, leavers until gone) -> applied index."""
-        self.round = 0
-        self.offers: dict[int, dict[SiteId, Contribution]] = {}
-        self._next_round = cfg.round_len
-        self._decide: list[tuple[float, int]] = []
+        self.rounds = r.RoundLeader(r.RoundsConfig(
+            inner_steps=1, samples_per_step=1, deadline_s=cfg.round_len + cfg.decide_after,
+            data_epochs=cfg.epochs, budget_s=cfg.round_len), truth.ledger)
+        self.decision = Decision()
+        self.committed = 0
+        self.open: r.RoundOpen | None = None
+        self.opening = 0
         self._next_resend = 0.0
 
     def commit_view(self, members: set[SiteId]) -> None:
@@ -194,42 +198,54 @@ class Control:
     # Node interface (the leader's clock is true time: it is never skewed)
 
     def tick(self, now: float) -> list[SimSend]:
-        while now >= self._next_round:
-            self.round += 1
-            self.offers[self.round] = {}
-            self._decide.append((self._next_round + self.cfg.decide_after, self.round))
-            self._next_round += self.cfg.round_len
-            self._next_resend = now  # tell every site now
-        for at, r in list(self._decide):
-            if now >= at:
-                self._decide.remove((at, r))
-                decisions, included = decide(r, self.offers.pop(r, {}), self.truth.ledger)
-                self.truth.decisions.extend(decisions)
-                self._append(RoundCommit(Round(r), tuple(
-                    Contributor(site, sum(x.end - x.start for x in ranges), ranges, b"")
-                    for site, ranges in sorted(included)), b""))
-                self.truth.see_commit(len(self.log), r, included)
-                self._next_resend = now
+        header = Header(SiteId(LEADER), LEADER, Epoch(LEADER_EPOCH), self.committed)
+        # The voters are the live sites: the fault schedule removes a dead or leaving one from the
+        # view, as membership does for the node.
+        self._leader(self.rounds.tick(now, header, self.committed, sorted(self._voters), b""), now)
         if now < self._next_resend:
             return []
         self._next_resend = now + RESEND
-        # also a heartbeat: it carries the closed round, so it goes out even with no new entry
-        return [SimSend(s, LogUpdate(i + 1, tuple(self.log[i:]), self.round)) for s, i in sorted(self.acked.items())]
+        # also a heartbeat: it carries the open round, so it goes out even with no new entry
+        return [SimSend(s, LogUpdate(i + 1, tuple(self.log[i:]), self.open, self.opening))
+                for s, i in sorted(self.acked.items())]
 
     def receive(self, msg: object, now: float) -> list[SimSend]:
         if isinstance(msg, LogAck) and msg.site in self.acked:
             self.acked[msg.site] = max(self.acked[msg.site], msg.applied)
-        elif isinstance(msg, Offer) and msg.contribution.round in self.offers:
-            self.offers[msg.contribution.round].setdefault(msg.contribution.site, msg.contribution)
+        elif isinstance(msg, r.Contribution):
+            self._leader(self.rounds.receive(msg, now), now)
         return []
 
     def next_deadline(self) -> float:
-        return min([self._next_round, self._next_resend] + [at for at, _ in self._decide])
+        return min(self._next_resend, self.rounds.next_deadline())
+
+    def _leader(self, effects: Sequence[r.Effect], now: float) -> None:
+        for e in effects:
+            if isinstance(e, r.Broadcast):
+                self.open, self.opening, self._next_resend = e.msg, self.opening + 1, now  # tell every site now
+            elif isinstance(e, r.Decide):
+                self.truth.excluded.extend(e.excluded)
+                self._decide(self.decision.handle(ev.DecideRound(e, frozenset(self._voters)), now), now)
+
+    def _decide(self, effects: Sequence[ev.Effect], now: float) -> None:
+        """The executor's part: the fetch of the admitted pseudo-gradients succeeds at once (this
+        simulator has no θ), and the proposal commits at once."""
+        for e in effects:
+            if isinstance(e, ev.Fetch):
+                self._decide(self.decision.handle(ev.OutcomeReady(e.round, e.attempt, b""), now), now)
+            elif isinstance(e, ev.Propose):
+                self._append(e.commit)
+                self.committed = e.commit.round
+                self.open, self._next_resend = None, now
+                self.truth.see_commit(len(self.log), e.commit.round,
+                                      [(c.site, c.ranges) for c in e.commit.contributors])
+                self.rounds.on_commit(e.commit.round)
 
 
 class LeasePeer:
     """One site: the node's lease cores fed from the log (`LeaseLog`, as peer/leasing.py runs them),
-    its copy of the log from `Control`'s LogUpdates, and a training stand-in."""
+    its copy of the log from `Control`'s LogUpdates, and a training stand-in that trains all the
+    time, claims what it trained when its round's budget ends and reports it to the leader."""
 
     def __init__(self, site: SiteId, universe: dict[int, int], cfg: SimConfig, speed: int, now: float,
                  boot: int) -> None:
@@ -240,29 +256,38 @@ class LeasePeer:
         self.leases.note_leader_epoch(LEADER_EPOCH)
         self.owner, self.client = self.leases.owner, self.leases.client
         self.applied = 0
-        self.closed = 0
         self.next_step = now + STEP
-        self.offered: set[int] = set()
+        self.opening = 0
+        """The leader's last opening this site acted on."""
+        self.closing: tuple[int, float] | None = None
+        """(round, local time): when this round's budget ends and what was trained is claimed."""
+        self.report: int | None = None
+        """The round whose report goes out as soon as every owner answered its claims."""
         self.left = False
 
     def tick(self, now: float) -> list[Any]:
+        out: list[Any] = []
         if now >= self.next_step:
             self.next_step = now + STEP
             if not self.left:
                 self.client.next_samples(self.speed * self.cfg.speed_scale, now)
-        return [*self.leases.tick(now), *self._offers()]
+        if self.closing is not None and now >= self.closing[1]:
+            self.report, self.closing = self.closing[0], None
+            out += self.client.end_round(self.report, now)
+        return [*out, *self.leases.tick(now), *self._report()]
 
     def receive(self, msg: object, now: float) -> list[Any]:
         if isinstance(msg, LogUpdate):
             return self._log_update(msg, now)
-        return [*self.leases.receive(msg, now), *self._offers()]  # type: ignore[arg-type]
+        return [*self.leases.receive(msg, now), *self._report()]  # type: ignore[arg-type]
 
     def next_deadline(self) -> float:
-        return min(self.next_step, self.leases.next_deadline())
+        return min(self.next_step, self.leases.next_deadline(),
+                   self.closing[1] if self.closing is not None else float("inf"))
 
     def leave(self, now: float) -> list[Any]:
         """Graceful leave (I8): give every lease back, train no more."""
-        self.left = True
+        self.left, self.closing = True, None
         return list(self.client.release_all(now))
 
     def _log_update(self, m: LogUpdate, now: float) -> list[Any]:
@@ -271,25 +296,31 @@ class LeasePeer:
             fresh = m.entries[self.applied + 1 - m.first:]
             self.applied += len(fresh)
             out += self.leases.apply_entries(fresh, now)
-        out += self._close(m.closed_round, now)
+        if self.closing is not None and self.closing[0] <= self.leases.ledger.last_round:
+            self.closing = None  # decided without this site: what it trained goes into its next round
+        if m.open is not None and m.opening > self.opening and self.client.view is not None:
+            self.opening, rnd = m.opening, m.open.round
+            if self.left or rnd in self.client.rounds:
+                self.report = rnd  # nothing to train, or opened again: the same report (or none) again
+            else:
+                self.closing = (rnd, now + m.open.budget_s)
         out.append(SimSend(LEADER, LogAck(self.site, self.applied)))
-        return out + self._offers()
+        return out + self._report()
 
-    def _close(self, rnd: int, now: float) -> list[Any]:
-        if rnd > self.closed and self.client.view is not None and not self.left:
-            self.closed = rnd
-            return list(self.client.end_round(rnd, now))
-        return []
-
-    def _offers(self) -> list[SimSend]:
-        """Offer every vouched, undecided round to the leader, once."""
-        out = []
-        for r in sorted(self.client.rounds):
-            c = self.client.contribution(r)
-            if c is not None and c.ranges and r not in self.offered:
-                self.offered.add(r)
-                out.append(SimSend(LEADER, Offer(c)))
-        return out
+    def _report(self) -> list[SimSend]:
+        """The report of `self.report` once its claims are answered: the vouched samples, or none."""
+        if self.report is None:
+            return []
+        rnd = self.report
+        c = self.client.contribution(rnd) if rnd in self.client.rounds else None
+        if c is None and rnd in self.client.rounds:
+            return []  # an owner has not answered yet
+        self.report = None
+        ranges, vouchers = (c.ranges, c.vouchers) if c is not None else ((), ())
+        tokens = sum(x.end - x.start for x in ranges)
+        header = Header(self.site, self.site, Epoch(LEADER_EPOCH), self.leases.ledger.last_round)
+        return [SimSend(LEADER, r.Contribution(header, rnd, self.site, self.site, tokens, ranges,
+                                               b"sim" if ranges else b"", vouchers))]
 
 
 class LeaseChecker:
@@ -367,11 +398,12 @@ class Result:
     log: list[tuple[int, list]]
     faults: list[tuple[float, str]]
     by_kind: dict[str, int]
-    decisions: list[Admission]
+    excluded: list[tuple[str, str]]
+    """(site, reason) of every report or expected site a round left out."""
 
 
 class LeaseSim:
-    """One seeded run: the nodes, the leader stand-in, the fault schedule."""
+    """One seeded run: the sites, the leader node, the fault schedule."""
 
     def __init__(self, seed: int, cfg: SimConfig, trace: Callable[[str], None] | None = None) -> None:
         self.seed, self.cfg = seed, cfg
@@ -409,7 +441,7 @@ class LeaseSim:
         t = self.truth
         return Result(self.seed, res.violations, audit(self.universe, t.commits, self.checker.events),
                       self.checker.events, res.end_time, res.stats.get("sent", 0), t.committed_sets,
-                      self.universe, t.commits, self.faults, self.checker.by_kind, t.decisions)
+                      self.universe, t.commits, self.faults, self.checker.by_kind, t.excluded)
 
     def _watch_epochs(self) -> None:
         if self.truth.ledger.data_epoch >= self.cfg.epochs:
@@ -563,7 +595,7 @@ def simulate(seed: int, cfg: SimConfig | None = None) -> Result:
 def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None) -> RunResult:
     """One seed for `ops simulate --protocol leases`: ops/simulate.py registers
     `"leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags)`. `--members` sites, every
-    lease fault unless `--faults none`; the stand-in leader."""
+    lease fault unless `--faults none`; one leader that never fails."""
     cfg = SimConfig(sites=args.members, faults=bool(parse_faults(args.faults)))
     run = LeaseSim(seed, cfg, trace)
     res = run.run()

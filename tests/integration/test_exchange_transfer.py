@@ -124,15 +124,14 @@ async def _fetch_through(
             try:
                 manifest = await fetch_manifest(enc.manifest.key, [client], wait_s=5, policy=POLICY)
                 dest = _dest(enc)
-                started = time.monotonic()
                 stats = await fetch_into(manifest, [client], dest, POLICY)
-                elapsed = time.monotonic() - started
+                stalls_sat_out = proxy.stalls_over  # read at once: the proxy's stall may end any moment
             finally:
                 await client.close()
     _assert_exact(dest, enc)
     assert stats.chunks == enc.manifest.num_chunks and stats.bytes == enc.manifest.wire_nbytes
     requests = bulk.requests if bulk is not None else getattr(servicer, "requests", [])
-    return stats, servicer, proxy, elapsed, requests
+    return stats, servicer, proxy, stalls_sat_out, requests
 
 
 @pytest.mark.parametrize("plane", PLANES)
@@ -176,10 +175,11 @@ def test_flipped_byte_is_detected_and_the_chunk_refetched(wire: codec.WireDtype,
 @pytest.mark.parametrize("wire", WIRES)
 def test_stalled_sender_is_abandoned_after_the_stall_timeout(wire: codec.WireDtype, plane: str) -> None:
     stall = 50_000
-    stats, _, proxy, elapsed, _ = run(
+    stats, _, proxy, stalls_sat_out, _ = run(
         lambda: _fetch_through([Fault(stall_after=stall, stall_s=5.0)], wire=wire, plane=plane))
     assert stats.stalls == 1 and proxy.faults_fired
-    assert elapsed < 4.0, "the fetch waited for the stalled stream instead of abandoning it"
+    # An ordering, not a wall-clock window: the fetch finished while the proxy still held the stall.
+    assert stalls_sat_out == 0, "the fetch waited for the stalled stream instead of abandoning it"
 
 
 @pytest.mark.parametrize("plane", PLANES)
@@ -190,7 +190,7 @@ def test_slow_link_completes(wire: codec.WireDtype, plane: str) -> None:
 
 
 def test_stalled_peer_does_not_block_fetches_from_other_peers() -> None:
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[list[str], float, int]:
         slow_store, slow = _published(seed=1, site="slow")
         fast_store, fast = _published(seed=2, site="fast")
         async with serving(slow_store) as slow_addr, serving(fast_store) as fast_addr:
@@ -198,22 +198,29 @@ def test_stalled_peer_does_not_block_fetches_from_other_peers() -> None:
             async with FaultProxy((host, int(port)), [Fault(stall_after=1, stall_s=5.0)]) as proxy:
                 clients = [ExchangeClient(proxy.address, plane="grpc"), ExchangeClient(fast_addr, plane="grpc")]
                 started = time.monotonic()
-                done: dict[str, float] = {}
+                order: list[str] = []
+                slow_s, stalls_sat_out = 0.0, -1
                 policy = dataclasses.replace(POLICY, stall_s=1.5)
 
                 async def one(client: ExchangeClient, enc: codec.Encoded) -> None:
+                    nonlocal slow_s, stalls_sat_out
                     dest = _dest(enc)
                     await fetch_into(enc.manifest, [client], dest, policy)
+                    if enc is slow:
+                        slow_s, stalls_sat_out = time.monotonic() - started, proxy.stalls_over
+                    order.append(enc.manifest.key.site)
                     _assert_exact(dest, enc)
-                    done[enc.manifest.key.site] = time.monotonic() - started
 
                 await asyncio.gather(one(clients[0], slow), one(clients[1], fast))
                 for c in clients:
                     await c.close()
-        return done["fast"], done["slow"]
+        return order, slow_s, stalls_sat_out
 
-    fast_s, slow_s = run(scenario)
-    assert fast_s < 1.0 and slow_s >= 1.5  # the slow one recovers only after its stall timeout
+    order, slow_s, stalls_sat_out = run(scenario)
+    # Orderings, not wall-clock windows: the fast peer's fetch ended first; the stalled one was
+    # abandoned (no sooner than its stall timeout, a lower bound no load can break) and retried
+    # while the proxy still held the stall.
+    assert order == ["fast", "slow"] and slow_s >= 1.5 and stalls_sat_out == 0
 
 
 def test_bad_source_falls_back_to_another_peer_holding_the_object() -> None:

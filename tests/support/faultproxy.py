@@ -58,6 +58,8 @@ class FaultProxy:
     """Connections accepted so far (the n-th one got plans[n-1], if any)."""
     faults_fired: list[str] = field(default_factory=list)
     """One line per fault that actually happened, e.g. "conn 1: flipped byte 70000"."""
+    stalls_over: int = 0
+    """Stalls that ran their whole `stall_s` (a test reads it to tell whether a client waited one out)."""
     _server: asyncio.base_events.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -142,6 +144,7 @@ class FaultProxy:
                     stalled = True
                     self.faults_fired.append(f"conn {conn}: stalled {fault.stall_s} s after {fault.stall_after} bytes")
                     await asyncio.sleep(fault.stall_s)
+                    self.stalls_over += 1
                 if line is not None:
                     line.put(data)
                 else:
