@@ -6,7 +6,10 @@ leader core (`RoundLeader`, peer/rounds.py) and the real round core (`RoundCore`
 the node's executor (peer/coordinator.py) does with I/O is done here in simulated time:
 
 - `Train`: a fake trainer "trains" the ranges in simulated time (a site-specific speed) and returns
-  a deterministic Δ root of (site, round, ranges);
+  a deterministic Δ root of (site, round, ranges). Each seed picks its rounds' compute budget
+  (`PeerSimConfig.budgets`): in a time-boxed seed the trainer's pace varies by ±50% from round to
+  round and it trains whole steps until the one that ends past the budget (as the real trainer),
+  so sites contribute unequal work and some taken samples go back on their leases;
 - `Fetch` / `Apply`: θ is a stand-in that is a real function of the contributions: blake2b of θ_{r-1},
   the round and the contributors' (site, tokens, root). A contributor whose process is down serves
   no Δ (Unavailable); `CatchUp` copies θ from a live peer that holds the newest committed round;
@@ -22,7 +25,8 @@ reordering, skewed clocks; then, one at a time at quiet moments in a seeded orde
 partition (a minority cut off past a lease, then healed), `ops leave` down to one site that commits
 alone and back (`leave`), every site killed at once and restarted from its disk (`restart`).
 
-Checked after every event: no sample in two commits of a data epoch (I4); every commit's θ hash is
+Checked after every event: no sample in two commits of a data epoch (I4); no contributor credited
+with a sample its trainer did not reach in that round; every commit's θ hash is
 the function of its contributions and θ_{r-1} (I7 at the leader); every peer applies the committed
 rounds in log order with the committed hash, each once, across its restarts (state transfers may
 skip rounds, never reorder them); the same round at every log index; a minority cut off never
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -116,6 +121,10 @@ class PeerSimConfig:
     faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause", "partition",
                                *EXTRA_KINDS)
     """Of `peer.sim.faults.KINDS` plus `EXTRA_KINDS`, these act here (one-way cuts and bridges do not)."""
+    budgets: tuple[float, ...] = (0.0, 0.3)
+    """Each seed runs its rounds with one of these compute budgets (RoundOpen.budget_s), picked by
+    the seed: 0 trains all H steps; 0.3 s is one step at the slowest site (20 samples/s) and both
+    at the fastest (80/s), so unequal sites contribute unequal work."""
     max_time: float = 600.0
     fetch_s: float = 0.3
     apply_s: float = 0.2
@@ -156,10 +165,11 @@ class PeerNode:
         self.raft = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
                                         derive_rng(world.seed, f"raft/{site}/{disk.boot}"), applied_index=disk.index)
         self.leases = LeaseLog(site, world.universe, world.cfg.lease, disk.boot)
-        self.leader = r.RoundLeader(world.cfg.rounds, self.leases.ledger)
-        self.core = RoundCore(SiteRound(site, site, world.cfg.rounds, world.cfg.lease.ttl, self.leases.client,
+        self.leader = r.RoundLeader(world.rounds, self.leases.ledger)
+        self.core = RoundCore(SiteRound(site, site, world.rounds, world.cfg.lease.ttl, self.leases.client,
                                         RoundClock(site, now), disk.round, disk.weights_hash))
         self.speed = world.speeds[site]
+        self._jitter = derive_rng(world.seed, f"trainer/{site}/{disk.boot}")
         self.pending: list[tuple[float, int, ev.Event | _Due]] = []
         """The fake trainer's and exchange's completions due (lost with the process)."""
         self._seq = 0
@@ -251,7 +261,7 @@ class PeerNode:
     # ----- `ops leave`, as Node.leave runs it ------------------------------------------------------
     def leave(self, now: float) -> list[Any]:
         """Rounds and leases first (I8), then the voter seat (on LeaveReady), then the process stops."""
-        return self._feed(ev.LeaveRequested(self.world.cfg.rounds.deadline_s), now)
+        return self._feed(ev.LeaveRequested(self.world.rounds.deadline_s), now)
 
     def _leave_consensus(self, now: float, queue: list[ev.Event]) -> list[Any]:
         voter, leader = self.raft.is_voter(), self.raft.role is Role.LEADER
@@ -297,10 +307,17 @@ class PeerNode:
             header = replace(effect.contribution.header, epoch=self.raft.hard.epoch)
             return [SimSend(leader, replace(effect.contribution, header=header))]
         if isinstance(effect, ev.Train):
-            samples = sum(x.num_samples for x in effect.ranges)
-            done = ev.TrainDone(effect.round, effect.ranges, samples * 8, delta_root(self.site, effect.round,
-                                                                                     effect.ranges), 0.0)
-            self._later(now + 0.5 + samples / self.speed, done)
+            # A real trainer's pace varies from round to round: in a time-boxed round it then reaches
+            # fewer samples than the site took for it (which go back on their leases), or all of them.
+            speed = self.speed * (self._jitter.uniform(0.5, 1.5) if effect.budget_s else 1.0)
+            ranges = self._reached(effect, speed)
+            w.reached.setdefault((self.site, effect.round), set()).update(
+                (x.block_id, i) for x in ranges for i in range(x.start, x.end))
+            samples = sum(x.num_samples for x in ranges)
+            seconds = samples / speed
+            done = ev.TrainDone(effect.round, ranges, samples * 8, delta_root(self.site, effect.round, ranges),
+                                seconds, math.ceil(samples / w.rounds.samples_per_step))
+            self._later(now + 0.5 + seconds, done)
         elif isinstance(effect, ev.Fetch):
             self._later(now + w.cfg.fetch_s, _Due(effect))
         elif isinstance(effect, ev.CancelFetch):
@@ -320,6 +337,22 @@ class PeerNode:
         elif isinstance(effect, ev.LeaveReady):
             return self._leave_consensus(now, queue)
         return []
+
+    def _reached(self, train: ev.Train, speed: float) -> tuple[SampleRange, ...]:
+        """The samples the fake trainer trains at `speed`: all of them, or in a time-boxed round (as
+        the real trainer) whole steps until the step that ends past the budget, at least one."""
+        if not train.budget_s:
+            return train.ranges
+        per_step = self.world.rounds.samples_per_step
+        left = math.ceil(train.budget_s * speed / per_step) * per_step
+        out = []
+        for x in train.ranges:
+            if left <= 0:
+                break
+            n = min(left, x.num_samples)
+            out.append(SampleRange(x.block_id, x.start, x.start + n))
+            left -= n
+        return tuple(out)
 
     def _consensus(self, effects: Sequence[Any], now: float, queue: list[ev.Event] | None = None) -> list[Any]:
         out: list[Any] = []
@@ -441,6 +474,9 @@ class PeerSim:
         self.names = [SiteId(f"s{i}") for i in range(cfg.sites)]
         self.disks = {n: Durable(MemoryStore()) for n in self.names}
         self.speeds = {n: self.rng.choice([20.0, 40.0, 80.0]) for n in self.names}
+        # Its own random stream: picking the budget leaves every other draw of the seed as it was.
+        self.rounds = replace(cfg.rounds, budget_s=derive_rng(seed, "budget").choice(cfg.budgets))
+        """The rounds every peer of this seed runs (cfg.rounds with the seed's budget)."""
         self.live: set[str] = set()
         """The sites membership reports alive (what the cores were told)."""
         self.commits: dict[int, RoundCommit] = {}
@@ -450,6 +486,8 @@ class PeerSim:
         self.applied: dict[str, list[int]] = {n: [] for n in self.names}
         self.violations: list[str] = []
         self.epoch_samples: set[tuple[int, int]] = set()
+        self.reached: dict[tuple[str, int], set[tuple[int, int]]] = {}
+        """(site, round) -> the samples its fake trainer reached in that round: all a commit may credit it with."""
         self.epochs_done = 0
         self.faults: list[tuple[float, str]] = []
         self.excluded = 0
@@ -520,6 +558,11 @@ class PeerSim:
         self.longest_stall = max(self.longest_stall, self.sim.now - max(self.last_commit, self.disrupted))
         self.last_commit = self.sim.now
         for c in commit.contributors:
+            reached = self.reached.get((c.site, rnd), set())
+            untrained = sum(1 for x in c.ranges for i in range(x.start, x.end) if (x.block_id, i) not in reached)
+            if untrained:
+                self.violations.append(f"round {rnd}: {c.site} is credited with {untrained} samples its trainer "
+                                       "never reached in that round (a time-boxed round claims only what it trained)")
             for x in c.ranges:
                 for i in range(x.start, x.end):
                     if (x.block_id, i) in self.epoch_samples:

@@ -10,6 +10,7 @@ command that replays it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import math
 import re
@@ -25,6 +26,7 @@ from peer.core import events as ev
 from peer.core import site_round
 from peer.core.apply import ApplyQueue
 from peer.election import SiteId, has_majority
+from peer.membership_types import MemberState
 from peer.sim import peer_sim
 from peer.sim.peer_sim import PeerSim, PeerSimConfig, parse_kinds, simulate
 from peer.sim.runner import NodeState, RunResult
@@ -110,6 +112,34 @@ def test_rounds_applied_again_after_a_state_transfer_are_caught(monkeypatch: pyt
     assert any(any("applied round" in v for v in vs) for vs in found), found
 
 
+def test_time_boxed_seeds_credit_unequal_work_only_with_what_was_trained() -> None:
+    """Seeds pick their round budget (PeerSimConfig.budgets): a time-boxed seed's sites contribute
+    one step or two, as their pace allows, and what they took but did not reach goes back."""
+    boxed = [(w, res) for w, res in map(_run, SEEDS) if w.rounds.budget_s > 0]
+    assert boxed and len(boxed) < len(SEEDS), "both kinds of seed are among SEEDS"
+    for world, res in boxed:
+        assert res.violations == []
+        sizes = {sum(x.num_samples for x in c.ranges) for cm in world.commits.values() for c in cm.contributors}
+        assert {8, 16} <= sizes, sizes
+        assert any("not reached by the trainer go back on their leases" in n for n in world.notes)
+
+
+def test_a_site_credited_with_samples_its_trainer_did_not_reach_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The site core takes the trainer's word that it trained everything it was given (a time-boxed
+    round that stopped early): samples nobody trained would be committed as trained."""
+    real = site_round.SiteRound._trained
+
+    def believes_it_trained_all(self: site_round.SiteRound, event: ev.TrainDone | ev.TrainFailed,
+                                now: float) -> list[ev.Effect]:
+        if isinstance(event, ev.TrainDone) and isinstance(self.busy, site_round._Training):
+            event = dataclasses.replace(event, ranges=self.busy.ranges)
+        return real(self, event, now)
+
+    monkeypatch.setattr(site_round.SiteRound, "_trained", believes_it_trained_all)
+    found = [simulate(seed)[1].violations for seed in SEEDS]
+    assert any(any("never reached in that round" in v for v in vs) for vs in found), found
+
+
 def test_too_few_sites_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="at least 3 sites"):
         PeerSimConfig(sites=2)
@@ -157,7 +187,7 @@ def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch
     the configured voter set: the side cut off declares the rest dead, elects and commits alone."""
     def alive(core: c.ConsensusCore) -> list[SiteId]:
         return [s for s, _ in core.log.voters() if s == core.site or s not in core.members
-                or core.members[s].state != "dead"]
+                or core.members[s].state is not MemberState.DEAD]
 
     def count_votes(self: c.ConsensusCore, effects: list[c.Effect]) -> None:
         if has_majority(self.votes, alive(self)):
