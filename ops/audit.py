@@ -21,9 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from peer.audit import EpochAudit, audit, audit_to_json, event_from_json, universe_from_json
-from peer.commitlog import RoundCommit
-from peer.lease_types import LeaseEvent
+from peer.core.audit import EpochAudit, audit, audit_to_json, event_from_json, universe_from_json
+from peer.core.commitlog import RoundCommit
+from peer.core.lease_types import LeaseEvent
 from peer.logstore import CorruptStore, FileStore
 
 EXIT_VIOLATION = 1

@@ -5,7 +5,7 @@
 
 Starts one `peer serve --train` per site on loopback, all at once (the first founds the run, the
 others join it), says who has joined while they start, then prints every committed round with its
-seconds (the slowest site's), tokens per second, overhead share (1 - compute / wall, peer/timeline.py),
+seconds (the slowest site's), tokens per second, overhead share (1 - compute / wall, peer/core/timeline.py),
 leader, voters, samples committed and whether every live peer holds the same θ (I7), under a
 progress bar over the data epoch on a terminal. One site leaves gracefully half way (the run goes
 on without it). It ends with `ops audit`, the held-out perplexity of the final checkpoint (loaded
@@ -31,9 +31,9 @@ import grpc
 from ops import local_mesh, report
 from ops.certs import make_run
 from ops.mesh import status_document
-from peer import timeline
+from peer.core import timeline
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
-from peer.timeline import RoundTimeline
+from peer.core.timeline import RoundTimeline
 from peer.transport.channels import Credentials, open_blocking_channel
 
 SITE_NAMES = ("snellius", "lumi", "frontier", "leonardo", "mareNostrum", "jupiter")

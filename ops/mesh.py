@@ -20,7 +20,7 @@
 with state one of alive, suspect, dead, left and meta
     {"role", "accelerator", "tokens_per_s", "labels": {...}}.
 
-The table adds one line per live training site with its last round's timeline (peer/timeline.py),
+The table adds one line per live training site with its last round's timeline (peer/core/timeline.py),
 asking each site directly: every site measures its own round on its own clock.
 """
 
@@ -39,7 +39,7 @@ import grpc
 
 from ops.certs import CertError, add_client_flags, client_credentials
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, membership_pb2
-from peer.timeline import PHASES
+from peer.core.timeline import PHASES
 from peer.transport.channels import open_blocking_channel
 
 EXIT_UNREACHABLE = 3

@@ -3,7 +3,7 @@
     ops report --data-dir runs/demo/X/snellius --data-dir runs/demo/X/lumi --out report.png
     ops report --data-dir ... --format md
 
-Reads, per data dir: `timeline.jsonl` (each site's own rounds: phases, tokens, loss; peer/timeline.py),
+Reads, per data dir: `timeline.jsonl` (each site's own rounds: phases, tokens, loss; peer/core/timeline.py),
 the lease ledger (`leases/ledger.jsonl`: grants, reclaims, steals this site logged as a block's
 owner) and, from the first dir, the commit log (joins, graceful leaves and crashes are voter
 changes) and the round checkpoints for held-out perplexity when `--heldout-documents` says which
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops.audit import read_ledger
-from peer import timeline
-from peer.commitlog import RoundCommit, VoterChange
+from peer.core import timeline
+from peer.core.commitlog import RoundCommit, VoterChange
 from peer.logstore import CorruptStore, FileStore
-from peer.timeline import RoundTimeline
+from peer.core.timeline import RoundTimeline
 
 EXIT_INPUT = 2
 MAX_EVALUATED = 12

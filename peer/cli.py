@@ -22,12 +22,12 @@ from pathlib import Path
 from peer import config as cfg
 from peer.dirlock import lock_dir
 from peer import logformat
-from peer.election import ElectionConfig
-from peer.leases import LeaseConfig
+from peer.core.election import ElectionConfig
+from peer.core.leases import LeaseConfig
 from peer.logstore import CorruptStore
-from peer.membership import MembershipConfig
+from peer.core.membership import MembershipConfig
 from peer.node import JoinFailed, Node
-from peer.rounds import RoundsConfig
+from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
 from peer.training import OuterConfig

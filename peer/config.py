@@ -9,7 +9,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     insecure = false                  # true: plaintext gRPC, no certificates (loopback experiments)
 
     [membership]
-    preset = "wan"                    # lan | wan | local_test (peer.membership.MembershipConfig)
+    preset = "wan"                    # lan | wan | local_test (peer.core.membership.MembershipConfig)
     probe_interval_s = 1.5            # any MembershipConfig field overrides the preset
 
     [sites.lumi]
@@ -41,11 +41,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 sites only
     import tomli as tomllib
 
-from peer.election import ElectionConfig
+from peer.core.election import ElectionConfig
 from peer.exchange.client import DEFAULT_PLANE, PLANES
-from peer.membership import MembershipConfig
-from peer.leases import LeaseConfig
-from peer.rounds import RoundsConfig
+from peer.core.membership import MembershipConfig
+from peer.core.leases import LeaseConfig
+from peer.core.rounds import RoundsConfig
 from peer.training import OuterConfig
 from peer.trainer.config import TrainerConfig
 

@@ -1,6 +1,6 @@
 """Runs DiLoCo outer rounds on a node: the effect executor of the round cores.
 
-The decisions are taken by pure cores: the leader's `RoundLeader` (peer/rounds.py) and this peer's
+The decisions are taken by pure cores: the leader's `RoundLeader` (peer/core/rounds.py) and this peer's
 `RoundCore` (peer/core/: the site's half, the leader's fetch, applying the log), with the data-lease
 cores (peer/leasing.py). This file runs their effects (trainer calls, pseudo-gradient fetches, θ
 applies and state transfers in peer/training.py, round and lease sends through the node) as tasks and
@@ -31,18 +31,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from peer import rounds as r
-from peer import timeline
-from peer.commitlog import Entry, RoundCommit
+from peer.core import rounds as r
+from peer.core import timeline
+from peer.core.commitlog import Entry, RoundCommit
 from peer.core import events as ev
 from peer.core.round_core import RoundCore
 from peer.core.site_round import SiteRound
-from peer.election import Header, Role, SiteId
-from peer.lease_types import Message as LeaseMessage, Send as LeaseSend
-from peer.leases import LeaseConfig
+from peer.core.election import Header, Role, SiteId
+from peer.core.lease_types import Message as LeaseMessage, Send as LeaseSend
+from peer.core.leases import LeaseConfig
 from peer.leasing import Leasing
 from peer.metrics import exclusion_kind
-from peer.timeline import RoundClock, RoundTimeline
+from peer.core.timeline import RoundClock, RoundTimeline
 from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Coordinator:
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
         self.clock = RoundClock(node.config.site, node.now())
-        """Books this site's seconds to round phases; a record per applied round (peer/timeline.py)."""
+        """Books this site's seconds to round phases; a record per applied round (peer/core/timeline.py)."""
         training.clock = node.now
 
     async def start(self) -> None:

@@ -15,15 +15,15 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from peer.audit import EpochLedger, event_to_json
-from peer.commitlog import Entry
+from peer.core.audit import EpochLedger, event_to_json
+from peer.core.commitlog import Entry
 from peer.core.lease_log import Effect, LeaseLog
 from peer.durable import write_atomic
-from peer.election import SiteId
-from peer.lease_client import LeaseClient
-from peer.lease_types import EventKind, LeaseEvent, Message, to_ranges
-from peer.leases import LeaseConfig, LeaseOwner
-from peer.samples import SampleRange
+from peer.core.election import SiteId
+from peer.core.lease_client import LeaseClient
+from peer.core.lease_types import EventKind, LeaseEvent, Message, to_ranges
+from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.samples import SampleRange
 
 log = logging.getLogger("sitemesh.leases")
 

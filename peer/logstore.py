@@ -7,7 +7,7 @@ Format (docs/decisions/consensus-storage.md), in one directory per peer:
   way whenever it advances. A lower bound of the cluster's commit index (a follower learns it one
   message later): `ops audit` counts only entries up to it, never an uncommitted suffix on disk.
 * `log`: append-only records `MAGIC | u32 length | u32 crc32(length, payload) | payload`, one per entry
-  (canonical JSON from `peer/commitlog.py`). A batch is appended and fsynced once; a truncation
+  (canonical JSON from `peer/core/commitlog.py`). A batch is appended and fsynced once; a truncation
   (a leader overwrote an uncommitted suffix) cuts the file at the record's offset and fsyncs.
 
 At start-up a bad record that reaches the end of the file is a torn write of an append that was never
@@ -19,7 +19,7 @@ beside a log (the peer would forget its epoch and lead an old one again). Every 
 names the file and the repair (REPAIR).
 
 `MemoryStore` has the same semantics in memory; the simulator uses it as the "disk" that survives a
-crash. Both execute the Persist* effects of `peer/consensus.py` via `persist(effect)`.
+crash. Both execute the Persist* effects of `peer/core/consensus.py` via `persist(effect)`.
 
     .venv/bin/python -m pytest tests/unit/test_logstore.py -q
 """
@@ -33,7 +33,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from peer.commitlog import (
+from peer.core.commitlog import (
     EMPTY_SNAPSHOT,
     DurableState,
     Entry,
@@ -50,7 +50,7 @@ from peer.commitlog import (
     encode_snapshot,
 )
 from peer.durable import fsync_dir, write_atomic
-from peer.election import Epoch, HardState, SiteId
+from peer.core.election import Epoch, HardState, SiteId
 
 MAGIC = b"SMLR"
 _HEADER = struct.Struct(">4sII")  # magic, payload length, crc32 of (length, payload)

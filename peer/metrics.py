@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from peer.commitlog import RoundCommit
-from peer.lease_types import EventKind
-from peer.timeline import PHASES
+from peer.core.commitlog import RoundCommit
+from peer.core.lease_types import EventKind
+from peer.core.timeline import PHASES
 
 if TYPE_CHECKING:
     from peer.node import Node

@@ -28,12 +28,12 @@ from grpc_reflection.v1alpha import reflection
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_delay, wait_exponential
 
 from peer import __version__
-from peer import consensus as c
-from peer import membership as m
-from peer.commitlog import Entry, RoundCommit
+from peer.core import consensus as c
+from peer.core import membership as m
+from peer.core.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
 from peer.durable import write_atomic
-from peer.election import Role, SiteId
+from peer.core.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
 from peer.metrics import PeerEvents
@@ -50,9 +50,9 @@ from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
 from peer.exchange import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
-from peer.rounds import EmptyRounds
-from peer.rounds import Message as RoundMessage
-from peer.lease_types import Message as LeaseMessage
+from peer.core.rounds import EmptyRounds
+from peer.core.rounds import Message as RoundMessage
+from peer.core.lease_types import Message as LeaseMessage
 from peer.training import SiteTraining
 
 log = logging.getLogger("sitemesh.node")

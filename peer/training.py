@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from peer.audit import universe_to_json
-from peer.commitlog import RoundCommit, SampleRange
+from peer.core.audit import universe_to_json
+from peer.core.commitlog import RoundCommit, SampleRange
 from peer.durable import replace_atomic, temp_sibling, write_atomic
 from peer.exchange import (
     ExchangeClient,
@@ -174,7 +174,7 @@ class SiteTraining:
         self.clock: Callable[[], float] = time.monotonic
         """The clock `spent` is measured on (the node gives its own)."""
         self.spent: dict[str, float] = {}
-        """Seconds per round phase (peer/timeline.py: exchange, outer, persist) since `take_spent`."""
+        """Seconds per round phase (peer/core/timeline.py: exchange, outer, persist) since `take_spent`."""
         self.fetched: dict[str, FetchStats] = {}
         """Pseudo-gradient fetches per remote site since start: bytes and the faults survived."""
         self._writing: asyncio.Future[None] | None = None

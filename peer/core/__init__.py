@@ -1,4 +1,21 @@
-"""Pure cores above the protocol cores: the site's half of an outer round, sans I/O.
+"""Every pure core of a peer, sans I/O: time and messages in, effects out.
+
+The import contract in pyproject.toml (run by scripts/test.sh) keeps this package free of grpc,
+torch, asyncio, transformers and every edge (peer.node, peer.coordinator, peer.transport, ...):
+
+- membership (SWIM + Lifeguard): membership.py, suspicion.py, broadcast.py, awareness.py,
+  membership_types.py, membership_config.py;
+- consensus (leader by lease epoch, the round-commit log): election.py, consensus.py, commitlog.py;
+- data leases (DARL): ring.py, leases.py (owner), lease_client.py (holder), lease_types.py,
+  lease_log.py (both fed from the log), admission.py (I6), audit.py (the ledger, I4/I5);
+- rounds: rounds.py (the leader's half), and the site's half below; samples.py, ids.py,
+  timeline.py (the per-round record).
+
+The edges around them: peer/node.py and peer/coordinator.py (the effect executors), peer/transport/
+(gRPC), peer/exchange/ (the pseudo-gradient data plane), peer/trainer/ (torch), peer/logstore.py and
+peer/durable.py (disk); peer/sim/ drives these same cores in simulated time.
+
+The site's half of an outer round:
 
 `RoundCore` (peer/core/round_core.py) composes three state machines, each `handle(event, now) ->
 effects` plus `next_deadline()`, that never await, sleep or touch grpc, torch or the disk:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from peer.commitlog import RoundCommit
+from peer.core.commitlog import RoundCommit
 from peer.core import events as ev
 
 RETRY_STEP_S = 0.5

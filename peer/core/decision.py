@@ -1,6 +1,6 @@
 """The leader's fetch of a decided round, sans I/O: pull the admitted Δ, drop who cannot serve, propose.
 
-`RoundLeader` (peer/rounds.py) decides which contributions are admitted (I6). This core turns its
+`RoundLeader` (peer/core/rounds.py) decides which contributions are admitted (I6). This core turns its
 `Decide` into a RoundCommit: `Fetch` the admitted contributions' pseudo-gradients (the executor pulls,
 verifies and averages them and applies the outer step), and on
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peer.commitlog import Contributor, RoundCommit
+from peer.core.commitlog import Contributor, RoundCommit
 from peer.core import events as ev
-from peer.ids import Round, SiteId
-from peer.rounds import Contribution
+from peer.core.ids import Round, SiteId
+from peer.core.rounds import Contribution
 
 
 @dataclass

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from peer.commitlog import RoundCommit
-from peer.lease_types import Send as LeaseSend
-from peer.rounds import Contribution, Decide, RoundOpen
-from peer.samples import SampleRange
+from peer.core.commitlog import RoundCommit
+from peer.core.lease_types import Send as LeaseSend
+from peer.core.rounds import Contribution, Decide, RoundOpen
+from peer.core.samples import SampleRange
 
 # ----- events -------------------------------------------------------------------------------------
 

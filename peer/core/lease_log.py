@@ -1,6 +1,6 @@
 """One peer's DARL cores fed from the commit log, sans I/O: the lease owner and holder, and their views.
 
-The cores (peer/leases.py owner, peer/lease_client.py holder) know nothing of the log; this gives
+The cores (peer/core/leases.py owner, peer/core/lease_client.py holder) know nothing of the log; this gives
 them what it says: ring views from committed voter sets, committed samples from RoundCommits. Log
 entries reach the cores in log order, in batches: of the ring views in one batch only the newest
 is given to the cores (a restarted peer replays many; its owner core must see only the current one,
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from peer.audit import EpochLedger
-from peer.commitlog import Entry, RoundCommit, VoterChange, Voters, apply_voter_change
-from peer.ids import SiteId
-from peer.lease_client import LeaseClient
-from peer.lease_types import LeaseEvent, Message, Send
-from peer.leases import LeaseConfig, LeaseOwner
-from peer.ring import RingView
+from peer.core.audit import EpochLedger
+from peer.core.commitlog import Entry, RoundCommit, VoterChange, Voters, apply_voter_change
+from peer.core.ids import SiteId
+from peer.core.lease_client import LeaseClient
+from peer.core.lease_types import LeaseEvent, Message, Send
+from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.ring import RingView
 
 Effect = Send | LeaseEvent
 

@@ -27,13 +27,13 @@ import math
 from dataclasses import dataclass
 
 from peer.core import events as ev
-from peer.election import Header
-from peer.ids import Epoch, SiteId
-from peer.lease_client import LeaseClient
-from peer.lease_types import Spans, Voucher, normalize, of_range, subtract, to_ranges
-from peer.rounds import Contribution, RoundOpen, RoundsConfig
-from peer.samples import SampleRange, merge_ranges
-from peer.timeline import RoundClock
+from peer.core.election import Header
+from peer.core.ids import Epoch, SiteId
+from peer.core.lease_client import LeaseClient
+from peer.core.lease_types import Spans, Voucher, normalize, of_range, subtract, to_ranges
+from peer.core.rounds import Contribution, RoundOpen, RoundsConfig
+from peer.core.samples import SampleRange, merge_ranges
+from peer.core.timeline import RoundClock
 
 BASE_WAIT_S = 5.0
 """How long an open waits for θ_{r-1} to be applied here before the site sits the round out."""

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peer.commitlog import Contributor, Entry, Round, RoundCommit, SampleRange, encode_entry
-from peer.consensus import (
+from peer.core.commitlog import Contributor, Entry, Round, RoundCommit, SampleRange, encode_entry
+from peer.core.consensus import (
     Committed,
     ConsensusCore,
     Decision,
@@ -46,7 +46,7 @@ from peer.consensus import (
     SnapshotInstalled,
     fencing_epoch,
 )
-from peer.election import ElectionConfig, Role, SiteId
+from peer.core.election import ElectionConfig, Role, SiteId
 from peer.logstore import MemoryStore
 from peer.sim.faults import KINDS, FaultLimits, apply, clocks, parse_faults, plan
 from peer.sim.network import SimNetwork

@@ -22,7 +22,7 @@ runs 40% slow); message loss, duplication and reordering.
 
 Checked after every event: no sample in two commits of a data epoch (I4); no two sites vouched for
 the same sample in undecided rounds unless its record was rebuilt; no lease generation acknowledged
-as started to two sites. At the end: every epoch exactly once (I5, via peer/audit.py), all finished.
+as started to two sites. At the end: every epoch exactly once (I5, via peer/core/audit.py), all finished.
 
     .venv/bin/python -m peer.sim.leases_sim --seeds 0:20 --sites 5
 """
@@ -34,14 +34,15 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from peer import rounds as r
+from peer.core import rounds as r
 from peer.core import events as ev
 from peer.core.decision import Decision
-from peer.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
-from peer.commitlog import (
+from peer.core.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
+from peer.core.commitlog import (
     Contributor,
     Entry,
     LogIndex,
@@ -51,11 +52,11 @@ from peer.commitlog import (
     VoterChange,
 )
 from peer.core.lease_log import LeaseLog
-from peer.election import Epoch, HardState, Header, SiteId
-from peer.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
-from peer.leases import LeaseConfig
+from peer.core.election import Epoch, HardState, Header, SiteId
+from peer.core.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
+from peer.core.leases import LeaseConfig
 from peer.logstore import FileStore
-from peer.ring import RingView
+from peer.core.ring import RingView
 from peer.sim.clock import NodeClock
 from peer.sim.network import SimNetwork
 from peer.sim.faults import parse_faults
@@ -430,7 +431,7 @@ class LeaseSim:
             rate = 0.6 if (n == "s1" and self.cfg.faults) else (self.rng.uniform(0.98, 1.02) if self.cfg.faults else 1.0)
             clock = NodeClock(offset=self.rng.uniform(-50, 50), rate=rate)
             at = 0.0 if n in founders else 1e9  # late joiners are started by their join fault
-            self.sim.add_node(n, lambda now, n=n: (self._peer(n, now), []), at=at, clock=clock)
+            self.sim.add_node(n, partial(self._start, n), at=at, clock=clock)
         for n in founders:
             self.control.acked[n] = 0
         self.control.commit_view(set(founders))
@@ -448,6 +449,9 @@ class LeaseSim:
             self.sim.stop()
         else:
             self.sim.schedule(self.sim.now + 1.0, self._watch_epochs, "watch epochs")
+
+    def _start(self, name: SiteId, now: float) -> tuple[LeasePeer, list[Any]]:
+        return self._peer(name, now), []
 
     def _peer(self, name: SiteId, now: float) -> LeasePeer:
         # The node keeps this count on its disk; LeaseLog distrusts a restarted process's records.

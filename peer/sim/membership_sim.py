@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from peer.membership import (
+from peer.core.membership import (
     MemberMeta,
     Membership,
     MembershipConfig,

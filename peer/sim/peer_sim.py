@@ -1,8 +1,8 @@
 """Whole-peer simulation of outer rounds: the real round, consensus and lease cores of N sites.
 
-Every site is a `PeerNode`: the real consensus core (peer/consensus.py on a `MemoryStore` that
+Every site is a `PeerNode`: the real consensus core (peer/core/consensus.py on a `MemoryStore` that
 survives its crashes), the real lease cores fed from its log (peer/core/lease_log.py), the real
-leader core (`RoundLeader`, peer/rounds.py) and the real round core (`RoundCore`, peer/core/). What
+leader core (`RoundLeader`, peer/core/rounds.py) and the real round core (`RoundCore`, peer/core/). What
 the node's executor (peer/coordinator.py) does with I/O is done here in simulated time:
 
 - `Train`: a fake trainer "trains" the ranges in simulated time (a site-specific speed) and returns
@@ -49,25 +49,25 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from peer import rounds as r
-from peer.commitlog import Entry, RoundCommit
-from peer.consensus import Committed, ConsensusCore, DurableState, LeaderChanged
-from peer.consensus import Message as ConsensusMessage
-from peer.consensus import Send as ConsensusSend
+from peer.core import rounds as r
+from peer.core.commitlog import Entry, RoundCommit
+from peer.core.consensus import Committed, ConsensusCore, DurableState, LeaderChanged
+from peer.core.consensus import Message as ConsensusMessage
+from peer.core.consensus import Send as ConsensusSend
 from peer.core import events as ev
 from peer.core.lease_log import LeaseLog
 from peer.core.round_core import RoundCore
 from peer.core.site_round import SiteRound
-from peer.election import ElectionConfig, Header, Role, SiteId, has_majority
-from peer.lease_types import Send as LeaseSend
-from peer.leases import LeaseConfig
+from peer.core.election import ElectionConfig, Header, Role, SiteId, has_majority
+from peer.core.lease_types import Send as LeaseSend
+from peer.core.leases import LeaseConfig
 from peer.logstore import MemoryStore
-from peer.samples import SampleRange
+from peer.core.samples import SampleRange
 from peer.sim.clock import NodeClock
 from peer.sim.faults import parse_faults
 from peer.sim.network import SimNetwork
 from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
-from peer.timeline import RoundClock
+from peer.core.timeline import RoundClock
 
 RAFT = ElectionConfig(election_timeout_min_s=1.0, election_timeout_max_s=2.0, heartbeat_interval_s=0.2,
                       max_clock_drift=0.01, max_batch=16)

@@ -27,7 +27,7 @@ import blake3
 import numpy as np
 import torch
 
-from peer.samples import SampleRange, merge_ranges  # noqa: F401 - merge_ranges: the trainer's name for it
+from peer.core.samples import SampleRange, merge_ranges  # noqa: F401 - merge_ranges: the trainer's name for it
 from peer.trainer.config import DataConfig
 from peer.trainer.data import Corpus
 

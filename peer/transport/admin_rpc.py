@@ -9,7 +9,7 @@ import grpc
 
 from peer.config import ConfigError, parse_address
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
-from peer.timeline import PHASES, RoundTimeline
+from peer.core.timeline import PHASES, RoundTimeline
 from peer.transport.wire import to_proto
 
 if TYPE_CHECKING:

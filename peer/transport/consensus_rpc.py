@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peer import commitlog, election
+from peer.core import commitlog, election
 from peer.gen.sitemesh.v1 import consensus_pb2
 from peer.transport.oneway import OneWayService, Route
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peer import lease_types as lt
+from peer.core import lease_types as lt
 from peer.gen.sitemesh.v1 import leases_pb2
 from peer.transport.oneway import OneWayService, Route
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peer import membership as m
+from peer.core import membership as m
 from peer.gen.sitemesh.v1 import membership_pb2
 from peer.transport.oneway import OneWayService, Route
 

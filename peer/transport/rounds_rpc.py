@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peer import rounds
+from peer.core import rounds
 from peer.gen.sitemesh.v1 import rounds_pb2
 from peer.transport.oneway import OneWayService, Route
 

@@ -1,6 +1,6 @@
 """Conversion between protocol-core dataclasses and their protobuf messages, in one place.
 
-The cores (peer/membership.py, ...) define frozen dataclasses whose field names are the proto
+The cores (peer/core/membership.py, ...) define frozen dataclasses whose field names are the proto
 field names, so conversion is structural: a nested dataclass is a sub-message, a tuple of
 dataclasses a repeated message, an Enum the proto enum value `<ENUM_NAME_IN_SNAKE_CAPS>_<MEMBER>`,
 a `tuple[tuple[str, str], ...]` a proto map (or, for a repeated message, one message per tuple

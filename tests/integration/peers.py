@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.certs import LOOPBACK, issue, make_run
-from peer.commitlog import RoundCommit
+from peer.core.commitlog import RoundCommit
 from peer.logstore import FileStore
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 
-from peer.commitlog import AppendEntries, LogIndex
-from peer.election import ElectionConfig, Epoch, Header, SiteId
+from peer.core.commitlog import AppendEntries, LogIndex
+from peer.core.election import ElectionConfig, Epoch, Header, SiteId
 from peer.transport.channels import ChannelPool
 from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.oneway import OneWaySender

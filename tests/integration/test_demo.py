@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from peer import timeline
+from peer.core import timeline
 from tests.integration.peers import ops
 
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from peer import config as cfg
-from peer.election import ElectionConfig
+from peer.core.election import ElectionConfig
 from peer.exchange.service import SERVICE as EXCHANGE
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import (
@@ -39,8 +39,8 @@ from peer.gen.sitemesh.v1 import (
     membership_pb2,
     rounds_pb2,
 )
-from peer.leases import LeaseConfig
-from peer.membership import MembershipConfig
+from peer.core.leases import LeaseConfig
+from peer.core.membership import MembershipConfig
 from peer.node import Node
 from peer.transport.channels import open_blocking_channel
 from peer.transport.wire import MAX_MEMBERS

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.membership import MembershipConfig
+from peer.core.membership import MembershipConfig
 from tests.integration.peers import Cluster, ops, states, status, wait_for
 
 CONFIG = MembershipConfig.local_test()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.membership import MembershipConfig
+from peer.core.membership import MembershipConfig
 from tests.integration.peers import Cluster, ops, status, wait_for
 
 PRESET = "lan"

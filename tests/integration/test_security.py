@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from ops.certs import LOOPBACK, init_ca, issue
-from peer.commitlog import AppendEntries, Entry, InstallSnapshot, LogIndex, Round, RoundCommit, Snapshot
-from peer.election import Epoch, Header, SiteId
+from peer.core.commitlog import AppendEntries, Entry, InstallSnapshot, LogIndex, Round, RoundCommit, Snapshot
+from peer.core.election import Epoch, Header, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, consensus_pb2, membership_pb2
 from peer.transport.channels import PLAINTEXT, Credentials, open_blocking_channel
 from peer.transport.consensus_rpc import CONSENSUS

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.commitlog import RoundCommit
+from peer.core.commitlog import RoundCommit
 from peer.logstore import FileStore
 from peer.trainer.blocks import BlockIndex
 from peer.trainer.config import DataConfig

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ops import report
 from peer.exchange.bulk import MAGIC, TOKEN_BYTES
 from ops.audit import read_round_commits
-from peer import timeline
+from peer.core import timeline
 from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
 
 DOCS = 8  # 141 samples in 3 blocks: several rounds of both sites

@@ -9,9 +9,9 @@ import dataclasses
 
 import pytest
 
-from peer.commitlog import AppendEntries
-from peer.consensus import ConsensusCore, Effect, Message
-from peer.election import Epoch, HardState, RequestVote
+from peer.core.commitlog import AppendEntries
+from peer.core.consensus import ConsensusCore, Effect, Message
+from peer.core.election import Epoch, HardState, RequestVote
 from peer.sim.consensus_sim import ConsensusScenario, run_consensus_sweep, run_seed
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 import peer.sim.leases_sim as sim
-from peer import admission
-from peer.admission import Admission
-from peer.lease_types import LeaseRecord, LeaseState, Span, subtract
-from peer.leases import LeaseOwner
+from peer.core import admission
+from peer.core.admission import Admission
+from peer.core.lease_types import LeaseRecord, LeaseState, Span, subtract
+from peer.core.leases import LeaseOwner
 from peer.sim.leases_sim import SimConfig, simulate
 
 CI_SEEDS = range(12)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import ops.simulate as simulate
-from peer.membership import (
+from peer.core.membership import (
     MemberMeta,
     Membership,
     MembershipConfig,
@@ -21,7 +21,7 @@ from peer.membership import (
     MemberUpdate,
     StateChanged,
 )
-from peer.membership import _Probe as Probe
+from peer.core.membership import _Probe as Probe
 from peer.sim.membership_sim import LATENCY_S, MembershipScenario, run_seed
 from peer.sim.network import SimNetwork
 from peer.sim.runner import Simulation

@@ -18,15 +18,15 @@ import re
 import pytest
 
 from ops import simulate as ops_simulate
-from peer import consensus as c
-from peer import rounds
-from peer.admission import Admission
-from peer.commitlog import quorum_index
+from peer.core import consensus as c
+from peer.core import rounds
+from peer.core.admission import Admission
+from peer.core.commitlog import quorum_index
 from peer.core import events as ev
 from peer.core import site_round
 from peer.core.apply import ApplyQueue
-from peer.election import SiteId, has_majority
-from peer.membership_types import MemberState
+from peer.core.election import SiteId, has_majority
+from peer.core.membership_types import MemberState
 from peer.sim import peer_sim
 from peer.sim.peer_sim import PeerSim, PeerSimConfig, parse_kinds, simulate
 from peer.sim.runner import NodeState, RunResult

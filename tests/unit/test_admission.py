@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from peer.admission import Contribution, admit_round
-from peer.audit import EpochLedger
-from peer.commitlog import SampleRange
-from peer.election import SiteId
-from peer.lease_types import BlockId, Gen, Voucher, spans
+from peer.core.admission import Contribution, admit_round
+from peer.core.audit import EpochLedger
+from peer.core.commitlog import SampleRange
+from peer.core.election import SiteId
+from peer.core.lease_types import BlockId, Gen, Voucher, spans
 
 UNIVERSE = {812: 10, 813: 10}
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from peer.audit import EpochLedger, audit, event_from_json, event_to_json
-from peer.commitlog import SampleRange
-from peer.election import SiteId
-from peer.lease_types import BlockId, DataEpoch, EventKind, Gen, LeaseEvent, spans
+from peer.core.audit import EpochLedger, audit, event_from_json, event_to_json
+from peer.core.commitlog import SampleRange
+from peer.core.election import SiteId
+from peer.core.lease_types import BlockId, DataEpoch, EventKind, Gen, LeaseEvent, spans
 
 UNIVERSE = {1: 4, 2: 6}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peer.broadcast import BroadcastQueue
+from peer.core.broadcast import BroadcastQueue
 
 
 def test_newer_rumour_about_the_same_member_replaces_the_old_one() -> None:

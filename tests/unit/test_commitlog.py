@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.commitlog import (
+from peer.core.commitlog import (
     Contributor,
     Entry,
     EpochStart,
@@ -23,7 +23,7 @@ from peer.commitlog import (
     encode_snapshot,
     quorum_index,
 )
-from peer.election import Epoch, SiteId
+from peer.core.election import Epoch, SiteId
 
 
 def _e(index: int, epoch: int, rnd: int | None = None) -> Entry:

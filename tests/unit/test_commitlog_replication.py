@@ -4,9 +4,9 @@ voter rule and resuming from disk. Harness: peer.sim.consensus_sim.Lockstep."""
 
 from __future__ import annotations
 
-from peer.commitlog import Contributor, Round, RoundCommit, SampleRange, VoterChange
-from peer.consensus import Committed, SnapshotInstalled
-from peer.election import Role, SiteId
+from peer.core.commitlog import Contributor, Round, RoundCommit, SampleRange, VoterChange
+from peer.core.consensus import Committed, SnapshotInstalled
+from peer.core.election import Role, SiteId
 from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
 
 E_MAX = SIM_CONFIG.election_timeout_max_s

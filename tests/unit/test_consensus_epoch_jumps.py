@@ -1,4 +1,4 @@
-"""Epoch jumps no honest peer makes are refused (peer/consensus.py `implausible_epoch`): a site
+"""Epoch jumps no honest peer makes are refused (peer/core/consensus.py `implausible_epoch`): a site
 outside the voter set cannot push a peer far above its epoch; a voter far ahead (this peer was
 away) and a joiner with no voters yet are believed. docs/decisions/security-epoch-jumps.md.
 
@@ -7,9 +7,9 @@ away) and a joiner with no voters yet are believed. docs/decisions/security-epoc
 
 from __future__ import annotations
 
-from peer.commitlog import AppendEntries, Epoch, LogIndex
-from peer.consensus import MAX_EPOCH_JUMP, Rejected
-from peer.election import Header, RequestVote, SiteId
+from peer.core.commitlog import AppendEntries, Epoch, LogIndex
+from peer.core.consensus import MAX_EPOCH_JUMP, Rejected
+from peer.core.election import Header, RequestVote, SiteId
 from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
 
 

@@ -6,8 +6,8 @@ forwards what membership says, and the core decides what a verdict means for the
 
 from __future__ import annotations
 
-from peer.election import SiteId
-from peer.membership_types import MemberState
+from peer.core.election import SiteId
+from peer.core.membership_types import MemberState
 from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
 
 

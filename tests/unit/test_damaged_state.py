@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from peer.commitlog import Entry, LogIndex, Round, RoundCommit
-from peer.consensus import DurableState, PersistHardState
-from peer.election import Epoch, HardState, SiteId
+from peer.core.commitlog import Entry, LogIndex, Round, RoundCommit
+from peer.core.consensus import DurableState, PersistHardState
+from peer.core.election import Epoch, HardState, SiteId
 from peer.logstore import CorruptStore, FileStore
 
 FOUNDERS = {SiteId("a"): "a:1"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.election import (
+from peer.core.election import (
     ElectionConfig,
     Epoch,
     HardState,

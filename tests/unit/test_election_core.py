@@ -3,9 +3,9 @@ stale-epoch fencing, paused leader, restart with a stale epoch. Harness: peer.si
 
 from __future__ import annotations
 
-from peer.commitlog import AppendEntries, Epoch, LogIndex
-from peer.consensus import LeaderChanged, PersistHardState, Rejected, Send
-from peer.election import Header, RequestVote, Role, SiteId
+from peer.core.commitlog import AppendEntries, Epoch, LogIndex
+from peer.core.consensus import LeaderChanged, PersistHardState, Rejected, Send
+from peer.core.election import Header, RequestVote, Role, SiteId
 from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
 
 E_MIN, E_MAX = SIM_CONFIG.election_timeout_min_s, SIM_CONFIG.election_timeout_max_s

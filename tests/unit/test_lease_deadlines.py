@@ -13,8 +13,8 @@ import copy
 import random
 from collections import Counter
 
-from peer.election import SiteId
-from peer.lease_types import Send
+from peer.core.election import SiteId
+from peer.core.lease_types import Send
 from tests.unit.test_leases_mesh import Mesh
 
 SITES = [SiteId(s) for s in "abc"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from peer.commitlog import SampleRange
-from peer.election import SiteId
-from peer.lease_types import (
+from peer.core.commitlog import SampleRange
+from peer.core.election import SiteId
+from peer.core.lease_types import (
     BlockId,
     Claim,
     EventKind,
@@ -23,7 +23,7 @@ from peer.lease_types import (
     TrainedReply,
     spans,
 )
-from peer.ring import RingView
+from peer.core.ring import RingView
 from tests.unit.test_leases_mesh import CFG, Mesh
 
 B = BlockId(100)
@@ -272,7 +272,7 @@ def test_a_completed_epoch_resets_every_record() -> None:
 def test_every_message_round_trips_through_its_proto() -> None:
     """Field names match protos/sitemesh/v1/leases.proto, so peer/transport/wire.py converts them."""
     from peer.gen.sitemesh.v1 import leases_pb2
-    from peer.lease_types import (
+    from peer.core.lease_types import (
         BlockRev, Grant, LeaseRecord, PendingClaim, Refusal, Release, Replicate, ReplicateAck, SyncReply,
         SyncRequest, Voucher,
     )

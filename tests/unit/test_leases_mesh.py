@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from peer.audit import EpochLedger
-from peer.election import SiteId
-from peer.lease_client import LeaseClient
-from peer.lease_types import GrantRequest, LeaseEvent, Message, Send
-from peer.leases import LeaseConfig, LeaseOwner
-from peer.ring import RingView
+from peer.core.audit import EpochLedger
+from peer.core.election import SiteId
+from peer.core.lease_client import LeaseClient
+from peer.core.lease_types import GrantRequest, LeaseEvent, Message, Send
+from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.ring import RingView
 
 CFG = LeaseConfig(ttl=10.0, renew_every=2.0, retry_after=1.0, max_grant=3)
 UNIVERSE = {100 + i: 8 for i in range(12)}
@@ -102,8 +102,8 @@ def _settle(m: Mesh, rounds: int = 4) -> None:
 
 
 def test_holder_prefetches_starts_one_block_trains_and_contributes_what_was_vouched() -> None:
-    from peer.admission import admit_round
-    from peer.lease_types import LeaseState
+    from peer.core.admission import admit_round
+    from peer.core.lease_types import LeaseState
 
     m = Mesh("abc")
     m.set_view("abc")
@@ -153,7 +153,7 @@ def test_holder_stops_training_when_its_lease_runs_out_on_its_own_clock() -> Non
 
 
 def test_graceful_leave_releases_every_lease() -> None:
-    from peer.lease_types import EventKind
+    from peer.core.lease_types import EventKind
 
     m = Mesh("abc")
     m.set_view("abc")
@@ -172,8 +172,8 @@ def test_graceful_leave_releases_every_lease() -> None:
 
 
 def test_a_block_trained_under_two_leases_is_claimed_under_the_newest() -> None:
-    from peer.lease_client import Held
-    from peer.lease_types import Gen, Trained
+    from peer.core.lease_client import Held
+    from peer.core.lease_types import Gen, Trained
 
     m = Mesh("abc")
     m.set_view("abc")
@@ -193,7 +193,7 @@ def test_a_block_trained_under_two_leases_is_claimed_under_the_newest() -> None:
 
 
 def test_samples_taken_but_not_trained_go_back_on_the_lease_and_are_not_claimed() -> None:
-    from peer.samples import SampleRange
+    from peer.core.samples import SampleRange
 
     m = Mesh("abc")
     m.set_view("abc")

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from peer.commitlog import Contributor, Entry, RoundCommit, VoterChange
-from peer.election import Epoch, Header, SiteId
+from peer.core.commitlog import Contributor, Entry, RoundCommit, VoterChange
+from peer.core.election import Epoch, Header, SiteId
 from peer.gen.sitemesh.v1 import leases_pb2, rounds_pb2
-from peer.lease_types import Gen, Message, Voucher, spans
-from peer.leases import LeaseConfig
+from peer.core.lease_types import Gen, Message, Voucher, spans
+from peer.core.leases import LeaseConfig
 from peer.leasing import Leasing, next_boot
-from peer.rounds import Contribution
-from peer.samples import SampleRange
+from peer.core.rounds import Contribution
+from peer.core.samples import SampleRange
 from peer.transport.leases_rpc import LEASES
 from peer.transport.wire import from_proto, to_proto
 

@@ -12,9 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from peer.commitlog import Entry, EpochStart, LogIndex, Round, RoundCommit, Snapshot, VoterChange, bootstrap_entries
-from peer.consensus import DurableState, PersistHardState, PersistLog
-from peer.election import Epoch, HardState, SiteId
+from peer.core.commitlog import Entry, EpochStart, LogIndex, Round, RoundCommit, Snapshot, VoterChange, bootstrap_entries
+from peer.core.consensus import DurableState, PersistHardState, PersistLog
+from peer.core.election import Epoch, HardState, SiteId
 from peer.logstore import CorruptStore, FileStore, MemoryStore
 
 FOUNDERS = {SiteId("a"): "a:1", SiteId("b"): "b:1"}

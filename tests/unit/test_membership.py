@@ -10,7 +10,7 @@ from typing import Generic, TypeVar
 
 import pytest
 
-from peer.membership import (
+from peer.core.membership import (
     Ack,
     Effect,
     MemberMeta,

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from peer.awareness import Awareness
-from peer.membership import MembershipConfig
+from peer.core.awareness import Awareness
+from peer.core.membership import MembershipConfig
 
 PRESETS = [MembershipConfig.lan(), MembershipConfig.wan(), MembershipConfig.local_test()]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import matplotlib.image
 
 from ops import report
-from peer import timeline
-from peer.timeline import RoundTimeline
+from peer.core import timeline
+from peer.core.timeline import RoundTimeline
 
 
 def _site(root: Path, site: str, rounds: list[tuple[int, float, float, int]], grants: int, steals: int) -> Path:

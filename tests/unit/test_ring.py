@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.ring import REPLICAS, RingView, moved, quorum
+from peer.core.ring import REPLICAS, RingView, moved, quorum
 
 BLOCKS = list(range(5000, 7000))
 

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from peer.audit import EpochLedger
-from peer.commitlog import SampleRange
-from peer.election import Epoch, Header, SiteId
-from peer.lease_types import Gen, Voucher, of_range
-from peer.rounds import Broadcast, Contribution, Decide, EpochComplete, RoundLeader, RoundOpen, RoundsConfig
+from peer.core.audit import EpochLedger
+from peer.core.commitlog import SampleRange
+from peer.core.election import Epoch, Header, SiteId
+from peer.core.lease_types import Gen, Voucher, of_range
+from peer.core.rounds import Broadcast, Contribution, Decide, EpochComplete, RoundLeader, RoundOpen, RoundsConfig
 
 UNIVERSE = {10: 8, 11: 8, 12: 4}  # 20 samples
 CFG = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=5.0, idle_wait_s=1.0)
@@ -292,7 +292,7 @@ def test_next_deadline_names_every_moment_tick_acts_on_its_own() -> None:
 def test_empty_rounds_are_proposed_by_the_leader_alone_at_their_interval() -> None:
     """Without a trainer (`--round-interval`): a follower has no deadline at all (it used to report
     a past one and spin), the leader one round per interval on the last weights."""
-    from peer.rounds import EmptyRounds
+    from peer.core.rounds import EmptyRounds
 
     empty = EmptyRounds(0.5)
     assert empty.next_deadline(leading=False) == float("inf")

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from peer.audit import EpochLedger
-from peer.commitlog import Contributor, Round, RoundCommit
+from peer.core.audit import EpochLedger
+from peer.core.commitlog import Contributor, Round, RoundCommit
 from peer.core import events as ev
 from peer.core.round_core import RoundCore
 from peer.core.site_round import BASE_WAIT_S, SiteRound
-from peer.election import Epoch, Header, SiteId
-from peer.lease_client import LeaseClient
-from peer.lease_types import Send, Trained, to_ranges
-from peer.leases import LeaseConfig, LeaseOwner
-from peer.ring import RingView
-from peer.rounds import Contribution, Decide, RoundOpen, RoundsConfig
-from peer.samples import SampleRange
-from peer.timeline import RoundClock
+from peer.core.election import Epoch, Header, SiteId
+from peer.core.lease_client import LeaseClient
+from peer.core.lease_types import Send, Trained, to_ranges
+from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.ring import RingView
+from peer.core.rounds import Contribution, Decide, RoundOpen, RoundsConfig
+from peer.core.samples import SampleRange
+from peer.core.timeline import RoundClock
 
 CONFIG = RoundsConfig(inner_steps=2, samples_per_step=8, deadline_s=10.0, gather_s=2.0)
 THETA0 = b"theta0"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from peer.suspicion import Suspicion
+from peer.core.suspicion import Suspicion
 
 
 @pytest.mark.parametrize("k,confirmations,expected", [

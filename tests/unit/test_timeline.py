@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from peer import timeline
-from peer.timeline import PHASES, RoundClock, RoundTimeline
+from peer.core import timeline
+from peer.core.timeline import PHASES, RoundClock, RoundTimeline
 
 
 def test_phases_partition_the_wall_time_and_idle_takes_the_rest() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer.commitlog import RoundCommit
+from peer.core.commitlog import RoundCommit
 from peer.exchange import publish_pseudo_gradient
 from peer.outer import state_dict_hash
 from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig

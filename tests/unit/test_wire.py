@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from peer.gen.sitemesh.v1 import membership_pb2
-from peer.membership_types import Ack, MemberMeta, MemberState, MemberUpdate, Nack, Ping, PingReq, PushPull
+from peer.core.membership_types import Ack, MemberMeta, MemberState, MemberUpdate, Nack, Ping, PingReq, PushPull
 from peer.transport.wire import WireError, from_proto, to_proto
 
 META = MemberMeta(site="lumi", address="10.0.0.1:7001", role="voter", accelerator="4x MI250X",
@@ -57,8 +57,8 @@ def test_absent_meta_stays_none() -> None:
 
 
 def test_consensus_entries_oneof_and_voter_tuples_round_trip() -> None:
-    from peer.commitlog import AppendEntries, Contributor, Entry, EpochStart, RoundCommit, SampleRange, VoterChange
-    from peer.election import Epoch, Header, SiteId
+    from peer.core.commitlog import AppendEntries, Contributor, Entry, EpochStart, RoundCommit, SampleRange, VoterChange
+    from peer.core.election import Epoch, Header, SiteId
     from peer.gen.sitemesh.v1 import consensus_pb2
 
     entries = (
@@ -74,7 +74,7 @@ def test_consensus_entries_oneof_and_voter_tuples_round_trip() -> None:
 
 
 def test_missing_oneof_is_refused() -> None:
-    from peer.commitlog import Entry
+    from peer.core.commitlog import Entry
     from peer.gen.sitemesh.v1 import consensus_pb2
 
     with pytest.raises(WireError, match="LogEntry.body is not set"):

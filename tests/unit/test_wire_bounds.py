@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from peer import commitlog
-from peer import membership as m
+from peer.core import commitlog
+from peer.core import membership as m
 from peer.gen.sitemesh.v1 import common_pb2, consensus_pb2, membership_pb2
 from peer.transport.wire import MAX_COUNTER, MAX_MEMBERS, MAX_STRING, WireError, from_proto
 
@@ -62,7 +62,7 @@ def test_a_forged_snapshot_with_too_many_voters_is_refused() -> None:
 
 def test_identifiers_may_use_all_64_bits() -> None:
     """Block ids are 64-bit hashes: only counters are bounded (a real demo run found this)."""
-    from peer import lease_types as lt
+    from peer.core import lease_types as lt
     from peer.gen.sitemesh.v1 import leases_pb2
 
     msg = leases_pb2.Release(header=leases_pb2.LeaseHeader(site="a"),

@@ -4,7 +4,7 @@ Follows the knobs of HashiCorp memberlist (`DefaultLANConfig`/`DefaultWANConfig`
 paper (Dadgar et al., 2018) for the suspicion and awareness multipliers. `detection_bound_s` is the
 bound the simulator and the real-process tests assert; its derivation is in docs/membership.md.
 
-    python -c "from peer.membership import MembershipConfig as C; print(C.wan().detection_bound_s(5))"
+    python -c "from peer.core.membership import MembershipConfig as C; print(C.wan().detection_bound_s(5))"
 """
 
 from __future__ import annotations

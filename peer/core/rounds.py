@@ -2,9 +2,9 @@
 
 The leader of the current epoch opens round r = last committed round + 1 once round r-1 is
 committed, and expects a report from every live site. Which samples a site trains is not the
-leader's business: sites train samples they hold data leases on (DARL, peer/lease_client.py) and
+leader's business: sites train samples they hold data leases on (DARL, peer/core/lease_client.py) and
 report exactly those, with the lease owners' vouchers. The leader decides when every expected site
-reported or the deadline passed: `admit_round` (peer/admission.py) includes a contribution only if
+reported or the deadline passed: `admit_round` (peer/core/admission.py) includes a contribution only if
 every range is vouched for that site and round and none is committed in the data epoch (I6);
 anything else is excluded with a reason and its samples go back to free. The node turns a
 `Decide` into the outer step and a RoundCommit proposal; the commit log alone says which samples
@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from peer import admission
-from peer.audit import EpochLedger
-from peer.commitlog import Round, RoundCommit, SampleRange
-from peer.election import Header, SiteId
-from peer.lease_types import Voucher
+from peer.core import admission
+from peer.core.audit import EpochLedger
+from peer.core.commitlog import Round, RoundCommit, SampleRange
+from peer.core.election import Header, SiteId
+from peer.core.lease_types import Voucher
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ The ring is computed from a `RingView`: the member list plus a version that only
 takes both from the committed voter set (a log position), so every peer that applied the same log
 prefix computes the same owners; lease messages carry the version and are fenced by it.
 
-    .venv/bin/python -c "from peer.ring import *; v=RingView(1, ('a','b','c','d')); print(v.owners(812))"
+    .venv/bin/python -c "from peer.core.ring import *; v=RingView(1, ('a','b','c','d')); print(v.owners(812))"
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import blake3
 
-from peer.election import SiteId
+from peer.core.election import SiteId
 
 REPLICAS = 3
 """R: owners per block (primary + R-1 replicas); all members when fewer (docs/leases.md)."""

@@ -5,7 +5,7 @@ single-server voter changes (`VoterChange`, Raft thesis section 4.1) and the no-
 leader appends (Raft section 8). What is pure about replication lives here: the log-matching append
 (Raft section 5.3), the epoch-based conflict hint, the commit rule over the configured voter set
 (section 5.4.2), snapshots and compaction (section 7), and the voter set a log implies. The state
-machine that sends and receives lives in `peer/consensus.py`.
+machine that sends and receives lives in `peer/core/consensus.py`.
 
     .venv/bin/python -m pytest tests/unit/test_commitlog.py -q
 """
@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from peer.samples import SampleRange
-from peer.election import Epoch, HardState, Header, SiteId
-from peer.ids import LogIndex, Round  # noqa: F401 - re-exported: the id types live in peer/ids.py
+from peer.core.samples import SampleRange
+from peer.core.election import Epoch, HardState, Header, SiteId
+from peer.core.ids import LogIndex, Round  # noqa: F401 - re-exported: the id types live in peer/core/ids.py
 
 
 @dataclass(frozen=True)

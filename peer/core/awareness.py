@@ -7,7 +7,7 @@ score: +1 for a failed probe, + (expected - received) nacks, +1 when it has to r
 about itself, -1 for every successful probe. Probe interval, probe timeout and the suspicion
 timeouts it starts are multiplied by score + 1, so a sick member accuses others less and slower.
 
-    python -c "from peer.awareness import Awareness; a = Awareness(8); a.apply(3); print(a.multiplier)"
+    python -c "from peer.core.awareness import Awareness; a = Awareness(8); a.apply(3); print(a.multiplier)"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Lease owner core (DARL): the lease records of the blocks this peer owns on the ring.
 
-Protocol (docs/leases.md). For each block of the data epoch, the ring (peer/ring.py) names R owners;
+Protocol (docs/leases.md). For each block of the data epoch, the ring (peer/core/ring.py) names R owners;
 the first is the primary and the only one that changes the record. Every change (grant, steal,
 start, trained claim, release, reclaim) bumps the record's `rev`, is applied at the primary at once
 and pushed to the replicas; the answer to the holder is held back until a strict majority of the R
@@ -12,7 +12,7 @@ read the records of a majority of the block's previous owners (their highest rev
 every write that was acknowledged). If fewer than a majority of the previous owners survived, the
 record is rebuilt from the log alone (committed samples; everything else free, at a generation
 above any the old view minted) and a REBUILD event says so. Samples trained under a lost record are
-still judged at commit time by the log (peer/admission.py), so a rebuild can waste work but never
+still judged at commit time by the log (peer/core/admission.py), so a rebuild can waste work but never
 commit a sample twice.
 
 The owner is the single place where starting and stealing are ordered: only a LEASED block can be
@@ -30,9 +30,9 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from peer.audit import EpochLedger
-from peer.election import SiteId
-from peer.lease_types import (
+from peer.core.audit import EpochLedger
+from peer.core.election import SiteId
+from peer.core.lease_types import (
     BlockRev,
     BlockId,
     Claim,
@@ -69,7 +69,7 @@ from peer.lease_types import (
     normalize,
     subtract,
 )
-from peer.ring import RingView, quorum, score
+from peer.core.ring import RingView, quorum, score
 
 Effect = Send | LeaseEvent
 

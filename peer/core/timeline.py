@@ -17,7 +17,7 @@ metrics export its phases, `ops report` draws them. The phases partition the rou
 overhead_share = 1 - compute / wall: the share of wall time the accelerators did not train.
 
 Try it:
-    .venv/bin/python -c "from peer.timeline import *; print(RoundTimeline(1, 'a', compute_s=3, idle_s=1).overhead_share)"
+    .venv/bin/python -c "from peer.core.timeline import *; print(RoundTimeline(1, 'a', compute_s=3, idle_s=1).overhead_share)"
 """
 
 from __future__ import annotations

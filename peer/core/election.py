@@ -2,7 +2,7 @@
 
 Raft's election (Ongaro & Ousterhout 2014, section 5.2, 5.4.1) with the refinements of Ongaro's
 thesis: PreVote (section 9.6), CheckQuorum and leader stickiness (section 6.2 / 4.2.3), and a leader
-lease for decisions (section 6.4.1). `peer/consensus.py` composes these rules with the commit log;
+lease for decisions (section 6.4.1). `peer/core/consensus.py` composes these rules with the commit log;
 this module holds what one can state and test on its own:
 
 * value types `Epoch` and `SiteId`, the persisted `HardState` (epoch, vote) and the messages;
@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from peer.ids import Epoch, SiteId  # noqa: F401 - re-exported: the id types live in peer/ids.py
+from peer.core.ids import Epoch, SiteId  # noqa: F401 - re-exported: the id types live in peer/core/ids.py
 
 
 class Role(enum.Enum):

@@ -2,10 +2,10 @@
 epochs, rounds, log positions, blocks, lease generations and data epochs with these.
 
 NewTypes cost nothing at run time (a SiteId is a str) and let mypy catch a round passed where a log
-index belongs. `peer.election`, `peer.commitlog` and `peer.lease_types` re-export the ones they
+index belongs. `peer.core.election`, `peer.core.commitlog` and `peer.core.lease_types` re-export the ones they
 used to define, so older imports keep working.
 
-    .venv/bin/python -c "from peer.ids import Round, SiteId; print(Round(3), SiteId('a'))"
+    .venv/bin/python -c "from peer.core.ids import Round, SiteId; print(Round(3), SiteId('a'))"
 """
 
 from __future__ import annotations

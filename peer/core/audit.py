@@ -1,8 +1,8 @@
 """Exactly-once accounting of data samples per data epoch, from the commit log (I4, I5).
 
 `EpochLedger` folds RoundCommit entries in log order into "which samples of the current data epoch
-are committed". It is the single definition of *committed* that the lease owners (peer/leases.py),
-the leader's admission check (peer/admission.py) and the audit share. The data epoch is a function
+are committed". It is the single definition of *committed* that the lease owners (peer/core/leases.py),
+the leader's admission check (peer/core/admission.py) and the audit share. The data epoch is a function
 of the log alone: epoch e ends with the entry that commits its last uncommitted sample, and the next
 entry belongs to e + 1 (docs/decisions/leases-epochs-from-log.md). Owners never grant a sample of
 e + 1 before that entry, so an entry never mixes two epochs.
@@ -21,9 +21,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from peer.commitlog import SampleRange
-from peer.election import SiteId
-from peer.lease_types import (
+from peer.core.commitlog import SampleRange
+from peer.core.election import SiteId
+from peer.core.lease_types import (
     of_range,
     BlockId,
     DataEpoch,

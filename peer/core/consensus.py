@@ -2,8 +2,8 @@
 
 Raft (Ongaro & Ousterhout 2014) with PreVote, CheckQuorum and leader stickiness (Ongaro's thesis
 9.6, 6.2), a leader lease for decisions (thesis 6.4.1; margin in docs/decisions/consensus-lease-drift.md)
-and single-server voter changes (thesis 4.1). The rules live in `peer/election.py` and
-`peer/commitlog.py`; this class owns the state and turns inputs into ordered effects:
+and single-server voter changes (thesis 4.1). The rules live in `peer/core/election.py` and
+`peer/core/commitlog.py`; this class owns the state and turns inputs into ordered effects:
 
     core = ConsensusCore.start(site, address, ElectionConfig.wan(), store.load_or_init(fresh), now, rng)
     effects = core.tick(now) / core.receive(msg, now) / core.propose_round(commit, now).effects
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
-from peer.commitlog import (
+from peer.core.commitlog import (
     AppendEntries,
     AppendReply,
     DurableState,
@@ -44,8 +44,8 @@ from peer.commitlog import (
     apply_voter_change,
     quorum_index,
 )
-from peer.membership_types import MemberState
-from peer.election import (
+from peer.core.membership_types import MemberState
+from peer.core.election import (
     ElectionConfig,
     Epoch,
     HardState,

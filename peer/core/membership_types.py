@@ -2,8 +2,8 @@
 
 They mirror `protos/sitemesh/v1/membership.proto` and `common.proto` one to one (field names and
 meaning), so the conversion to and from protobuf in the transport layer is mechanical. The core
-(`peer.membership.Membership`) consumes and produces only these frozen dataclasses; it never sees
-protobuf or gRPC. Import them from `peer.membership`, which re-exports everything here.
+(`peer.core.membership.Membership`) consumes and produces only these frozen dataclasses; it never sees
+protobuf or gRPC. Import them from `peer.core.membership`, which re-exports everything here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ outgoing message, the least-transmitted (then newest) ones go first, and a rumou
 `limit` transmissions; the limit is retransmit_mult * ceil(log10(n + 1)), so a rumour reaches all n
 members with high probability in O(log n) periods while the queue stays bounded.
 
-    python -c "from peer.broadcast import BroadcastQueue as Q; q = Q(); q.push('b', 'x'); \
+    python -c "from peer.core.broadcast import BroadcastQueue as Q; q = Q(); q.push('b', 'x'); \
 print(q.take(8, 3))"
 """
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from peer.audit import EpochLedger
-from peer.commitlog import SampleRange
-from peer.election import SiteId
-from peer.lease_types import BlockId, Spans, Voucher, fmt, intersect, normalize, of_range, subtract
+from peer.core.audit import EpochLedger
+from peer.core.commitlog import SampleRange
+from peer.core.election import SiteId
+from peer.core.lease_types import BlockId, Spans, Voucher, fmt, intersect, normalize, of_range, subtract
 
 
 @dataclass(frozen=True)

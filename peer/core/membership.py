@@ -8,9 +8,9 @@ with a Ping; without an Ack within the probe timeout it asks `indirect_checks` m
 it (PingReq; they answer with the relayed Ack or a Nack); without any Ack by the end of the period
 the target becomes SUSPECT. A suspicion expires into DEAD unless the member refutes it by gossiping
 ALIVE at a higher incarnation; its timeout shrinks with independent confirmations
-(`peer.suspicion`). Rumours are piggybacked on every message with a retransmit limit ~ log N
-(`peer.broadcast`); push-pull exchanges of the whole table repair what gossip missed and join new
-members; a member whose own probes go unanswered slows down (`peer.awareness`).
+(`peer.core.suspicion`). Rumours are piggybacked on every message with a retransmit limit ~ log N
+(`peer.core.broadcast`); push-pull exchanges of the whole table repair what gossip missed and join new
+members; a member whose own probes go unanswered slows down (`peer.core.awareness`).
 
 The class never sleeps, never reads a clock and never touches the network: the caller passes `now`
 (a monotonic clock) into every method and carries out the returned effects (`Send`, and
@@ -25,10 +25,10 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from peer.awareness import Awareness
-from peer.broadcast import BroadcastQueue
-from peer.membership_config import MembershipConfig
-from peer.membership_types import (
+from peer.core.awareness import Awareness
+from peer.core.broadcast import BroadcastQueue
+from peer.core.membership_config import MembershipConfig
+from peer.core.membership_types import (
     STATE_RANK,
     Ack,
     Effect,
@@ -44,7 +44,7 @@ from peer.membership_types import (
     Send,
     StateChanged,
 )
-from peer.suspicion import Suspicion
+from peer.core.suspicion import Suspicion
 
 __all__ = [
     "Ack", "Effect", "MemberMeta", "MemberState", "MemberUpdate", "MemberView", "Membership",

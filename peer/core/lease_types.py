@@ -1,9 +1,9 @@
 """Value types of the data-lease protocol (DARL): spans, lease records, messages and effects.
 
 A lease record is the soft state of one block of the current data epoch, held by the block's ring
-owners (peer/ring.py). The holder side is peer/lease_client.py, the owner side peer/leases.py; the
+owners (peer/core/ring.py). The holder side is peer/core/lease_client.py, the owner side peer/core/leases.py; the
 wire form is protos/sitemesh/v1/leases.proto (one message per dataclass below, same field names).
-What the log decides (committed samples, the data epoch) is computed by peer/audit.py's
+What the log decides (committed samples, the data epoch) is computed by peer/core/audit.py's
 `EpochLedger`, which both the owners and the audit use, so there is one definition of "committed".
 
     .venv/bin/python -m pytest tests/unit/test_leases.py -q
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Union
 
-from peer.commitlog import SampleRange
-from peer.election import SiteId
-from peer.ids import BlockId, DataEpoch, Gen  # noqa: F401 - re-exported: the id types live in peer/ids.py
+from peer.core.commitlog import SampleRange
+from peer.core.election import SiteId
+from peer.core.ids import BlockId, DataEpoch, Gen  # noqa: F401 - re-exported: the id types live in peer/core/ids.py
 
 @dataclass(frozen=True, order=True)
 class Span:

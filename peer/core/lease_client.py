@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from peer.admission import Contribution
-from peer.audit import EpochLedger
-from peer.election import SiteId
-from peer.lease_types import (
+from peer.core.admission import Contribution
+from peer.core.audit import EpochLedger
+from peer.core.election import SiteId
+from peer.core.lease_types import (
     BlockId,
     Claim,
     Gen,
@@ -51,9 +51,9 @@ from peer.lease_types import (
     take,
     to_ranges,
 )
-from peer.leases import LeaseConfig
-from peer.ring import RingView, score, site_seed
-from peer.samples import SampleRange
+from peer.core.leases import LeaseConfig
+from peer.core.ring import RingView, score, site_seed
+from peer.core.samples import SampleRange
 
 VALID_FRACTION = 0.8
 """A holder trusts a lease for this fraction of ttl after the renewal it sent: margin for clock

@@ -10,7 +10,7 @@ after `k` confirmations:
 So a member suspected by one flaky observer gets plenty of time to refute, while a member everybody
 agrees is gone is declared dead fast. Same shape as memberlist's `suspicion.go`.
 
-    python -c "from peer.suspicion import Suspicion as S; s=S('b', 3, 'a', 0.0, 5, 30, 3); \
+    python -c "from peer.core.suspicion import Suspicion as S; s=S('b', 3, 'a', 0.0, 5, 30, 3); \
 s.confirm('c'); print(s.deadline)"
 """
 
