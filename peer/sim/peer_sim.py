@@ -19,7 +19,7 @@ the node's executor (peer/coordinator.py) does with I/O is done here in simulate
 - `ops leave`: as `Node.leave` (rounds and leases first, then the voter seat, then LEFT).
 
 Faults per seed, at seeded times: a late join, a contributor killed mid-round (kill -9: its pending
-training and Δ are lost) and restarted, the leader killed mid-round (a leader change reopens the
+training and Δ are lost) and restarted, another killed mid-exchange (while the leader fetches its Δ), the leader killed mid-round (a leader change reopens the
 round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
 reordering, skewed clocks; then, one at a time at quiet moments in a seeded order, the phases: a
 partition (a minority cut off past a lease, then healed), `ops leave` down to one site that commits
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import random
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -616,6 +617,9 @@ class PeerSim:
         if "crash" in cfg.faults:
             at(rng.uniform(4, 12), lambda: self._kill_contributor(20), "kill a contributor mid-round")
             at(rng.uniform(8, 20), self._kill_leader, "kill the leader mid-round")
+            # Its own random stream: the other faults of a seed stay where they were.
+            own = derive_rng(self.seed, "kill mid-exchange")
+            at(own.uniform(6, 30), lambda: self._kill_mid_exchange(own, 400), "kill a contributor mid-exchange")
         if "pause" in cfg.faults:
             at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
         phases: list[str] = [k for k in ("partition", "leave", "restart") if k in cfg.faults]
@@ -714,6 +718,20 @@ class PeerSim:
             self.sim.schedule(self.sim.now + 0.3, lambda: self._kill_contributor(tries - 1), "kill a contributor")
             return
         self._kill(self.rng.choice(busy or others), "contributor mid-round" if busy else "a site")
+
+    def _kill_mid_exchange(self, rng: random.Random, tries: int) -> None:
+        """kill -9 of a contributor while the leader fetches its pseudo-gradient (its report admitted,
+        the round not yet proposed): the fetch fails and the leader decides without it."""
+        leader = self._leader()
+        node = self.sim.node(leader) if leader else None
+        fetching = node.core.decision.fetching if isinstance(node, PeerNode) else None
+        victims = sorted(c.site for c in fetching.admitted if c.site != leader) if fetching else []
+        if not victims or len(self._up()) <= len(self.names) // 2 + 1 or self.phase is not None:
+            if tries > 0:
+                self.sim.schedule(self.sim.now + 0.05, lambda: self._kill_mid_exchange(rng, tries - 1),
+                                  "kill a contributor mid-exchange (retry)")
+            return
+        self._kill(SiteId(rng.choice(victims)), "a contributor, mid-exchange")
 
     def _kill_leader(self) -> None:
         leader = self._leader()

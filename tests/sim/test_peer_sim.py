@@ -68,8 +68,17 @@ def test_every_peer_applies_the_same_rounds_and_every_epoch_commits_each_sample_
 def test_the_faults_exercise_reopen_exclusion_and_state_transfer() -> None:
     notes = [n for seed in SEEDS for n in _run(seed)[0].notes]
     for what in ("reopened", "excluded", "catching up by state transfer", "not every trained sample was vouched",
-                 "leaving: waiting up to", "proposed remove"):
+                 "leaving: waiting up to", "proposed remove", "pseudo-gradient cannot be fetched"):
         assert any(what in n for n in notes), what
+
+
+def test_a_contributor_is_killed_while_the_leader_fetches_its_pseudo_gradient() -> None:
+    """kill -9 mid-exchange: the leader's fetch fails, it decides without that site, nothing is lost."""
+    hit = [seed for seed in SEEDS if any("mid-exchange" in what for _, what in _run(seed)[0].faults)]
+    assert len(hit) >= len(SEEDS) // 2, hit
+    for seed in hit:
+        world, res = _run(seed)
+        assert res.violations == [] and world.epochs_done == 2
 
 
 def test_partitions_leaves_down_to_one_and_restarts_of_every_site_happen() -> None:
