@@ -69,6 +69,9 @@ class Held:
     valid_until: float
     started: bool = False
     start_sent: float | None = None
+    wanted: bool = False
+    """An idle site asked for this block (RenewReply.wanted): the next claim of samples trained from
+    it gives the rest back. A holder that has trained nothing from it yet keeps it until it has."""
 
 
 @dataclass
@@ -171,11 +174,12 @@ class LeaseClient:
                     h.spans = normalize(h.spans + got)
 
     def end_round(self, round_: int, now: float) -> list[Send]:
-        """The leader closed `round_`: claim everything trained since the last claim."""
+        """The leader closed `round_`: claim everything trained since the last claim; a block an
+        idle site wants back is claimed without keeping its lease (the rest goes to that site)."""
         claims: dict[BlockId, Claim] = {}
         for (b, gen), spans in sorted(self.trained.items()):
             h = self.held.get(b)
-            keep = h is not None and h.gen == gen and bool(h.spans)
+            keep = h is not None and h.gen == gen and bool(h.spans) and not h.wanted
             if h is not None and h.gen == gen and not keep:
                 del self.held[b]
             # ascending generations: a block trained under an older lease too keeps only the newest
@@ -258,6 +262,7 @@ class LeaseClient:
                 h = self.held.get(ref.block_id)
                 if h is not None and h.gen == ref.generation:
                     h.valid_until = max(h.valid_until, msg.sent_at + VALID_FRACTION * self.cfg.ttl)
+                    h.wanted = h.wanted or (h.started and ref.block_id in msg.wanted)
             for lost in msg.lost:
                 if self.held.pop(lost.block_id, None) is not None:
                     self.lost_reasons.append(lost.reason)

@@ -292,6 +292,9 @@ class RenewReply:
     """Leases the holder no longer has (stolen, reclaimed), with why."""
     sent_at: float
     """Echo of the holder's send time: the holder's lease runs from it, on its own clock."""
+    wanted: tuple[BlockId, ...] = ()
+    """Renewed started blocks an idle site asked for: the holder's next claim of samples trained
+    from one gives back the rest (keep=False)."""
 
 
 @dataclass(frozen=True)

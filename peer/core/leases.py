@@ -159,6 +159,12 @@ class LeaseOwner:
         """Blocks this peer is primary of and may change (synced or rebuilt)."""
         self.syncing: dict[BlockId, _Sync] = {}
         self.expiry: dict[BlockId, float] = {}
+        self.wanted: dict[BlockId, tuple[SiteId, float]] = {}
+        """Started blocks an idle site asked for when nothing was free or stealable (the data
+        epoch's tail, where a slow holder keeps a block a fast site could finish): their holders are
+        asked in the renew reply to give back what they have not taken, and the freed rest is
+        granted only to that site until the time here. A hint, kept by the primary alone: lost on
+        a restart or a view change, which costs speed, never correctness."""
         self.acks: dict[BlockId, dict[SiteId, int]] = {}
         self.deferred: list[_Deferred] = []
         self.unacked_since: dict[BlockId, float] = {}
@@ -271,6 +277,7 @@ class LeaseOwner:
         self.retired.clear()
         self.syncing.clear()
         self.expiry.clear()
+        self.wanted.clear()
         self.deferred.clear()
         self.acks.clear()
         self.unacked_since.clear()
@@ -343,14 +350,19 @@ class LeaseOwner:
         need = max(0, min(m.want, self.cfg.max_grant) - len(mine))
         reason = f"{len(mine)} held"
         if need:
-            free = (b for b in self._order if self.records[b].state is LeaseState.FREE)
+            free = (b for b in self._order if self.records[b].state is LeaseState.FREE
+                    and self._reserved_for(b, now) in (None, site))
             picked = list(itertools.islice(free, need))
             kind = EventKind.GRANT
             if not picked and m.steal:
                 picked = self._steal_candidates(site)[:need]
                 kind = EventKind.STEAL
+            if not picked and m.steal:
+                self._want_back(site, now)
             for b in picked:
                 rec = self.records[b]
+                if b in self.wanted:  # the site it was kept for: it keeps it a ttl before anyone asks again
+                    self.wanted[b] = (site, now + self.cfg.ttl)
                 self._write(rec.bumped(self._base, holder=site, started=False,
                                        generation=next_gen(rec.generation, self._base)), now)
                 self._event(kind, self.records[b], site, now)
@@ -362,6 +374,23 @@ class LeaseOwner:
         nfree = sum(1 for b in self._order if self.records[b].state is LeaseState.FREE)
         reply = GrantReply(self.header(), m.req, grants, nfree, reason)
         return self._answer(site, reply, [self.records[b] for b in mine])
+
+    def _want_back(self, site: SiteId, now: float) -> None:
+        """An idle `site` found nothing free or stealable: ask the holders of started blocks with
+        samples left to give those back (at their round's end), for `site`."""
+        for b in self._order:
+            rec = self.records[b]
+            if rec.state is LeaseState.STARTED and rec.holder != site and rec.free_spans and (
+                    self._reserved_for(b, now) is None):
+                self.wanted[b] = (site, now + self.cfg.ttl)
+
+    def _reserved_for(self, b: BlockId, now: float) -> SiteId | None:
+        """The idle site block `b`'s given-back rest is kept for, while its reservation lasts."""
+        got = self.wanted.get(b)
+        if got is None or got[1] <= now:
+            self.wanted.pop(b, None)
+            return None
+        return got[0]
 
     def _steal_candidates(self, thief: SiteId) -> list[BlockId]:
         """Leased-not-started blocks of other holders, from the holder with the most first."""
@@ -394,7 +423,8 @@ class LeaseOwner:
                 renewed.append(ref)
             elif ref.block_id in self.serving:
                 lost.append(Refusal(ref.block_id, why))
-        return [Send(m.header.site, RenewReply(self.header(), tuple(renewed), tuple(lost), m.sent_at))]
+        wanted = tuple(ref.block_id for ref in renewed if self._reserved_for(ref.block_id, now) not in (None, m.header.site))
+        return [Send(m.header.site, RenewReply(self.header(), tuple(renewed), tuple(lost), m.sent_at, wanted))]
 
     def _on_start(self, m: Start, now: float) -> list[Effect]:
         assert self.view is not None

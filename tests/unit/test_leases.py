@@ -370,3 +370,49 @@ def test_a_holder_that_lags_the_log_gets_no_lease_and_loses_its_renewals() -> No
                     m.now), owner)
     m.run()
     assert replies(m, x, RenewReply)[-1].renewed, "within the allowed lag"
+
+
+def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_back() -> None:
+    """The epoch's tail: every block is started by a slow holder, a fast site finds nothing free or
+    stealable. The owner asks the holder (in its renew reply) to give back what it has not taken;
+    the rest, freed by a claim without keep, is granted to the idle site alone until its
+    reservation ends."""
+    m = Mesh("abc", universe={100: 8})
+    m.set_view("abc")
+    m.run()
+    owner, slow = holder_site(m)
+    fast = third_site(owner, slow)
+    g = grant(m, slow, owner).grants[0]
+    ref = LeaseRef(g.block_id, g.generation)
+    m.send(slow, Start(hdr(m, slow), ref), owner)
+    m.run()
+    m.send(slow, Renew(hdr(m, slow), (ref,), 0.0), owner)
+    m.run()
+    assert replies(m, slow, RenewReply)[-1].wanted == (), "nobody asked yet"
+    assert not grant(m, fast, owner, steal=True, req=2).grants, "a started block is never stolen"
+    m.send(slow, Renew(hdr(m, slow), (ref,), 1.0), owner)
+    m.run()
+    assert replies(m, slow, RenewReply)[-1].wanted == (B,), "the holder is asked to give the rest back"
+    m.send(slow, Trained(hdr(m, slow), 1, (Claim(ref, spans((0, 3)), False),)), owner)  # gives back 3..8
+    m.run()
+    assert rec(m, owner).state is LeaseState.FREE and rec(m, owner).free_spans == spans((3, 8))
+    assert not grant(m, slow, owner, req=3).grants, "the freed rest is kept for the site that asked"
+    got = grant(m, fast, owner, steal=True, req=4).grants
+    assert [(x.block_id, x.spans) for x in got] == [(B, spans((3, 8)))]
+
+
+def test_a_reservation_for_an_idle_site_lapses_after_a_ttl() -> None:
+    m = Mesh("abc", universe={100: 8})
+    m.set_view("abc")
+    m.run()
+    owner, slow = holder_site(m)
+    fast = third_site(owner, slow)
+    g = grant(m, slow, owner).grants[0]
+    ref = LeaseRef(g.block_id, g.generation)
+    m.send(slow, Start(hdr(m, slow), ref), owner)
+    m.run()
+    grant(m, fast, owner, steal=True, req=2)
+    m.send(slow, Trained(hdr(m, slow), 1, (Claim(ref, spans((0, 3)), False),)), owner)
+    m.run()
+    m.tick(CFG.ttl + 0.1, sites=[])  # time passes, nobody acts
+    assert [x.block_id for x in grant(m, slow, owner, req=3).grants] == [B], "the reservation lapsed"

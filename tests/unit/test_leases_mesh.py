@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from peer.core.audit import EpochLedger
 from peer.core.election import SiteId
 from peer.core.lease_client import LeaseClient
-from peer.core.lease_types import GrantRequest, LeaseEvent, Message, Send
+from peer.core.lease_types import GrantRequest, LeaseEvent, Message, Send, spans
 from peer.core.leases import LeaseConfig, LeaseOwner
 from peer.core.ring import RingView
 
@@ -208,3 +208,29 @@ def test_samples_taken_but_not_trained_go_back_on_the_lease_and_are_not_claimed(
     assert c is not None and [(r.block_id, r.start, r.end) for r in c.ranges] == [(block, 0, 2)]
     (again, spans), = a.next_samples(3, m.now)
     assert again == block and [(x.start, x.end) for x in spans] == [(2, 5)], "trained next, from the same lease"
+
+
+def test_at_the_epochs_tail_a_holder_gives_back_what_it_did_not_take_to_an_idle_site() -> None:
+    """One block, started by `a`; the other sites find nothing free or stealable. Its owner asks `a`
+    at its next renewal; `a` takes no more from it and, at its round's end, claims what it trained
+    without keeping the lease, so the rest goes to a site that asked."""
+    m = Mesh("abc", universe={100: 8})
+    m.set_view("abc")
+    _settle(m)
+    holder = next(s for s, c in m.clients.items() if c.held)
+    h = m.clients[holder]
+    (block, _), = h.next_samples(2, m.now)
+    for _ in range(int(CFG.retry_after / 0.1) + 2):  # the idle sites ask, steal, and find nothing
+        m.tick(0.1)
+    m.tick(CFG.renew_every)
+    assert h.held[block].wanted, "the owner asked for the rest back at renewal"
+    m.effects(holder, h.end_round(1, m.now))
+    m.run()
+    assert block not in h.held
+    c = h.contribution(1)
+    assert c is not None and [(r.start, r.end) for r in c.ranges] == [(0, 2)], "what it trained is claimed"
+    for _ in range(int(CFG.retry_after / 0.1) + 2):
+        m.tick(0.1)
+    others = [s for s, cl in m.clients.items() if s != holder and block in cl.held]
+    assert len(others) == 1 and m.clients[others[0]].held[block].spans == spans((2, 8)), others
+

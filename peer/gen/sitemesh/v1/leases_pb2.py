@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from peer.gen.sitemesh.v1 import common_pb2 as sitemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sitemesh/v1/leases.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\"r\n\x0bLeaseHeader\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x02 \x01(\x04\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\x12\x12\n\ndata_epoch\x18\x04 \x01(\x04\x12\x15\n\rapplied_round\x18\x05 \x01(\x04\"\"\n\x04Span\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\"0\n\x08LeaseRef\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"O\n\x05Grant\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12 \n\x05spans\x18\x03 \x03(\x0b\x32\x11.sitemesh.v1.Span\"+\n\x07Refusal\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"b\n\x0cGrantRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x0b\n\x03req\x18\x02 \x01(\x04\x12\x0c\n\x04want\x18\x03 \x01(\r\x12\r\n\x05steal\x18\x04 \x01(\x08\"\x8c\x01\n\nGrantReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x0b\n\x03req\x18\x02 \x01(\x04\x12\"\n\x06grants\x18\x03 \x03(\x0b\x32\x12.sitemesh.v1.Grant\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\"i\n\x05Renew\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12%\n\x06leases\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12\x0f\n\x07sent_at\x18\x03 \x01(\x01\"\x93\x01\n\nRenewReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12&\n\x07renewed\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12\"\n\x04lost\x18\x03 \x03(\x0b\x32\x14.sitemesh.v1.Refusal\x12\x0f\n\x07sent_at\x18\x04 \x01(\x01\"W\n\x05Start\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.sitemesh.v1.LeaseRef\"x\n\nStartReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"]\n\x05\x43laim\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12 \n\x05spans\x18\x02 \x03(\x0b\x32\x11.sitemesh.v1.Span\x12\x0c\n\x04keep\x18\x03 \x01(\x08\"f\n\x07Trained\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12\"\n\x06\x63laims\x18\x03 \x03(\x0b\x32\x12.sitemesh.v1.Claim\"Q\n\x07Voucher\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12 \n\x05spans\x18\x03 \x03(\x0b\x32\x11.sitemesh.v1.Span\"\x95\x01\n\x0cTrainedReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12%\n\x07vouched\x18\x03 \x03(\x0b\x32\x14.sitemesh.v1.Voucher\x12%\n\x07refused\x18\x04 \x03(\x0b\x32\x14.sitemesh.v1.Refusal\"Z\n\x07Release\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12%\n\x06leases\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.LeaseRef\"M\n\x0cPendingClaim\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04site\x18\x02 \x01(\t\x12 \n\x05spans\x18\x03 \x03(\x0b\x32\x11.sitemesh.v1.Span\"\xd0\x01\n\x0bLeaseRecord\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0b\n\x03rev\x18\x03 \x01(\x04\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x0f\n\x07started\x18\x06 \x01(\x08\x12*\n\x07pending\x18\x07 \x03(\x0b\x32\x19.sitemesh.v1.PendingClaim\x12\x1f\n\x04\x64one\x18\x08 \x03(\x0b\x32\x11.sitemesh.v1.Span\x12\x12\n\ndata_epoch\x18\t \x01(\x04\"`\n\tReplicate\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12)\n\x07records\x18\x02 \x03(\x0b\x32\x18.sitemesh.v1.LeaseRecord\")\n\x08\x42lockRev\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0b\n\x03rev\x18\x02 \x01(\x04\"^\n\x0cReplicateAck\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12$\n\x05\x61\x63ked\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.BlockRev\"J\n\x0bSyncRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x11\n\tblock_ids\x18\x02 \x03(\x04\"r\n\tSyncReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12)\n\x07records\x18\x02 \x03(\x0b\x32\x18.sitemesh.v1.LeaseRecord\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"Q\n\x08Rejected\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x0b\n\x03req\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t*\xac\x01\n\nLeaseState\x12\x1b\n\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10LEASE_STATE_FREE\x10\x01\x12\x16\n\x12LEASE_STATE_LEASED\x10\x02\x12\x17\n\x13LEASE_STATE_STARTED\x10\x03\x12\x1f\n\x1bLEASE_STATE_TRAINED_PENDING\x10\x04\x12\x19\n\x15LEASE_STATE_COMMITTED\x10\x05\x32\x8a\x07\n\x06Leases\x12\x44\n\x10SendGrantRequest\x12\x19.sitemesh.v1.GrantRequest\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendGrantReply\x12\x17.sitemesh.v1.GrantReply\x1a\x15.sitemesh.v1.Accepted\x12\x36\n\tSendRenew\x12\x12.sitemesh.v1.Renew\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendRenewReply\x12\x17.sitemesh.v1.RenewReply\x1a\x15.sitemesh.v1.Accepted\x12\x36\n\tSendStart\x12\x12.sitemesh.v1.Start\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendStartReply\x12\x17.sitemesh.v1.StartReply\x1a\x15.sitemesh.v1.Accepted\x12:\n\x0bSendTrained\x12\x14.sitemesh.v1.Trained\x1a\x15.sitemesh.v1.Accepted\x12\x44\n\x10SendTrainedReply\x12\x19.sitemesh.v1.TrainedReply\x1a\x15.sitemesh.v1.Accepted\x12:\n\x0bSendRelease\x12\x14.sitemesh.v1.Release\x1a\x15.sitemesh.v1.Accepted\x12>\n\rSendReplicate\x12\x16.sitemesh.v1.Replicate\x1a\x15.sitemesh.v1.Accepted\x12\x44\n\x10SendReplicateAck\x12\x19.sitemesh.v1.ReplicateAck\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0fSendSyncRequest\x12\x18.sitemesh.v1.SyncRequest\x1a\x15.sitemesh.v1.Accepted\x12>\n\rSendSyncReply\x12\x16.sitemesh.v1.SyncReply\x1a\x15.sitemesh.v1.Accepted\x12<\n\x0cSendRejected\x12\x15.sitemesh.v1.Rejected\x1a\x15.sitemesh.v1.Acceptedb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sitemesh/v1/leases.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\"r\n\x0bLeaseHeader\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x02 \x01(\x04\x12\x14\n\x0cring_version\x18\x03 \x01(\x04\x12\x12\n\ndata_epoch\x18\x04 \x01(\x04\x12\x15\n\rapplied_round\x18\x05 \x01(\x04\"\"\n\x04Span\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\"0\n\x08LeaseRef\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"O\n\x05Grant\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12 \n\x05spans\x18\x03 \x03(\x0b\x32\x11.sitemesh.v1.Span\"+\n\x07Refusal\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"b\n\x0cGrantRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x0b\n\x03req\x18\x02 \x01(\x04\x12\x0c\n\x04want\x18\x03 \x01(\r\x12\r\n\x05steal\x18\x04 \x01(\x08\"\x8c\x01\n\nGrantReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x0b\n\x03req\x18\x02 \x01(\x04\x12\"\n\x06grants\x18\x03 \x03(\x0b\x32\x12.sitemesh.v1.Grant\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\r\x12\x0e\n\x06reason\x18\x05 \x01(\t\"i\n\x05Renew\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12%\n\x06leases\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12\x0f\n\x07sent_at\x18\x03 \x01(\x01\"\xa3\x01\n\nRenewReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12&\n\x07renewed\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12\"\n\x04lost\x18\x03 \x03(\x0b\x32\x14.sitemesh.v1.Refusal\x12\x0f\n\x07sent_at\x18\x04 \x01(\x01\x12\x0e\n\x06wanted\x18\x05 \x03(\x04\"W\n\x05Start\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.sitemesh.v1.LeaseRef\"x\n\nStartReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"]\n\x05\x43laim\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.sitemesh.v1.LeaseRef\x12 \n\x05spans\x18\x02 \x03(\x0b\x32\x11.sitemesh.v1.Span\x12\x0c\n\x04keep\x18\x03 \x01(\x08\"f\n\x07Trained\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12\"\n\x06\x63laims\x18\x03 \x03(\x0b\x32\x12.sitemesh.v1.Claim\"Q\n\x07Voucher\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12 \n\x05spans\x18\x03 \x03(\x0b\x32\x11.sitemesh.v1.Span\"\x95\x01\n\x0cTrainedReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12%\n\x07vouched\x18\x03 \x03(\x0b\x32\x14.sitemesh.v1.Voucher\x12%\n\x07refused\x18\x04 \x03(\x0b\x32\x14.sitemesh.v1.Refusal\"Z\n\x07Release\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12%\n\x06leases\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.LeaseRef\"M\n\x0cPendingClaim\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04site\x18\x02 \x01(\t\x12 \n\x05spans\x18\x03 \x03(\x0b\x32\x11.sitemesh.v1.Span\"\xd0\x01\n\x0bLeaseRecord\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0b\n\x03rev\x18\x03 \x01(\x04\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x0f\n\x07started\x18\x06 \x01(\x08\x12*\n\x07pending\x18\x07 \x03(\x0b\x32\x19.sitemesh.v1.PendingClaim\x12\x1f\n\x04\x64one\x18\x08 \x03(\x0b\x32\x11.sitemesh.v1.Span\x12\x12\n\ndata_epoch\x18\t \x01(\x04\"`\n\tReplicate\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12)\n\x07records\x18\x02 \x03(\x0b\x32\x18.sitemesh.v1.LeaseRecord\")\n\x08\x42lockRev\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0b\n\x03rev\x18\x02 \x01(\x04\"^\n\x0cReplicateAck\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12$\n\x05\x61\x63ked\x18\x02 \x03(\x0b\x32\x15.sitemesh.v1.BlockRev\"J\n\x0bSyncRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x11\n\tblock_ids\x18\x02 \x03(\x04\"r\n\tSyncReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12)\n\x07records\x18\x02 \x03(\x0b\x32\x18.sitemesh.v1.LeaseRecord\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"Q\n\x08Rejected\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.sitemesh.v1.LeaseHeader\x12\x0b\n\x03req\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t*\xac\x01\n\nLeaseState\x12\x1b\n\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10LEASE_STATE_FREE\x10\x01\x12\x16\n\x12LEASE_STATE_LEASED\x10\x02\x12\x17\n\x13LEASE_STATE_STARTED\x10\x03\x12\x1f\n\x1bLEASE_STATE_TRAINED_PENDING\x10\x04\x12\x19\n\x15LEASE_STATE_COMMITTED\x10\x05\x32\x8a\x07\n\x06Leases\x12\x44\n\x10SendGrantRequest\x12\x19.sitemesh.v1.GrantRequest\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendGrantReply\x12\x17.sitemesh.v1.GrantReply\x1a\x15.sitemesh.v1.Accepted\x12\x36\n\tSendRenew\x12\x12.sitemesh.v1.Renew\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendRenewReply\x12\x17.sitemesh.v1.RenewReply\x1a\x15.sitemesh.v1.Accepted\x12\x36\n\tSendStart\x12\x12.sitemesh.v1.Start\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendStartReply\x12\x17.sitemesh.v1.StartReply\x1a\x15.sitemesh.v1.Accepted\x12:\n\x0bSendTrained\x12\x14.sitemesh.v1.Trained\x1a\x15.sitemesh.v1.Accepted\x12\x44\n\x10SendTrainedReply\x12\x19.sitemesh.v1.TrainedReply\x1a\x15.sitemesh.v1.Accepted\x12:\n\x0bSendRelease\x12\x14.sitemesh.v1.Release\x1a\x15.sitemesh.v1.Accepted\x12>\n\rSendReplicate\x12\x16.sitemesh.v1.Replicate\x1a\x15.sitemesh.v1.Accepted\x12\x44\n\x10SendReplicateAck\x12\x19.sitemesh.v1.ReplicateAck\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0fSendSyncRequest\x12\x18.sitemesh.v1.SyncRequest\x1a\x15.sitemesh.v1.Accepted\x12>\n\rSendSyncReply\x12\x16.sitemesh.v1.SyncReply\x1a\x15.sitemesh.v1.Accepted\x12<\n\x0cSendRejected\x12\x15.sitemesh.v1.Rejected\x1a\x15.sitemesh.v1.Acceptedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sitemesh.v1.leases_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEASESTATE']._serialized_start=2435
-  _globals['_LEASESTATE']._serialized_end=2607
+  _globals['_LEASESTATE']._serialized_start=2451
+  _globals['_LEASESTATE']._serialized_end=2623
   _globals['_LEASEHEADER']._serialized_start=67
   _globals['_LEASEHEADER']._serialized_end=181
   _globals['_SPAN']._serialized_start=183
@@ -51,37 +51,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEW']._serialized_start=638
   _globals['_RENEW']._serialized_end=743
   _globals['_RENEWREPLY']._serialized_start=746
-  _globals['_RENEWREPLY']._serialized_end=893
-  _globals['_START']._serialized_start=895
-  _globals['_START']._serialized_end=982
-  _globals['_STARTREPLY']._serialized_start=984
-  _globals['_STARTREPLY']._serialized_end=1104
-  _globals['_CLAIM']._serialized_start=1106
-  _globals['_CLAIM']._serialized_end=1199
-  _globals['_TRAINED']._serialized_start=1201
-  _globals['_TRAINED']._serialized_end=1303
-  _globals['_VOUCHER']._serialized_start=1305
-  _globals['_VOUCHER']._serialized_end=1386
-  _globals['_TRAINEDREPLY']._serialized_start=1389
-  _globals['_TRAINEDREPLY']._serialized_end=1538
-  _globals['_RELEASE']._serialized_start=1540
-  _globals['_RELEASE']._serialized_end=1630
-  _globals['_PENDINGCLAIM']._serialized_start=1632
-  _globals['_PENDINGCLAIM']._serialized_end=1709
-  _globals['_LEASERECORD']._serialized_start=1712
-  _globals['_LEASERECORD']._serialized_end=1920
-  _globals['_REPLICATE']._serialized_start=1922
-  _globals['_REPLICATE']._serialized_end=2018
-  _globals['_BLOCKREV']._serialized_start=2020
-  _globals['_BLOCKREV']._serialized_end=2061
-  _globals['_REPLICATEACK']._serialized_start=2063
-  _globals['_REPLICATEACK']._serialized_end=2157
-  _globals['_SYNCREQUEST']._serialized_start=2159
-  _globals['_SYNCREQUEST']._serialized_end=2233
-  _globals['_SYNCREPLY']._serialized_start=2235
-  _globals['_SYNCREPLY']._serialized_end=2349
-  _globals['_REJECTED']._serialized_start=2351
-  _globals['_REJECTED']._serialized_end=2432
-  _globals['_LEASES']._serialized_start=2610
-  _globals['_LEASES']._serialized_end=3516
+  _globals['_RENEWREPLY']._serialized_end=909
+  _globals['_START']._serialized_start=911
+  _globals['_START']._serialized_end=998
+  _globals['_STARTREPLY']._serialized_start=1000
+  _globals['_STARTREPLY']._serialized_end=1120
+  _globals['_CLAIM']._serialized_start=1122
+  _globals['_CLAIM']._serialized_end=1215
+  _globals['_TRAINED']._serialized_start=1217
+  _globals['_TRAINED']._serialized_end=1319
+  _globals['_VOUCHER']._serialized_start=1321
+  _globals['_VOUCHER']._serialized_end=1402
+  _globals['_TRAINEDREPLY']._serialized_start=1405
+  _globals['_TRAINEDREPLY']._serialized_end=1554
+  _globals['_RELEASE']._serialized_start=1556
+  _globals['_RELEASE']._serialized_end=1646
+  _globals['_PENDINGCLAIM']._serialized_start=1648
+  _globals['_PENDINGCLAIM']._serialized_end=1725
+  _globals['_LEASERECORD']._serialized_start=1728
+  _globals['_LEASERECORD']._serialized_end=1936
+  _globals['_REPLICATE']._serialized_start=1938
+  _globals['_REPLICATE']._serialized_end=2034
+  _globals['_BLOCKREV']._serialized_start=2036
+  _globals['_BLOCKREV']._serialized_end=2077
+  _globals['_REPLICATEACK']._serialized_start=2079
+  _globals['_REPLICATEACK']._serialized_end=2173
+  _globals['_SYNCREQUEST']._serialized_start=2175
+  _globals['_SYNCREQUEST']._serialized_end=2249
+  _globals['_SYNCREPLY']._serialized_start=2251
+  _globals['_SYNCREPLY']._serialized_end=2365
+  _globals['_REJECTED']._serialized_start=2367
+  _globals['_REJECTED']._serialized_end=2448
+  _globals['_LEASES']._serialized_start=2626
+  _globals['_LEASES']._serialized_end=3532
 # @@protoc_insertion_point(module_scope)

@@ -108,16 +108,18 @@ class Renew(_message.Message):
     def __init__(self, header: _Optional[_Union[LeaseHeader, _Mapping]] = ..., leases: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class RenewReply(_message.Message):
-    __slots__ = ("header", "renewed", "lost", "sent_at")
+    __slots__ = ("header", "renewed", "lost", "sent_at", "wanted")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RENEWED_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    WANTED_FIELD_NUMBER: _ClassVar[int]
     header: LeaseHeader
     renewed: _containers.RepeatedCompositeFieldContainer[LeaseRef]
     lost: _containers.RepeatedCompositeFieldContainer[Refusal]
     sent_at: float
-    def __init__(self, header: _Optional[_Union[LeaseHeader, _Mapping]] = ..., renewed: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ..., lost: _Optional[_Iterable[_Union[Refusal, _Mapping]]] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    wanted: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[LeaseHeader, _Mapping]] = ..., renewed: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ..., lost: _Optional[_Iterable[_Union[Refusal, _Mapping]]] = ..., sent_at: _Optional[float] = ..., wanted: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Start(_message.Message):
     __slots__ = ("header", "lease")
