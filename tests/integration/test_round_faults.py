@@ -2,8 +2,8 @@
 after it trained a round is dropped at once, not waited for until the round deadline.
 
 Three `peer serve --train micro` sites on loopback with the default 300 s round deadline. The test
-kills a non-leader site the moment its log says it trained a round the leader has not committed yet
-(it is then claiming its samples and reporting), then reads the leader's log (its clock is the
+kills a non-leader site once its log says it trained a round the leader has not committed yet and
+the leader is waiting on it (it is stopped first, see the test), then reads the leader's log (its clock is the
 machine's): that round must commit within the membership detection bound + 5 s of the kill, without
 the dead site, with the reason in the log; the survivors finish the data epoch and `ops audit`
 finds nothing duplicated or lost.
@@ -13,6 +13,7 @@ finds nothing duplicated or lost.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -77,11 +78,31 @@ def test_contributor_killed_after_training_is_dropped_within_the_detection_bound
             found.append(r)
         return r is not None
 
-    wait_for(trained_open_round, 300.0, f"{victim} to train a round still open", interval_s=0.05)
-    rnd = found[0]
+    def proposed(rnd: int) -> bool:
+        return bool(_stamped(lead.log(), rf"round {rnd}: proposing \d+ contributor"))
+
+    # A round commits in well under a second here, so "trained and not committed yet" can be stale
+    # by the time the kill lands: the leader may already have pulled the victim's pseudo-gradient.
+    # The victim is stopped first (it serves nothing while stopped); if the leader still proposes
+    # that round, it had every pseudo-gradient before the stop, so the victim resumes and the test
+    # takes its next round. Otherwise the leader waits on the victim, which is then killed.
+    victim_proc = cluster.peers[victim].proc
+    for _ in range(20):
+        wait_for(trained_open_round, 300.0, f"{victim} to train a round still open", interval_s=0.05)
+        rnd = found[-1]
+        victim_proc.send_signal(signal.SIGSTOP)
+        try:
+            # 2 s: far more than a leader that holds every pseudo-gradient needs to propose, far less
+            # than membership needs to suspect the stopped victim, let alone declare it dead.
+            wait_for(functools.partial(proposed, rnd), 2.0, f"the leader to propose round {rnd} first")
+        except AssertionError:
+            break  # the leader waits on the stopped victim: kill it now
+        victim_proc.send_signal(signal.SIGCONT)
+    else:
+        raise AssertionError(f"the leader proposed every round before {victim} could be stopped")
     killed_at = time.time()
-    cluster.peers[victim].proc.send_signal(signal.SIGKILL)
-    cluster.peers[victim].proc.wait()
+    victim_proc.send_signal(signal.SIGKILL)
+    victim_proc.wait()
     bound = MembershipConfig.lan().detection_bound_s(3) + 5.0
     wait_for(lambda: _committed(lead.log_path, rnd) is not None, bound + 60.0, f"round {rnd} to commit")
     took = _committed(lead.log_path, rnd) - killed_at  # type: ignore[operator]
