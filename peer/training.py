@@ -479,8 +479,10 @@ class SiteTraining:
         held = self._shards.get(key)
         if held is None or (held.done() and (held.cancelled() or held.exception() is not None)):
             sites = {s: None if s == self.site else self._client(a) for s, a, _ in inputs}
+            # What it pulls from the other contributors counts as received from them (the metrics),
+            # whether the reduction was started by this peer's own mean or by a peer's request.
             held = asyncio.ensure_future(reduce_shard(round_, self.site, sites, self.store,
-                                                      roots={s: r for s, _, r in inputs}))
+                                                      roots={s: r for s, _, r in inputs}, fetched=self.fetched))
             self._shards[key] = held
         return asyncio.shield(held)
 

@@ -16,7 +16,9 @@ still judged at commit time by the log (peer/core/admission.py), so a rebuild ca
 commit a sample twice.
 
 The owner is the single place where starting and stealing are ordered: only a LEASED block can be
-stolen, and a holder may train a block only after the owner acknowledged its Start. Every message
+stolen, and a holder may train a block only after the owner acknowledged its Start. A started
+block's holder may instead be asked (RenewReply.wanted) to give its rest back to an idle site that
+found nothing free or stealable (docs/leases.md, "Giving back at the tail"). Every message
 carries (leader epoch, ring version, data epoch) and every lease reference a generation; anything
 stale is refused with a reason ("stale: generation 4294967297 < 4294967298 for block 812").
 

@@ -281,11 +281,13 @@ async def reduce_shard(
     manifest_wait_s: float = 600.0,
     window: int = DEFAULT_WINDOW,
     report: MeanReport | None = None,
+    fetched: dict[str, FetchStats] | None = None,
 ) -> codec.Encoded:
     """Phase 1 of reduce-scatter: `me`'s shard of every contributor's pseudo-gradient, averaged,
     encoded in the wire dtype and published as `me`'s MEAN_SHARD (replacing one reduced over other
     contributors). `roots`: the root hash each contributor's object must have (else ManifestError).
-    `report`, if given, counts the fetches."""
+    `report`, if given, counts the fetches; so does `fetched` (per site, added to), for a caller that
+    reduces the shard apart from any mean (a peer's request) and still books what it pulled."""
     if me not in sites or sites[me] is not None:
         raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
     manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
@@ -312,6 +314,9 @@ async def reduce_shard(
 
     report = report or MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
     await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
+    if fetched is not None:
+        for site, stats in report.stats.items():
+            fetched.setdefault(site, FetchStats()).add(stats)
     mine = codec.Encoded(
         codec.build_manifest(
             codec.ObjectKey(round_, me, codec.ObjectKind.MEAN_SHARD), ref.layout, start_byte, end_byte,

@@ -24,7 +24,7 @@ from peer.exchange.allreduce import (
     reduce_shard,
     shard_chunks,
 )
-from peer.exchange.client import ExchangeClient, FetchPolicy
+from peer.exchange.client import ExchangeClient, FetchPolicy, FetchStats
 from peer.exchange.store import ExchangeStore
 from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 from tests.support.faultproxy import Fault, FaultProxy
@@ -181,10 +181,12 @@ def test_shards_cover_every_chunk_once_and_balance() -> None:
 
 
 async def _partial_mesh(encoded: dict[str, codec.Encoded], idle: str, reduce_on_request: bool) -> tuple[
-        dict[str, dict[str, torch.Tensor]], dict[str, MeanReport]]:
+        dict[str, dict[str, torch.Tensor]], dict[str, MeanReport], dict[str, FetchStats]]:
     """Every peer but `idle` runs reduce_scatter_mean; `idle` only serves its pseudo-gradient and,
     if `reduce_on_request`, reduces its shard when a peer's mean-shard request names the round's
-    contributors (as the node does for a leader that decides before the commit)."""
+    contributors (as the node does for a leader that decides before the commit), booking what it
+    pulled per site in the third dict (the node's received-bytes metric)."""
+    fetched: dict[str, FetchStats] = {}
     stores = {s: ExchangeStore() for s in encoded}
     async with contextlib.AsyncExitStack() as stack:
         addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in encoded}
@@ -198,7 +200,8 @@ async def _partial_mesh(encoded: dict[str, codec.Encoded], idle: str, reduce_on_
         if reduce_on_request:
             def requested(round_: int, inputs: tuple[tuple[str, str, bytes], ...]) -> None:
                 started.append(asyncio.ensure_future(reduce_shard(
-                    round_, idle, clients[idle], stores[idle], roots={s: r for s, _, r in inputs}, policy=policy)))
+                    round_, idle, clients[idle], stores[idle], roots={s: r for s, _, r in inputs}, policy=policy,
+                    fetched=fetched)))
             stores[idle].on_mean_request = requested
         for s, e in encoded.items():
             await stores[s].publish(e)
@@ -209,7 +212,8 @@ async def _partial_mesh(encoded: dict[str, codec.Encoded], idle: str, reduce_on_
                                     manifest_wait_s=3.0) for s in dests]
         reports = await asyncio.wait_for(asyncio.gather(*runs), 30)
         assert bool(started) == reduce_on_request
-    return dests, dict(zip(dests, reports))
+        await asyncio.gather(*started)
+    return dests, dict(zip(dests, reports)), fetched
 
 
 @pytest.mark.parametrize("reduce_on_request", [True, False])
@@ -217,7 +221,10 @@ def test_an_owner_that_does_not_serve_its_shard_is_reduced_around(reduce_on_requ
     """An owner that learns the round from the request reduces its shard; one that never serves it
     is replaced by a local reduction of its shard, with the same bits either way."""
     encoded = _encode(_models(seed=3))
-    dests, reports = asyncio.run(_partial_mesh(encoded, "charlie", reduce_on_request))
+    dests, reports, fetched = asyncio.run(_partial_mesh(encoded, "charlie", reduce_on_request))
     _check(reduce_scatter_mean, dests, encoded)
     for r in reports.values():
         assert r.reduced_here == ([] if reduce_on_request else ["charlie"])
+    # A shard reduced for a peer's request still books what it pulled from each contributor.
+    others = sorted(set(encoded) - {"charlie"})
+    assert sorted(s for s, st in fetched.items() if st.bytes > 0) == (others if reduce_on_request else [])
