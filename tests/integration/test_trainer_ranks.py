@@ -111,7 +111,9 @@ async def _train_then_kill(cfg: TrainerConfig, workdir: Path, sig: signal.Signal
     try:
         ranges = [(b, 0, n) for b, n in hello.blocks[:40]]
         weights = write_state(proc.shm_dir / "base.safetensors", read_state(hello.weights))  # type: ignore[operator]
-        train = asyncio.ensure_future(proc.train(1, weights, ranges, 60, 0))
+        # 600 steps: a round far longer than the wait before the kill on any machine (with 60, the
+        # round once ended first in CI, and the call then rightly raised nothing).
+        train = asyncio.ensure_future(proc.train(1, weights, ranges, 600, 0))
         await asyncio.sleep(1.0)  # into the round's steps
         os.kill(victim, sig)
         with pytest.raises(TrainerError) as err:
