@@ -372,11 +372,8 @@ def test_a_holder_that_lags_the_log_gets_no_lease_and_loses_its_renewals() -> No
     assert replies(m, x, RenewReply)[-1].renewed, "within the allowed lag"
 
 
-def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_back() -> None:
-    """The epoch's tail: every block is started by a slow holder, a fast site finds nothing free or
-    stealable. The owner asks the holder (in its renew reply) to give back what it has not taken;
-    the rest, freed by a claim without keep, is granted to the idle site alone until its
-    reservation ends."""
+def _started_by_a_slow_site() -> tuple[Mesh, str, str, str, LeaseRef]:
+    """A one-block mesh whose block B the holder `slow` has started: (mesh, owner, slow, fast, lease)."""
     m = Mesh("abc", universe={100: 8})
     m.set_view("abc")
     m.run()
@@ -386,6 +383,15 @@ def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_
     ref = LeaseRef(g.block_id, g.generation)
     m.send(slow, Start(hdr(m, slow), ref), owner)
     m.run()
+    return m, owner, slow, fast, ref
+
+
+def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_back() -> None:
+    """The epoch's tail: every block is started by a slow holder, a fast site finds nothing free or
+    stealable. The owner asks the holder (in its renew reply) to give back what it has not taken;
+    the rest, freed by a claim without keep, is granted to the idle site alone until its
+    reservation ends."""
+    m, owner, slow, fast, ref = _started_by_a_slow_site()
     m.send(slow, Renew(hdr(m, slow), (ref,), 0.0), owner)
     m.run()
     assert replies(m, slow, RenewReply)[-1].wanted == (), "nobody asked yet"
@@ -402,15 +408,7 @@ def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_
 
 
 def test_a_reservation_for_an_idle_site_lapses_after_a_ttl() -> None:
-    m = Mesh("abc", universe={100: 8})
-    m.set_view("abc")
-    m.run()
-    owner, slow = holder_site(m)
-    fast = third_site(owner, slow)
-    g = grant(m, slow, owner).grants[0]
-    ref = LeaseRef(g.block_id, g.generation)
-    m.send(slow, Start(hdr(m, slow), ref), owner)
-    m.run()
+    m, owner, slow, fast, ref = _started_by_a_slow_site()
     grant(m, fast, owner, steal=True, req=2)
     m.send(slow, Trained(hdr(m, slow), 1, (Claim(ref, spans((0, 3)), False),)), owner)
     m.run()
