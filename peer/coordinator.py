@@ -1,10 +1,11 @@
 """Runs DiLoCo outer rounds on a node: the effect executor of the round cores.
 
-The decisions are taken by pure cores: the leader's `RoundLeader` (peer/core/rounds.py) and this peer's
-`RoundCore` (peer/core/: the site's half, the leader's fetch, applying the log), with the data-lease
-cores (peer/leasing.py). This file runs their effects (trainer calls, pseudo-gradient fetches, θ
-applies and state transfers in peer/training.py, round and lease sends through the node) as tasks and
-feeds each completion back as an event; nothing here sleeps or polls. A round, end to end:
+The decisions are taken by one pure core, `PeerRounds` (peer/core/peer_rounds.py: the data-lease
+cores, the leader's `RoundLeader` and this peer's `RoundCore`, with the routing between them that the
+whole-peer simulator runs too). This file runs its effects (trainer calls, pseudo-gradient fetches, θ
+applies and state transfers in peer/training.py, round and lease sends through the node, the lease
+ledger on disk in peer/leasing.py) as tasks and feeds each completion back as an event; nothing here
+sleeps or polls or decides. A round, end to end:
 
 1. The leader opens round r once r-1 is committed and applied here.
 2. Each site takes up to H x batch samples from its started, valid data leases, trains them from
@@ -35,10 +36,9 @@ from peer.core import rounds as r
 from peer.core import timeline
 from peer.core.commitlog import Entry, RoundCommit
 from peer.core import events as ev
-from peer.core.round_core import RoundCore
-from peer.core.site_round import SiteRound
-from peer.core.election import Header, Role, SiteId
-from peer.core.lease_types import Message as LeaseMessage, Send as LeaseSend
+from peer.core.peer_rounds import Effect, PeerRounds, Seen
+from peer.core.election import Role, SiteId
+from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
 from peer.core.leases import LeaseConfig
 from peer.leasing import Leasing
 from peer.metrics import exclusion_kind
@@ -60,10 +60,11 @@ class Coordinator:
         self.config = config
         self.lease_config = leases
         self.leasing: Leasing | None = None
-        self.leader: r.RoundLeader | None = None
-        self.core: RoundCore | None = None
-        """This peer's round logic (peer/core/); None until start()."""
-        self._events: deque[ev.Event] = deque()
+        self.rounds: PeerRounds | None = None
+        """This peer's round protocol (peer/core/peer_rounds.py); None until start()."""
+        self._effects: deque[Effect] = deque()
+        self._pending: list[ev.Event] = []
+        """Events that came before start() (commits while the trainer started), fed at its end."""
         self._draining = False
         self._fetch: asyncio.Task[None] | None = None
         """The leader's pseudo-gradient fetch in flight (a cancelled one is awaited by the next)."""
@@ -85,19 +86,20 @@ class Coordinator:
         now = self.node.now()
         leasing.note_leader_epoch(raft.hard.epoch)
         replayed = [raft.log.entry(i) for i in range(raft.log.snapshot.last_index + 1, raft.applied_index + 1)]
-        leasing.apply_entries([e for e in replayed if e is not None], now)
         rnd, index, committed = raft.log.last_round_entry(self.training.applied_index)
         why = self.training.verify_against(index, rnd, committed)
         self.leasing = leasing
-        self.leader = r.RoundLeader(self.config, leasing.ledger)
-        site = SiteRound(self.node.config.site, self.node.address, self.config, self.lease_config.ttl,
-                         leasing.client, self.clock, self.training.applied_round, self.training.weights_hash)
-        self.core = RoundCore(site)
+        self.rounds = PeerRounds(self.node.config.site, self.node.address, self.config, leasing.cores,
+                                 self.lease_config.ttl, self.clock, self.training.applied_round,
+                                 self.training.weights_hash)
+        self._run_all(self.rounds.replay([e for e in replayed if e is not None], now))
         log.info("leases: boot %d, data epoch %d, %d/%d samples committed", leasing.boot,
                  leasing.ledger.data_epoch, leasing.ledger.committed, leasing.ledger.total)
         if why:  # the apply queue re-syncs before it applies anything else
-            self._events.appendleft(ev.Diverged(why))
-        self._drain()  # what was committed while the trainer started
+            self._pending.insert(0, ev.Diverged(why))
+        pending, self._pending = self._pending, []
+        for event in pending:  # what was committed while the trainer started
+            self._feed(event)
 
     # ----- status ------------------------------------------------------------------------------
     @property
@@ -115,100 +117,69 @@ class Coordinator:
     @property
     def epoch_complete(self) -> bool:
         """The log completed every data epoch of the run."""
-        return self.leader is not None and self.leader.done
+        return self.rounds is not None and self.rounds.leader.done
 
     @property
     def diverged(self) -> str:
         """The last I7 violation this peer found (its θ disagreed with the log) and whether the
         state transfer that repairs it is done; empty if θ never disagreed."""
-        return self.core.applier.diverged if self.core is not None else ""
+        return self.rounds.core.applier.diverged if self.rounds is not None else ""
 
     @property
     def last_reason(self) -> str:
         """The round core's last decision and its reason (why a round was skipped, a site excluded)."""
-        return self.core.last_reason if self.core is not None else ""
+        return self.rounds.core.last_reason if self.rounds is not None else ""
 
     def next_deadline(self) -> float:
         """When `tick` next has something to do on its own (node-clock seconds; -inf: now; inf: on
-        events only): the round core's, the lease cores' and, while this peer may lead, the leader's
-        deadlines. The node ticks after every event too."""
-        if self.core is None or self.leasing is None or self.leader is None:
-            return float("inf")
-        times = [self.core.next_deadline(), self.leasing.next_deadline()]
-        if self._may_lead():
-            times.append(self.leader.next_deadline())
-        return min(times)
+        events only). The node ticks after every event too."""
+        return self.rounds.next_deadline(self._seen()) if self.rounds is not None else float("inf")
 
-    def _may_lead(self) -> bool:
-        """The leader half may open the next round now (RoundCore.may_open)."""
-        assert self.core is not None
+    def _seen(self) -> Seen:
+        """What consensus, membership and the trainer's state say now."""
         status = self.node.consensus_status()
-        return self.core.may_open(status.role is Role.LEADER, self.training.applied_round, status.committed_round)
+        live = frozenset(v.site for v in self.node.members() if v.state.name in LIVE)
+        return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.training.applied_round,
+                    self.training.weights_hash, live)
 
     # ----- from the node -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        if self.leasing is None or self.leader is None or self.core is None:
-            return
-        if self.leader.done:
-            self.leasing.release_all(now)  # nothing left to train: lease no more
-        self.leasing.tick(now)
-        self._feed(ev.Tick())
-        if not self._may_lead():
-            return
-        status = self.node.consensus_status()
-        live = [v.site for v in self.node.members() if v.state.name in LIVE]
-        header = Header(SiteId(self.node.config.site), self.node.address, status.epoch, status.committed_round)
-        for effect in self.leader.tick(now, header, status.committed_round, live, self.training.weights_hash):
-            self._run_leader(effect)
+        if self.rounds is not None:
+            self._run_all(self.rounds.tick(now, self._seen()))
 
     def on_leader_changed(self, leader: str | None, epoch: int) -> None:
-        if self.leasing is not None:
-            self.leasing.note_leader_epoch(epoch)
-        if leader != self.node.config.site and self.leader is not None:
-            self.leader.step_down()
+        if self.rounds is not None:
+            self.rounds.leader_changed(leader, epoch)
 
     def on_entries(self, entries: Sequence[Entry]) -> None:
         """Committed log entries, in order: the lease ledger and views at once, θ by the apply queue."""
-        if self.leasing is not None:
-            self.leasing.apply_entries(entries, self.node.now())
         for entry in entries:
             if isinstance(entry.body, RoundCommit):
-                if self.leader is not None:
-                    self.leader.on_commit(entry.body.round)
                 self._book_spent(entry.body.round)  # a leader's pull and outer step, before commit_wait ends
-                self.clock.committed(entry.body.round, self.node.now())
-                self._feed(ev.Committed(entry.index, entry.body))
+        if self.rounds is None:
+            # Before start(): the lease cores replay these from the log there; the round core gets them then.
+            self._pending += [ev.Committed(e.index, e.body) for e in entries if isinstance(e.body, RoundCommit)]
+            return
+        self._run_all(self.rounds.entries(entries, self.node.now(), self._seen()))
 
     def receive(self, msg: r.Message) -> None:
-        status = self.node.consensus_status()
-        if msg.header.epoch < status.epoch:
-            log.info("refused %s of round %d from %s: stale epoch %d < %d", type(msg).__name__, msg.round,
-                     msg.header.from_site, msg.header.epoch, status.epoch)
-            return
-        if isinstance(msg, r.RoundOpen):
-            self._feed(ev.Opened(msg))
-        elif self.leader is not None and status.role is Role.LEADER:
-            for effect in self.leader.receive(msg, self.node.now()):
-                self._run_leader(effect)
+        if self.rounds is not None:
+            self._run_all(self.rounds.round_message(msg, self.node.now(), self._seen()))
 
     def member_down(self, site: str) -> None:
-        """Membership declared `site` DEAD or LEFT: the open round stops waiting for it, and a
-        decision that is fetching its pseudo-gradient drops it at once instead of retrying."""
-        if self.leader is not None and self.node.consensus_status().role is Role.LEADER:
-            for effect in self.leader.member_down(site, self.node.now()):
-                self._run_leader(effect)
-        self._feed(ev.MemberDown(site))
+        """Membership declared `site` DEAD or LEFT (PeerRounds.member_down)."""
+        if self.rounds is not None:
+            self._run_all(self.rounds.member_down(site, self.node.now(), self._seen()))
 
     def receive_lease(self, msg: LeaseMessage) -> None:
-        if self.leasing is not None:
-            self.leasing.receive(msg, self.node.now())
-            self._feed(ev.LeasesChanged())
+        if self.rounds is not None:
+            self._run_all(self.rounds.lease_message(msg, self.node.now(), self._seen()))
 
     async def prepare_leave(self, wait_s: float) -> None:
         """Graceful leave (I8): train no more, give the leader up to `wait_s` to decide a round this
         site already reported samples for (it pulls the pseudo-gradient from here), then give every
         lease back to its owner. Returns once the core says so (LeaveReady)."""
-        if self.core is None:
+        if self.rounds is None:
             return
         self._left = asyncio.get_running_loop().create_future()
         self._feed(ev.LeaveRequested(wait_s))
@@ -216,28 +187,40 @@ class Coordinator:
 
     # ----- the executor ------------------------------------------------------------------------
     def _feed(self, event: ev.Event) -> None:
-        """Hands `event` to the round core and runs its effects. Events raised while effects run
-        (a proposal that commits at once) queue behind, so the core sees them one at a time, in order."""
-        self._events.append(event)
-        self._drain()
+        """Hands `event` (a completion, a leave) to the round protocol and runs its effects."""
+        if self.rounds is None:
+            self._pending.append(event)
+            return
+        self._run_all(self.rounds.handle(event, self.node.now(), self._seen()))
 
-    def _drain(self) -> None:
-        if self.core is None or self._draining:
-            return  # before start(): kept for the core (commits arrive while the trainer starts)
+    def _run_all(self, effects: Sequence[Effect]) -> None:
+        """Runs `effects` in order. What running one makes the core say (a proposal that commits at
+        once) queues behind the rest, so effects run in the order the core produced them."""
+        self._effects.extend(effects)
+        if self._draining:
+            return
         self._draining = True
         try:
-            while self._events:
-                for effect in self.core.handle(self._events.popleft(), self.node.now()):
-                    self._run(effect)
+            while self._effects:
+                self._run(self._effects.popleft())
         finally:
             self._draining = False
         self.node.wake()  # the core's next deadline may have moved
 
-    def _run(self, effect: ev.Effect) -> None:
+    def _run(self, effect: Effect) -> None:
+        assert self.leasing is not None and self.rounds is not None
         if isinstance(effect, ev.Note):
             log.log(logging.WARNING if effect.warning else logging.INFO, "%s", effect.text)
-        elif isinstance(effect, LeaseSend):
-            self._send_lease(effect.to, effect.msg)
+        elif isinstance(effect, LeaseSend | LeaseEvent):
+            self.leasing.run([effect])
+        elif isinstance(effect, r.Broadcast):
+            log.info("round %d open", effect.msg.round)
+            for view in self.node.members():
+                if view.state.name == "ALIVE":
+                    self.node.send_round_message(view.address, effect.msg)
+        elif isinstance(effect, r.EpochComplete):
+            log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
+                     effect.data_epochs, effect.samples)
         elif isinstance(effect, ev.Report):
             self._contribute(effect.contribution)
         elif isinstance(effect, ev.Train):
@@ -250,8 +233,7 @@ class Coordinator:
             if self._fetch is not None:
                 self._fetch.cancel()
         elif isinstance(effect, ev.Propose):
-            if not self.node.propose(effect.commit) and self.leader is not None:
-                self.leader.step_down()
+            self.rounds.proposed(self.node.propose(effect.commit))
         elif isinstance(effect, ev.Apply):
             self._spawn(self._apply(effect))
         elif isinstance(effect, ev.CatchUp):
@@ -268,19 +250,6 @@ class Coordinator:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[call-overload]
         self.node.spawn(task)  # the node cancels it at stop
         return task
-
-    def _run_leader(self, effect: r.Effect) -> None:
-        if isinstance(effect, r.Broadcast):
-            log.info("round %d open", effect.msg.round)
-            for view in self.node.members():
-                if view.state.name == "ALIVE":
-                    self.node.send_round_message(view.address, effect.msg)
-        elif isinstance(effect, r.Decide):
-            live = frozenset(v.site for v in self.node.members() if v.state.name in LIVE)
-            self._feed(ev.DecideRound(effect, live))
-        elif isinstance(effect, r.EpochComplete):
-            log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
-                     effect.data_epochs, effect.samples)
 
     def _send_lease(self, site: SiteId, msg: LeaseMessage) -> None:
         if site == self.node.config.site:

@@ -73,17 +73,18 @@ class Leasing:
         return len(self.cores.client.held)
 
     def apply_entries(self, entries: Sequence[Entry], now: float) -> None:
-        """Committed entries, in log order (a restart replays the applied part of its log here)."""
-        self._run(self.cores.apply_entries(entries, now))
+        """Committed entries, in log order (scripts/bench_leases drives this edge alone; a node's
+        entries reach the cores through PeerRounds, whose lease effects come to `run`)."""
+        self.run(self.cores.apply_entries(entries, now))
 
     def note_leader_epoch(self, epoch: int) -> None:
         self.cores.note_leader_epoch(epoch)
 
     def receive(self, msg: Message, now: float) -> None:
-        self._run(self.cores.receive(msg, now))
+        self.run(self.cores.receive(msg, now))
 
     def tick(self, now: float) -> None:
-        self._run(self.cores.tick(now))
+        self.run(self.cores.tick(now))
 
     def next_deadline(self) -> float:
         """When the lease cores next need a tick (-inf: now; inf: on messages only)."""
@@ -96,13 +97,14 @@ class Leasing:
 
     def end_round(self, round_: int, now: float) -> None:
         """Claim everything taken since the last claim for `round_` (the owners vouch or refuse)."""
-        self._run(self.client.end_round(round_, now))
+        self.run(self.client.end_round(round_, now))
 
     def release_all(self, now: float) -> None:
         """Give every lease back and take no more (graceful leave, or the run's data is done)."""
-        self._run(self.cores.release_all(now))
+        self.run(self.cores.release_all(now))
 
-    def _run(self, effects: Sequence[Effect]) -> None:
+    def run(self, effects: Sequence[Effect]) -> None:
+        """Sends the cores' messages and appends their lease events to the ledger file."""
         events = []
         for effect in effects:
             if isinstance(effect, LeaseEvent):

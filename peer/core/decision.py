@@ -11,7 +11,10 @@ verifies and averages them and applies the outer step), and on
 - `OutcomeFailed("")` (no single site to blame): the round is committed without contributors, so
   nothing is lost: its samples go back to free and are leased again;
 - `MemberDown(site)` of an admitted contributor while fetching: `CancelFetch`, exclude it and fetch
-  again at once instead of letting the fetch retry a dead peer up to its deadline.
+  again at once instead of letting the fetch retry a dead peer up to its deadline;
+- `LeaveRequested` while this leader's own contribution is being fetched: the same, for itself
+  (once it is gone nobody else would hold its pseudo-gradient; `RoundLeader.withdraw` is the
+  same rule for a round still open).
 
     .venv/bin/python -m pytest -q tests/unit/test_site_round.py -k decision
 """
@@ -36,7 +39,8 @@ class _Fetching:
 class Decision:
     """At most one decided round in flight at the leader."""
 
-    def __init__(self) -> None:
+    def __init__(self, site: str) -> None:
+        self.site = site
         self.fetching: _Fetching | None = None
         self._attempts = 0
 
@@ -60,10 +64,10 @@ class Decision:
         if f is None:
             return []
         if isinstance(event, ev.MemberDown) and any(c.site == event.site for c in f.admitted):
-            f.admitted = [c for c in f.admitted if c.site != event.site]
-            return [ev.CancelFetch(f.round, f.attempt),
-                    self._drop_note(f.round, event.site, f"{event.site} is dead (membership); deciding without "
-                                                         "it at once"), self._fetch()]
+            return self._refetch_without(event.site, f"{event.site} is dead (membership); deciding without it at once")
+        if isinstance(event, ev.LeaveRequested) and any(c.site == self.site for c in f.admitted):
+            return self._refetch_without(self.site, f"{self.site} leads this round and is leaving: once it is "
+                                                    "gone nobody would hold its pseudo-gradient")
         if isinstance(event, ev.OutcomeFailed) and (event.round, event.attempt) == (f.round, f.attempt):
             if event.site and any(c.site == event.site for c in f.admitted):
                 f.admitted = [c for c in f.admitted if c.site != event.site]
@@ -82,6 +86,12 @@ class Decision:
 
     def next_deadline(self) -> float:
         return float("inf")  # every wait ends in a completion event or a membership event
+
+    def _refetch_without(self, site: str, why: str) -> list[ev.Effect]:
+        f = self.fetching
+        assert f is not None
+        f.admitted = [c for c in f.admitted if c.site != site]
+        return [ev.CancelFetch(f.round, f.attempt), self._drop_note(f.round, site, why), self._fetch()]
 
     def _fetch(self) -> ev.Fetch:
         assert self.fetching is not None

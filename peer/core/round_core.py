@@ -24,7 +24,7 @@ REASONS_KEPT = 64
 class RoundCore:
     def __init__(self, site: SiteRound) -> None:
         self.site = site
-        self.decision = Decision()
+        self.decision = Decision(site.site)
         self.applier = ApplyQueue(site.applied_round)
         self.reasons: deque[str] = deque(maxlen=REASONS_KEPT)
 

@@ -171,6 +171,8 @@ class _Open:
     dead: set[str] = field(default_factory=set)
     """Sites membership stopped counting as live while the round was open (DEAD or LEFT): one that
     reported is dropped at once, since its pseudo-gradient cannot be fetched any more."""
+    withdrawn: set[str] = field(default_factory=set)
+    """Sites whose report must not be admitted: this leader itself once it is leaving."""
 
 
 class RoundLeader:
@@ -260,9 +262,18 @@ class RoundLeader:
         o.dead.add(site)
         return [] if self._waiting(o) - o.dead else self._close(now)
 
+    def withdraw(self, site: str, now: float) -> list[Effect]:
+        """`site` (this leader, leaving) takes its report back: the open round admits none from it
+        and stops waiting for it; decide if it was the last one waited for."""
+        o = self._open
+        if o is None:
+            return []
+        o.withdrawn.add(site)
+        return [] if self._waiting(o) - o.dead else self._close(now)
+
     @staticmethod
     def _waiting(o: _Open) -> set[str]:
-        return set(o.expected - set(o.got) - o.idle)
+        return set(o.expected - set(o.got) - o.idle - o.withdrawn)
 
     def deadline_s(self) -> float:
         """The next round's deadline: deadline_s, or (deadline_k > 0) the sites' recent pace."""
@@ -319,8 +330,9 @@ class RoundLeader:
         # A report of samples without a pseudo-gradient (its training failed) is there to have its
         # claims settled by this round's commit, never to be included.
         failed = sorted(s for s, c in o.got.items() if c.tokens <= 0 or not c.pseudo_gradient_root)
-        gone = sorted(set(o.got) & o.dead - set(failed))
-        offers = {s: c for s, c in o.got.items() if s not in failed and s not in gone}
+        withdrawn = sorted(set(o.got) & o.withdrawn - set(failed))
+        gone = sorted(set(o.got) & o.dead - set(failed) - set(withdrawn))
+        offers = {s: c for s, c in o.got.items() if s not in failed and s not in gone and s not in withdrawn}
         decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger)
         admitted = tuple(offers[d.site] for d in decisions if d.included)
         excluded: list[tuple[str, str]] = [(d.site, d.reason) for d in decisions if not d.included]
@@ -328,6 +340,8 @@ class RoundLeader:
                      for s in failed]
         excluded += [(s, f"excluded: {s} is dead (membership), its reported pseudo-gradient cannot be fetched")
                      for s in gone]
+        excluded += [(s, f"excluded: {s} leads this round and is leaving: once it is gone nobody would "
+                         "hold its pseudo-gradient") for s in withdrawn]
         excluded += [(s, f"excluded: {s} did not report (" + ("membership declared it dead or left)" if s in o.dead
                                                                 else "deadline passed)"))
                      for s in sorted(self._waiting(o))]

@@ -101,6 +101,9 @@ class SiteRound:
             self.committed_round = max(self.committed_round, event.round)
         elif isinstance(event, ev.Committed):
             self.committed_round = max(self.committed_round, event.commit.round)
+            if self.sent is not None and event.commit.round == self.sent.round and all(
+                    c.site != self.site for c in event.commit.contributors):
+                self.sent = None  # the round went without this site's report: nobody needs its Δ
         elif isinstance(event, ev.TrainDone | ev.TrainFailed):
             return self._trained(event, now)
         elif isinstance(event, ev.LeaveRequested):
@@ -284,7 +287,9 @@ class SiteRound:
         other peers apply the round by fetching it from here, and the next round opens only once the
         leader applied it, so its commit proves θ of this site's last round is held by a peer that
         stays. Leaving at the first commit stranded the run when this site was also the leader (the
-        only other holder of θ_r): the whole-peer simulator's `leave` fault found it."""
+        only other holder of θ_r): the whole-peer simulator's `leave` fault found it. A leaving
+        leader therefore admits no report of its own (PeerRounds), and a commit of that round
+        without this site's report ends the wait at once: nobody will fetch its Δ."""
         self.leaving = True
         sent = self._sent_round()
         if self.committed_round <= sent and sent > 0:

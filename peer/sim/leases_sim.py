@@ -176,7 +176,7 @@ class Control:
         self.rounds = r.RoundLeader(r.RoundsConfig(
             inner_steps=1, samples_per_step=1, deadline_s=cfg.round_len + cfg.decide_after,
             data_epochs=cfg.epochs, budget_s=cfg.round_len), truth.ledger)
-        self.decision = Decision()
+        self.decision = Decision("control")  # a leader that trains nothing and never leaves
         self.committed = 0
         self.open: r.RoundOpen | None = None
         self.opening = 0

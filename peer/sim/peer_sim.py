@@ -57,9 +57,9 @@ from peer.core.consensus import Message as ConsensusMessage
 from peer.core.consensus import Send as ConsensusSend
 from peer.core import events as ev
 from peer.core.lease_log import LeaseLog
-from peer.core.round_core import RoundCore
-from peer.core.site_round import SiteRound
-from peer.core.election import ElectionConfig, Header, Role, SiteId, has_majority
+from peer.core.peer_rounds import Effect, PeerRounds, Seen
+from peer.core.election import ElectionConfig, Role, SiteId, has_majority
+from peer.core.lease_types import LeaseEvent
 from peer.core.lease_types import Send as LeaseSend
 from peer.core.leases import LeaseConfig
 from peer.logstore import MemoryStore
@@ -165,10 +165,9 @@ class PeerNode:
         self.disk = disk
         self.raft = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
                                         derive_rng(world.seed, f"raft/{site}/{disk.boot}"), applied_index=disk.index)
-        self.leases = LeaseLog(site, world.universe, world.cfg.lease, disk.boot)
-        self.leader = r.RoundLeader(world.rounds, self.leases.ledger)
-        self.core = RoundCore(SiteRound(site, site, world.rounds, world.cfg.lease.ttl, self.leases.client,
-                                        RoundClock(site, now), disk.round, disk.weights_hash))
+        self.rounds = PeerRounds(site, site, world.rounds, LeaseLog(site, world.universe, world.cfg.lease, disk.boot),
+                                 world.cfg.lease.ttl, RoundClock(site, now), disk.round, disk.weights_hash)
+        self.core = self.rounds.core
         self.speed = world.speeds[site]
         self._jitter = derive_rng(world.seed, f"trainer/{site}/{disk.boot}")
         self.pending: list[tuple[float, int, ev.Event | _Due]] = []
@@ -187,7 +186,7 @@ class PeerNode:
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
-        self.started += self.leases.apply_entries([e for e in replay if e is not None], now)
+        self.started += self.rounds.replay([e for e in replay if e is not None], now)
         self.live = set(world.live) | {site}
         """The sites this site's membership reports alive (the two sides of a partition disagree)."""
         for other in world.live:
@@ -207,28 +206,20 @@ class PeerNode:
                 not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index)):
             self.leave_until = None
             self.world.left(self.site, told=self._told_left)
-        if self.leader.done:
-            out += self.leases.release_all(now)
-        out += self.leases.tick(now)
-        out += self._feed(ev.Tick(), now)
-        out += self._lead(now)
-        return out
+        return out + self._run_all(self.rounds.tick(now, self._seen()), now)
 
     def receive(self, msg: object, now: float) -> list[Any]:
         out: list[Any] = []
         if isinstance(msg, _CONSENSUS):
             out += self._consensus(self.raft.receive(msg, now), now)  # type: ignore[arg-type]
         elif isinstance(msg, _ROUND):
-            out += self._round_message(msg, now)  # type: ignore[arg-type]
+            out += self._run_all(self.rounds.round_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
         else:
-            out += self.leases.receive(msg, now)  # type: ignore[arg-type]
-            out += self._feed(ev.LeasesChanged(), now)
+            out += self._run_all(self.rounds.lease_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
         return out
 
     def next_deadline(self) -> float:
-        times = [self.raft.next_deadline(), self.leases.next_deadline(), self.core.next_deadline(), self._tick_due]
-        if self._may_lead():
-            times.append(self.leader.next_deadline())
+        times = [self.raft.next_deadline(), self.rounds.next_deadline(self._seen()), self._tick_due]
         if self.leave_until is not None:
             times.append(self.leave_until)
         if self.pending:
@@ -254,21 +245,18 @@ class PeerNode:
         """What a dead and a left member have in common once consensus was told which it is."""
         self.live.discard(site)
         self._tick_due = now
-        out: list[Any] = []
-        if self.raft.role is Role.LEADER:
-            out += self._leader_effects(self.leader.member_down(site, now), now)
-        return out + self._feed(ev.MemberDown(site), now)
+        return self._run_all(self.rounds.member_down(site, now, self._seen()), now)
 
     # ----- `ops leave`, as Node.leave runs it ------------------------------------------------------
     def leave(self, now: float) -> list[Any]:
         """Rounds and leases first (I8), then the voter seat (on LeaveReady), then the process stops."""
         return self._feed(ev.LeaveRequested(self.world.rounds.deadline_s), now)
 
-    def _leave_consensus(self, now: float, queue: list[ev.Event]) -> list[Any]:
+    def _leave_consensus(self, now: float) -> list[Any]:
         voter, leader = self.raft.is_voter(), self.raft.role is Role.LEADER
         decision = self.raft.leave(now)
         self.world.notes.append(f"{self.site}: leaving: {decision.reason}")
-        out = self._consensus(decision.effects, now, queue)
+        out = self._consensus(decision.effects, now)
         if not decision.accepted or not voter:
             self.world.left(self.site, told=False)
         elif leader:
@@ -282,12 +270,21 @@ class PeerNode:
         return out
 
     # ----- the executor --------------------------------------------------------------------------
+    def _seen(self) -> Seen:
+        status = self.raft.status()
+        return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.disk.round,
+                    self.disk.weights_hash, frozenset(self.live))
+
     def _feed(self, event: ev.Event, now: float) -> list[Any]:
+        return self._run_all(self.rounds.handle(event, now, self._seen()), now)
+
+    def _run_all(self, effects: Sequence[Effect], now: float) -> list[Any]:
+        """Runs `effects` in order; what running one makes the core say (a proposal that commits at
+        once) runs after the rest, as the node's executor does."""
         out: list[Any] = []
-        queue = [event]
+        queue = list(effects)
         while queue:
-            for effect in self.core.handle(queue.pop(0), now):
-                out += self._run(effect, now, queue)
+            out += self._run(queue.pop(0), now, queue)
         return out
 
     def _later(self, at: float, event: ev.Event | _Due) -> None:
@@ -295,12 +292,14 @@ class PeerNode:
         self.pending.append((at, self._seq, event))
         self.pending.sort(key=lambda p: (p[0], p[1]))
 
-    def _run(self, effect: ev.Effect, now: float, queue: list[ev.Event]) -> list[Any]:
+    def _run(self, effect: Effect, now: float, queue: list[Effect]) -> list[Any]:
         w = self.world
         if isinstance(effect, ev.Note):
             w.notes.append(f"{self.site}: {effect.text}")
-        elif isinstance(effect, LeaseSend):
+        elif isinstance(effect, LeaseSend | LeaseEvent):
             return [effect]
+        elif isinstance(effect, r.Broadcast):
+            return [SimSend(s, effect.msg) for s in sorted(self.live)]
         elif isinstance(effect, ev.Report):
             leader = self.raft.leader
             if leader is None:
@@ -326,8 +325,7 @@ class PeerNode:
                                                              and p[2].effect.attempt == effect.attempt)]
         elif isinstance(effect, ev.Propose):
             decision = self.raft.propose_round(effect.commit, now)
-            if not decision.accepted:
-                self.leader.step_down()
+            self.rounds.proposed(decision.accepted)
             return self._consensus(decision.effects, now, queue)
         elif isinstance(effect, ev.Apply):
             self._later(now + w.cfg.apply_s, _Due(effect))
@@ -336,7 +334,7 @@ class PeerNode:
         elif isinstance(effect, ev.RoundApplied):
             w.applied_by(self.site, effect.round, self.disk.weights_hash)
         elif isinstance(effect, ev.LeaveReady):
-            return self._leave_consensus(now, queue)
+            return self._leave_consensus(now)
         return []
 
     def _reached(self, train: ev.Train, speed: float) -> tuple[SampleRange, ...]:
@@ -355,7 +353,7 @@ class PeerNode:
             left -= n
         return tuple(out)
 
-    def _consensus(self, effects: Sequence[Any], now: float, queue: list[ev.Event] | None = None) -> list[Any]:
+    def _consensus(self, effects: Sequence[Any], now: float, queue: list[Effect] | None = None) -> list[Any]:
         out: list[Any] = []
         entries: list[Entry] = []
         for e in effects:
@@ -367,51 +365,16 @@ class PeerNode:
                 entries.append(e.entry)
                 self.world.see_entry(self.site, e.entry.index)
             elif isinstance(e, LeaderChanged):
-                self.leases.note_leader_epoch(e.epoch)
-                if e.leader != self.site:
-                    self.leader.step_down()
+                self.rounds.leader_changed(e.leader, e.epoch)
         if entries:
-            out += self.leases.apply_entries(entries, now)
             for entry in entries:
                 if isinstance(entry.body, RoundCommit):
                     self.world.see_commit(entry.index, entry.body)
-                    self.leader.on_commit(entry.body.round)
-                    event = ev.Committed(entry.index, entry.body)
-                    if queue is not None:
-                        queue.append(event)  # inside _feed: after the effects being run
-                    else:
-                        out += self._feed(event, now)
-        return out
-
-    def _round_message(self, msg: r.Message, now: float) -> list[Any]:
-        if msg.header.epoch < self.raft.hard.epoch:
-            return []
-        if isinstance(msg, r.RoundOpen):
-            return self._feed(ev.Opened(msg), now)
-        if self.raft.role is Role.LEADER:
-            return self._leader_effects(self.leader.receive(msg, now), now)
-        return []
-
-    def _may_lead(self) -> bool:
-        status = self.raft.status()
-        return self.core.may_open(status.role is Role.LEADER, self.disk.round, status.committed_round)
-
-    def _lead(self, now: float) -> list[Any]:
-        if not self._may_lead():
-            return []
-        status = self.raft.status()
-        header = Header(self.site, self.site, status.epoch, status.committed_round)
-        live = sorted(self.live)
-        return self._leader_effects(self.leader.tick(now, header, status.committed_round, live,
-                                                     self.disk.weights_hash), now)
-
-    def _leader_effects(self, effects: Sequence[r.Effect], now: float) -> list[Any]:
-        out: list[Any] = []
-        for e in effects:
-            if isinstance(e, r.Broadcast):
-                out += [SimSend(s, e.msg) for s in sorted(self.live)]
-            elif isinstance(e, r.Decide):
-                out += self._feed(ev.DecideRound(e, frozenset(self.live)), now)
+            effects = self.rounds.entries(entries, now, self._seen())
+            if queue is not None:
+                queue += effects  # inside _run_all: after the effects being run
+            else:
+                out += self._run_all(effects, now)
         return out
 
     # ----- the fake exchange and disk --------------------------------------------------------------
@@ -736,7 +699,7 @@ class PeerSim:
     def _kill_leader(self) -> None:
         leader = self._leader()
         node = self.sim.node(leader) if leader else None
-        in_round = isinstance(node, PeerNode) and (node.leader._open is not None or node.core.decision.deciding)
+        in_round = isinstance(node, PeerNode) and (node.rounds.leader._open is not None or node.core.decision.deciding)
         if leader is None or not in_round or len(self._up()) <= len(self.names) // 2 + 1 or self.phase is not None:
             self.sim.schedule(self.sim.now + 0.5, self._kill_leader, "kill the leader (retry)")
             return

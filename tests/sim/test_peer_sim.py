@@ -25,6 +25,7 @@ from peer.core.commitlog import quorum_index
 from peer.core import events as ev
 from peer.core import site_round
 from peer.core.apply import ApplyQueue
+from peer.core.decision import Decision
 from peer.core.election import SiteId, has_majority
 from peer.core.membership_types import MemberState
 from peer.sim import peer_sim
@@ -154,18 +155,24 @@ def test_too_few_sites_is_a_clear_error() -> None:
         PeerSimConfig(sites=2)
 
 
-def test_a_leaver_that_goes_at_its_rounds_commit_is_caught_by_the_leave_fault(
+def test_a_leaving_leader_that_commits_its_own_report_and_goes_at_the_commit_is_caught(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """The leave as it was: the leaver stops as soon as the round holding its samples commits, before
-    the others fetched its pseudo-gradient. When it was the leader too, θ of that round is on no site
-    that stays: the run stalls (only the `leave` fault asks a site to leave)."""
+    """The leave as it was: a leaving leader still admitted its own report, and the leaver stopped as
+    soon as the round holding its samples committed, before the others fetched its pseudo-gradient.
+    θ of that round is then on no site that stays: the run stalls (only the `leave` fault asks a site
+    to leave). Either guard alone (the withdrawal, the wait for the round after) hides it in most seeds."""
     def leaves_at_the_commit(self: site_round.SiteRound, now: float) -> list[ev.Effect]:
         if self._leave_until is not None and self.committed_round >= self._sent_round():
             return self._release(now)
-        return real(self, now)
+        return real_progress(self, now)
 
-    real = site_round.SiteRound._progress
+    def keeps_its_own(self: Decision, event: ev.Event, now: float) -> list[ev.Effect]:
+        return [] if isinstance(event, ev.LeaveRequested) else real_decide(self, event, now)
+
+    real_progress, real_decide = site_round.SiteRound._progress, Decision.handle
     monkeypatch.setattr(site_round.SiteRound, "_progress", leaves_at_the_commit)
+    monkeypatch.setattr(Decision, "handle", keeps_its_own)
+    monkeypatch.setattr(rounds.RoundLeader, "withdraw", lambda self, site, now: [])
     # A range of seeds, not one: which seeds meet the bug moves with every change of event order.
     assert ops_simulate.run(_args(range(0, 10))) == 1
     out = capsys.readouterr().out

@@ -241,11 +241,24 @@ def test_a_leave_waits_for_the_commit_of_the_reported_round_then_gives_every_lea
     out = s.handle(ev.LeaveRequested(5.0), 3.0)
     assert not any(isinstance(e, ev.LeaveReady) for e in out) and s.core.next_deadline() == 8.0
     assert [c.tokens for c in _reports(s.handle(_open(2), 3.5))] == [0]  # leaving: trains no more
-    out = s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 4.0)
+    mine = Contributor(SiteId("a"), 160, train.ranges, b"root")
+    out = s.handle(ev.Committed(7, RoundCommit(Round(1), (mine,), b"t1")), 4.0)
     assert not any(isinstance(e, ev.LeaveReady) for e in out) and s.client.held == {}
     # It stays, serving round 1's pseudo-gradient, until round 2 commits: the leader applied round 1.
     out = s.handle(ev.Committed(8, RoundCommit(Round(2), (), b"t2")), 4.5)
     assert any(isinstance(e, ev.LeaveReady) for e in out)
+
+
+def test_a_leave_ends_at_the_commit_of_its_round_when_that_went_without_this_sites_report() -> None:
+    """Nobody will fetch a pseudo-gradient the commit does not name (the leader excluded it, or this
+    site led the round and withdrew it): waiting for the round after would only delay the leave."""
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    s.handle(ev.LeaveRequested(5.0), 3.0)
+    out = s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 4.0)
+    assert any(isinstance(e, ev.LeaveReady) for e in out) and s.client.held == {}
 
 
 def test_a_leave_gives_up_waiting_at_its_deadline() -> None:

@@ -1,0 +1,114 @@
+"""The whole round protocol of one peer (peer/core/peer_rounds.py) driven alone: routing and the leave.
+
+Site "a" leads a mesh of a, b and c and owns every block (its lease sends are delivered to itself
+at once); b and c are only the round messages the test hands it.
+
+    .venv/bin/python -m pytest -q tests/unit/test_peer_rounds.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from peer.core import events as ev
+from peer.core import rounds as r
+from peer.core.commitlog import Entry, VoterChange
+from peer.core.election import Epoch, Header, SiteId
+from peer.core.lease_log import LeaseLog
+from peer.core.lease_types import Send
+from peer.core.leases import LeaseConfig
+from peer.core.peer_rounds import Effect, PeerRounds, Seen
+from peer.core.timeline import RoundClock
+
+CONFIG = r.RoundsConfig(inner_steps=2, samples_per_step=8, deadline_s=10.0, gather_s=2.0)
+THETA0 = b"theta0"
+LIVE = frozenset({"a", "b", "c"})
+
+
+def _seen(leading: bool = True, epoch: int = 1) -> Seen:
+    return Seen(leading, epoch, 0, 0, THETA0, LIVE)
+
+
+class Peer:
+    def __init__(self) -> None:
+        cfg = LeaseConfig.local_test()
+        self.rounds = PeerRounds("a", "addr-a", CONFIG, LeaseLog(SiteId("a"), {1000: 64}, cfg, boot=0),
+                                 cfg.ttl, RoundClock("a", 0.0), 0, THETA0)
+        self.pump(self.rounds.replay([Entry(1, Epoch(0), VoterChange(SiteId("a"), "addr-a", True, "test"))], 0.0), 0.0)
+
+    def pump(self, effects: list[Effect], now: float) -> list[Effect]:
+        """Delivers the lease sends to this peer's own cores; returns every other effect."""
+        out, queue = [], list(effects)
+        while queue:
+            e = queue.pop(0)
+            if isinstance(e, Send):
+                queue += self.rounds.lease_message(e.msg, now, _seen())
+            else:
+                out.append(e)
+        return out
+
+    def open_round(self) -> r.RoundOpen:
+        t = 0.0
+        while t < 0.5:  # the leases start
+            self.pump(self.rounds.tick(t, _seen(leading=False)), t)
+            t += 0.1
+        (broadcast,) = [e for e in self.pump(self.rounds.tick(1.0, _seen()), 1.0) if isinstance(e, r.Broadcast)]
+        return broadcast.msg
+
+    def train_and_report(self, msg: r.RoundOpen) -> r.Contribution:
+        (train,) = [e for e in self.pump(self.rounds.round_message(msg, 1.0, _seen()), 1.0) if isinstance(e, ev.Train)]
+        out = self.pump(self.rounds.handle(ev.TrainDone(1, train.ranges, 160, b"root-a"), 2.0, _seen()), 2.0)
+        (report,) = [e.contribution for e in out if isinstance(e, ev.Report)]
+        return dataclasses.replace(report, header=dataclasses.replace(report.header, epoch=Epoch(1)))  # as sent
+
+
+def _idle(site: str) -> r.Contribution:
+    """`site` trained nothing in round 1 (its samples would need vouchers of a's owner core)."""
+    header = Header(SiteId(site), f"addr-{site}", Epoch(1), 0)
+    return r.Contribution(header, 1, site, f"addr-{site}", 0, (), b"")
+
+
+def test_the_leaders_decide_becomes_a_fetch_of_the_admitted_reports_of_live_sites() -> None:
+    p = Peer()
+    mine = p.train_and_report(p.open_round())
+    p.pump(p.rounds.round_message(mine, 2.1, _seen()), 2.1)
+    p.pump(p.rounds.round_message(_idle("b"), 2.2, _seen()), 2.2)
+    out = p.pump(p.rounds.member_down("c", 2.3, _seen()), 2.3)  # the last one waited for: decide now
+    (fetch,) = [e for e in out if isinstance(e, ev.Fetch)]
+    assert [c.site for c in fetch.admitted] == ["a"]
+    assert [(e.site, e.reason) for e in out if isinstance(e, ev.Excluded)] == [
+        ("c", "excluded: c did not report (membership declared it dead or left)")]
+
+
+def test_a_round_message_of_a_stale_epoch_is_refused_and_says_why() -> None:
+    p = Peer()
+    out = p.rounds.round_message(_idle("b"), 1.0, _seen(epoch=3))
+    assert out == [ev.Note("refused Contribution of round 1 from b: stale epoch 1 < 3")]
+
+
+def test_a_leaving_leader_withdraws_its_own_report_from_the_open_round() -> None:
+    """Seed 582 of the whole-peer simulator: a leaving leader committed its own pseudo-gradient and
+    left; nobody else held it, so θ of that round was on no site that stayed."""
+    p = Peer()
+    mine = p.train_and_report(p.open_round())
+    p.pump(p.rounds.round_message(mine, 2.1, _seen()), 2.1)
+    out = p.pump(p.rounds.handle(ev.LeaveRequested(5.0), 2.2, _seen()), 2.2)
+    assert not any(isinstance(e, ev.LeaveReady) for e in out), "it waits for the round to settle its claims"
+    p.pump(p.rounds.round_message(_idle("b"), 2.3, _seen()), 2.3)
+    out = p.pump(p.rounds.member_down("c", 2.4, _seen()), 2.4)
+    (fetch,) = [e for e in out if isinstance(e, ev.Fetch)]
+    assert fetch.admitted == (), "the round commits without it (and so settles its claims)"
+    assert ("a", "excluded: a leads this round and is leaving: once it is gone nobody would hold its "
+                 "pseudo-gradient") in [(e.site, e.reason) for e in out if isinstance(e, ev.Excluded)]
+    assert not p.rounds.may_open(_seen()), "a leaving peer opens no round"
+
+
+def test_a_leave_asked_while_the_leader_fetches_its_own_report_drops_it_and_fetches_again() -> None:
+    p = Peer()
+    mine = p.train_and_report(p.open_round())
+    p.pump(p.rounds.round_message(mine, 2.1, _seen()), 2.1)
+    p.pump(p.rounds.round_message(_idle("b"), 2.2, _seen()), 2.2)
+    (fetch,) = [e for e in p.pump(p.rounds.member_down("c", 2.3, _seen()), 2.3) if isinstance(e, ev.Fetch)]
+    out = p.pump(p.rounds.handle(ev.LeaveRequested(5.0), 2.4, _seen()), 2.4)
+    assert ev.CancelFetch(1, fetch.attempt) in out
+    assert [[c.site for c in e.admitted] for e in out if isinstance(e, ev.Fetch)] == [[]]
