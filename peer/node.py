@@ -51,6 +51,7 @@ from peer.coordinator import Coordinator
 from peer.exchange import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.core.rounds import EmptyRounds
+from peer.core.seat_leave import SayLeft, SeatLeave
 from peer.core.rounds import Message as RoundMessage
 from peer.core.lease_types import Message as LeaseMessage
 from peer.training import SiteTraining
@@ -221,11 +222,8 @@ class Node:
     async def leave(self) -> int:
         """Graceful leave (I8): hand the voter seat back through the log, tell the members, stop.
 
-        Returns the number of members told. A leader first commits its own removal (so the rest
-        elect a successor at once); a follower is removed by the leader when gossip says LEFT, and
-        stays until that removal commits: a voter that stops before it is removed leaves a voter set
-        of two stranded (the other can never reach a majority), which the whole-peer simulator's
-        `leave` fault (down to one site) found when the leader had just left itself.
+        Returns the number of members told. When to say LEFT and when to stop is the seat's
+        protocol (peer/core/seat_leave.py), which the whole-peer simulator runs too.
         """
         raft = self._raft_core()
         if self.coordinator is not None:
@@ -237,22 +235,26 @@ class Node:
         decision = raft.leave(self._clock())
         log.info("leaving: %s", decision.reason)
         self._execute_consensus(decision.effects)
-        leader = raft.role is Role.LEADER
+        election = self.config.election.election_timeout_max_s
+        # The leader waits for its removal to commit; a follower for an election first (the leader
+        # may be the site that left just before) and then its removal.
+        seat = SeatLeave(decision.accepted, voter, raft.role is Role.LEADER, self._clock(), election * 2, election * 4)
 
         def removed() -> bool:
             return not raft.is_voter() and raft.commit_index >= raft.log.last_index
 
-        election = self.config.election.election_timeout_max_s
-        if decision.accepted and leader:
-            await self._wait_until(removed, election * 2)
-        effects = self._core().leave(self._clock())
-        told = sum(1 for e in effects if isinstance(e, m.Send))
-        await self._execute(effects, wait=True)
-        if decision.accepted and voter and not leader:
-            # Room for an election first: the leader may be the site that left just before.
-            await self._wait_until(removed, election * 4)
-        self.stop()
-        return told
+        told = 0
+        while True:
+            for effect in seat.update(self._clock(), removed()):
+                if isinstance(effect, SayLeft):
+                    effects = self._core().leave(self._clock())
+                    told = sum(1 for e in effects if isinstance(e, m.Send))
+                    await self._execute(effects, wait=True)
+                else:
+                    log.info("left: %s", effect.reason)
+                    self.stop()
+                    return told
+            await self._wait_until(removed, seat.next_deadline() - self._clock())
 
     def stop(self) -> None:
         self._stopped.set()

@@ -58,6 +58,7 @@ from peer.core.consensus import Send as ConsensusSend
 from peer.core import events as ev
 from peer.core.lease_log import LeaseLog
 from peer.core.peer_rounds import Effect, PeerRounds, Seen
+from peer.core.seat_leave import SayLeft, SeatLeave
 from peer.core.election import ElectionConfig, Role, SiteId, has_majority
 from peer.core.lease_types import LeaseEvent
 from peer.core.lease_types import Send as LeaseSend
@@ -180,9 +181,8 @@ class PeerNode:
         self.applied: list[tuple[int, bytes]] = []
         self._outcome: tuple[int, bytes] | None = None
         """The round and θ hash the last fetch here computed: applying it fetches nothing again."""
-        self.leave_until: float | None = None
-        self._told_left = False
-        """A leaving leader waits this long at most for its own removal to commit (as `Node.leave`)."""
+        self.seat: SeatLeave | None = None
+        """The voter seat's half of a graceful leave, once the rounds' half is done (as `Node.leave`)."""
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
@@ -202,10 +202,7 @@ class PeerNode:
             out += self._feed(self._due(item) if isinstance(item, _Due) else item, now)
         out += self._consensus(self.raft.tick(now), now)
         self._tick_due = float("inf")
-        if self.leave_until is not None and (now >= self.leave_until or (
-                not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index)):
-            self.leave_until = None
-            self.world.left(self.site, told=self._told_left)
+        self._seat(now)
         return out + self._run_all(self.rounds.tick(now, self._seen()), now)
 
     def receive(self, msg: object, now: float) -> list[Any]:
@@ -220,8 +217,8 @@ class PeerNode:
 
     def next_deadline(self) -> float:
         times = [self.raft.next_deadline(), self.rounds.next_deadline(self._seen()), self._tick_due]
-        if self.leave_until is not None:
-            times.append(self.leave_until)
+        if self.seat is not None:
+            times.append(self.seat.next_deadline())
         if self.pending:
             times.append(self.pending[0][0])
         return min(times)
@@ -253,21 +250,24 @@ class PeerNode:
         return self._feed(ev.LeaveRequested(self.world.rounds.deadline_s), now)
 
     def _leave_consensus(self, now: float) -> list[Any]:
-        voter, leader = self.raft.is_voter(), self.raft.role is Role.LEADER
+        voter = self.raft.is_voter()
         decision = self.raft.leave(now)
         self.world.notes.append(f"{self.site}: leaving: {decision.reason}")
         out = self._consensus(decision.effects, now)
-        if not decision.accepted or not voter:
-            self.world.left(self.site, told=False)
-        elif leader:
-            # The leader commits its own removal first, then says LEFT (so the rest elect at once).
-            self.leave_until, self._told_left = now + LEAVE_WAIT_S, False
-        else:
-            # A follower says LEFT and stays until the leader's removal of it commits: leaving before
-            # that strands a voter set of two (the other voter can never reach a majority).
-            self.world.say_left(self.site)
-            self.leave_until, self._told_left = now + LEAVE_WAIT_S, True
+        self.seat = SeatLeave(decision.accepted, voter, self.raft.role is Role.LEADER, now, LEAVE_WAIT_S, LEAVE_WAIT_S)
+        self._seat(now)
         return out
+
+    def _seat(self, now: float) -> None:
+        if self.seat is None:
+            return
+        removed = not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index
+        for effect in self.seat.update(now, removed):
+            if isinstance(effect, SayLeft):
+                self.world.say_left(self.site)
+            else:
+                self.world.notes.append(f"{self.site}: left: {effect.reason}")
+                self.world.left(self.site)
 
     # ----- the executor --------------------------------------------------------------------------
     def _seen(self) -> Seen:
@@ -817,16 +817,14 @@ class PeerSim:
         """Membership's LEFT verdict on `site` (its gossip, before or as it stops)."""
         self.sim.schedule(self.sim.now + LEFT_S, lambda: self._tell("member_left", site), f"{site} left")
 
-    def left(self, site: str, told: bool) -> None:
-        """`site`'s `ops leave` is done: the process stops (and says LEFT unless it was `told`)."""
+    def left(self, site: str) -> None:
+        """`site`'s `ops leave` is done: the process stops (it said LEFT already)."""
         def gone() -> None:
             self.sim.crash(site)
             self.gone.add(site)
             self.leaving = None
             self.disrupted = self.sim.now
             self._note(f"{site} left")
-            if not told:
-                self.say_left(site)
 
         self.sim.schedule(self.sim.now, gone, f"{site} stops")
 

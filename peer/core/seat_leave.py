@@ -1,0 +1,76 @@
+"""The voter seat's half of a graceful leave (I8), sans I/O: when to say LEFT and when to stop.
+
+A leave runs the rounds' half first (peer/core/site_round.py: the round holding this site's
+samples, every lease given back: `LeaveReady`), then hands the voter seat back through the log
+(`ConsensusCore.leave`). What follows depends on what this site was:
+
+- the leader appended its own removal: it waits for that removal to commit, then says LEFT (so the
+  rest elect a successor at once) and stops;
+- a follower voter cannot remove itself: it says LEFT first (the leader removes a voter when gossip
+  reports it LEFT) and stays until that removal commits. A voter that stops before it is removed
+  strands a voter set of two (the other can never reach a majority): the whole-peer simulator's
+  `leave` fault found it when the leader had just left itself;
+- a site that holds no seat, or whose leave consensus refused, says LEFT and stops.
+
+Each wait is bounded (the leader: `leader_wait_s`, room for the commit; a follower:
+`follower_wait_s`, room for an election first, since the leader may be the site that left just
+before). The node (`Node.leave`) and the simulator (peer/sim/peer_sim.py) both execute it.
+
+    .venv/bin/python -m pytest -q tests/unit/test_seat_leave.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+@dataclass(frozen=True)
+class SayLeft:
+    """Effect: tell the members this site leaves (membership gossips LEFT)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Effect: the leave is done; the process stops."""
+
+    reason: str
+
+
+Effect = Union[SayLeft, Stop]
+
+
+class SeatLeave:
+    """One graceful leave's seat half, from `ConsensusCore.leave`'s answer to the process stopping."""
+
+    def __init__(self, accepted: bool, voter: bool, leader: bool, now: float, leader_wait_s: float,
+                 follower_wait_s: float) -> None:
+        self._said = False
+        self._done = False
+        if not accepted or not voter:
+            self._waits_for_removal, self._until = False, now
+        elif leader:
+            self._waits_for_removal, self._until = True, now + leader_wait_s
+        else:
+            self._waits_for_removal, self._until = True, now + follower_wait_s
+        self._leader = leader
+
+    def next_deadline(self) -> float:
+        return float("inf") if self._done else self._until
+
+    def update(self, now: float, removed: bool) -> list[Effect]:
+        """Call at the start and whenever the node handled something; `removed`: this site is no
+        longer a voter and the log's last entry (its removal) is committed."""
+        if self._done:
+            return []
+        out: list[Effect] = []
+        if not self._said and not (self._leader and self._waits_for_removal and not removed and now < self._until):
+            self._said = True  # a follower at once; the leader once its removal committed (or timed out)
+            out.append(SayLeft())
+        if not self._waits_for_removal or removed or now >= self._until:
+            self._done = True
+            why = ("its removal from the voters committed" if self._waits_for_removal and removed else
+                   "no removal to wait for (no voter seat, or consensus refused the leave)" if not self._waits_for_removal else
+                   "its removal did not commit in time; stopping anyway")
+            out.append(Stop(why))
+        return out
