@@ -230,6 +230,9 @@ class LeaseHeader:
     applied_round: int = 0
     """Last round the sender applied from the log: an owner takes no lease request from a holder
     that lags it by more than LeaseConfig.max_round_lag (its contributions could never count)."""
+    pace: float = 0.0
+    """Samples per compute second the sender trained in its last round (0: not measured yet): an
+    owner wants a started block back at the tail only for a site clearly faster than its holder."""
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,15 @@ class LeaseConfig:
     behind its own: a site cut off from the log (not replicated to) would otherwise keep renewing
     leases it can never contribute, and the epoch would never end. A few rounds: log replication
     lags far less."""
+    give_back_faster: float = 1.5
+    """At the data epoch's tail an idle site has a holder give a started block's rest back only if
+    its pace is above this multiple of the holder's: the hand-over costs the block about a round
+    with nobody training it (the holder's claim, then the new grant and start), which only a
+    clearly faster site wins back (docs/decisions/leases-give-back-at-the-tail.md). inf: never."""
 
     def __post_init__(self) -> None:
         if (not 0 < self.renew_every < self.ttl or self.retry_after <= 0 or self.max_grant < 1
-                or self.max_round_lag < 1):
+                or self.max_round_lag < 1 or not self.give_back_faster >= 1):
             raise ValueError(f"bad lease config {self}")
 
     @classmethod
@@ -167,6 +172,8 @@ class LeaseOwner:
         asked in the renew reply to give back what they have not taken, and the freed rest is
         granted only to that site until the time here. A hint, kept by the primary alone: lost on
         a restart or a view change, which costs speed, never correctness."""
+        self.paces: dict[SiteId, float] = {}
+        """Each site's pace as its newest holder message said (LeaseHeader.pace; absent: 0)."""
         self.acks: dict[BlockId, dict[SiteId, int]] = {}
         self.deferred: list[_Deferred] = []
         self.unacked_since: dict[BlockId, float] = {}
@@ -301,6 +308,8 @@ class LeaseOwner:
             return [Send(msg.header.site, Rejected(self.header(), req, refusal))]
         if self.live_since is None and msg.header.site != self.site:
             self.live_since = msg.header.ring_version
+        if msg.header.pace > 0:  # an owner's own messages (replication, sync) carry none
+            self.paces[msg.header.site] = msg.header.pace
         return handler(self, msg, now) + self._flush(now)
 
     def tick(self, now: float) -> list[Effect]:
@@ -357,7 +366,7 @@ class LeaseOwner:
             picked = list(itertools.islice(free, need))
             kind = EventKind.GRANT
             if not picked and m.steal:
-                picked = self._steal_candidates(site)[:need]
+                picked = self._steal_candidates(site, now)[:need]
                 kind = EventKind.STEAL
             if not picked and m.steal:
                 self._want_back(site, now)
@@ -379,11 +388,20 @@ class LeaseOwner:
 
     def _want_back(self, site: SiteId, now: float) -> None:
         """An idle `site` found nothing free or stealable: ask the holders of started blocks with
-        samples left to give those back (at their round's end), for `site`."""
+        samples left to give those back (at their round's end), for `site` -- only holders it is
+        clearly faster than (LeaseConfig.give_back_faster), and over a reservation only for a slower site.
+        Handing a slow holder's rest to a site slower still lengthened the tail: the whole-peer
+        simulator's tail run (one site at 50 samples/s, two at 8) gave a block from one slow site to
+        the other while the fast one idled 5 of 8 rounds."""
+        pace = self.paces.get(site, 0.0)
         for b in self._order:
             rec = self.records[b]
-            if rec.state is LeaseState.STARTED and rec.holder != site and rec.free_spans and (
-                    self._reserved_for(b, now) is None):
+            if rec.state is not LeaseState.STARTED or rec.holder == site or not rec.free_spans:
+                continue
+            if not pace > self.cfg.give_back_faster * self.paces.get(rec.holder, 0.0):  # (inf x 0 is nan: no)
+                continue
+            kept_for = self._reserved_for(b, now)
+            if kept_for is None or self.paces.get(kept_for, 0.0) * self.cfg.give_back_faster < pace:
                 self.wanted[b] = (site, now + self.cfg.ttl)
 
     def _reserved_for(self, b: BlockId, now: float) -> SiteId | None:
@@ -394,10 +412,13 @@ class LeaseOwner:
             return None
         return got[0]
 
-    def _steal_candidates(self, thief: SiteId) -> list[BlockId]:
-        """Leased-not-started blocks of other holders, from the holder with the most first."""
+    def _steal_candidates(self, thief: SiteId, now: float) -> list[BlockId]:
+        """Leased-not-started blocks of other holders, from the holder with the most first; never
+        a given-back rest while it is kept for another site (the whole-peer simulator's tail run:
+        two slow idle sites stole the rest from the fast site it was given back to, before it
+        started it, and trained it slowly)."""
         leased = [b for b in self._order if self.records[b].state is LeaseState.LEASED
-                  and self.records[b].holder != thief]
+                  and self.records[b].holder != thief and self._reserved_for(b, now) in (None, thief)]
         per: dict[SiteId | None, int] = {}
         for b in leased:
             per[self.records[b].holder] = per.get(self.records[b].holder, 0) + 1

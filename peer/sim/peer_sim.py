@@ -127,6 +127,9 @@ class PeerSimConfig:
     """Each seed runs its rounds with one of these compute budgets (RoundOpen.budget_s), picked by
     the seed: 0 trains all H steps; 0.3 s is one step at the slowest site (20 samples/s) and both
     at the fastest (80/s), so unequal sites contribute unequal work."""
+    speeds: tuple[float, ...] = ()
+    """Each site's trainer pace (samples per second), s0 first; empty: drawn per seed from 20, 40
+    and 80 (scripts/bench_tail fixes them to measure the data epoch's tail)."""
     max_time: float = 600.0
     fetch_s: float = 0.3
     apply_s: float = 0.2
@@ -137,6 +140,8 @@ class PeerSimConfig:
                              "must survive a killed leader)")
         if self.rounds.data_epochs != self.epochs:
             raise ValueError("rounds.data_epochs must equal epochs")
+        if self.speeds and (len(self.speeds) != self.sites or min(self.speeds) <= 0):
+            raise ValueError(f"speeds {self.speeds}: one positive pace per site ({self.sites})")
 
 
 @dataclass(frozen=True)
@@ -437,7 +442,9 @@ class PeerSim:
         self.sim = Simulation(seed, net, trace)
         self.names = [SiteId(f"s{i}") for i in range(cfg.sites)]
         self.disks = {n: Durable(MemoryStore()) for n in self.names}
-        self.speeds = {n: self.rng.choice([20.0, 40.0, 80.0]) for n in self.names}
+        self.speeds = {n: self.rng.choice([20.0, 40.0, 80.0]) for n in self.names}  # drawn even if fixed: the seed's other draws stay
+        if cfg.speeds:
+            self.speeds = dict(zip(self.names, cfg.speeds))
         # Its own random stream: picking the budget leaves every other draw of the seed as it was.
         self.rounds = replace(cfg.rounds, budget_s=derive_rng(seed, "budget").choice(cfg.budgets))
         """The rounds every peer of this seed runs (cfg.rounds with the seed's budget)."""

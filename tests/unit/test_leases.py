@@ -32,7 +32,8 @@ B = BlockId(100)
 def hdr(m: Mesh, site: str, **kw: int) -> LeaseHeader:
     base = {"leader_epoch": 1, "ring_version": m.views[-1].version, "data_epoch": 0}
     base.update(kw)
-    return LeaseHeader(SiteId(site), base["leader_epoch"], base["ring_version"], base["data_epoch"])  # type: ignore[arg-type]
+    return LeaseHeader(SiteId(site), base["leader_epoch"], base["ring_version"], base["data_epoch"],  # type: ignore[arg-type]
+                       pace=m.paces.get(site, 0.0))
 
 
 def replies(m: Mesh, to: str, kind: type) -> list:
@@ -379,6 +380,7 @@ def _started_by_a_slow_site() -> tuple[Mesh, str, str, str, LeaseRef]:
     m.run()
     owner, slow = holder_site(m)
     fast = third_site(owner, slow)
+    m.paces.update({slow: 1.0, fast: 4.0})
     g = grant(m, slow, owner).grants[0]
     ref = LeaseRef(g.block_id, g.generation)
     m.send(slow, Start(hdr(m, slow), ref), owner)
@@ -405,6 +407,16 @@ def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_
     assert not grant(m, slow, owner, req=3).grants, "the freed rest is kept for the site that asked"
     got = grant(m, fast, owner, steal=True, req=4).grants
     assert [(x.block_id, x.spans) for x in got] == [(B, spans((3, 8)))]
+
+
+def test_an_idle_site_not_clearly_faster_than_the_holder_does_not_get_its_block_given_back() -> None:
+    """Giving a slow holder's rest to a site slower still (or barely faster) lengthens the tail."""
+    m, owner, slow, fast, ref = _started_by_a_slow_site()
+    m.paces[fast] = 1.4  # below give_back_faster (1.5) x the holder's 1.0
+    assert not grant(m, fast, owner, steal=True, req=2).grants
+    m.send(slow, Renew(hdr(m, slow), (ref,), 1.0), owner)
+    m.run()
+    assert replies(m, slow, RenewReply)[-1].wanted == ()
 
 
 def test_a_reservation_for_an_idle_site_lapses_after_a_ttl() -> None:

@@ -24,18 +24,20 @@ LEASE_STATE_TRAINED_PENDING: LeaseState
 LEASE_STATE_COMMITTED: LeaseState
 
 class LeaseHeader(_message.Message):
-    __slots__ = ("site", "leader_epoch", "ring_version", "data_epoch", "applied_round")
+    __slots__ = ("site", "leader_epoch", "ring_version", "data_epoch", "applied_round", "pace")
     SITE_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RING_VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_EPOCH_FIELD_NUMBER: _ClassVar[int]
     APPLIED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    PACE_FIELD_NUMBER: _ClassVar[int]
     site: str
     leader_epoch: int
     ring_version: int
     data_epoch: int
     applied_round: int
-    def __init__(self, site: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., ring_version: _Optional[int] = ..., data_epoch: _Optional[int] = ..., applied_round: _Optional[int] = ...) -> None: ...
+    pace: float
+    def __init__(self, site: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., ring_version: _Optional[int] = ..., data_epoch: _Optional[int] = ..., applied_round: _Optional[int] = ..., pace: _Optional[float] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("start", "end")
