@@ -407,6 +407,8 @@ def test_an_idle_site_that_finds_nothing_gets_the_rest_of_a_started_block_given_
     assert not grant(m, slow, owner, req=3).grants, "the freed rest is kept for the site that asked"
     got = grant(m, fast, owner, steal=True, req=4).grants
     assert [(x.block_id, x.spans) for x in got] == [(B, spans((3, 8)))]
+    # Leased to the fast site and not started yet: stealable, but not while it is kept for it.
+    assert not grant(m, slow, owner, steal=True, req=5).grants, "a given-back rest kept for one site is stolen"
 
 
 def test_an_idle_site_not_clearly_faster_than_the_holder_does_not_get_its_block_given_back() -> None:

@@ -185,6 +185,16 @@ def test_a_time_boxed_round_claims_what_was_trained_and_puts_the_rest_back_on_it
     assert {(first.block_id, i) for i in range(first.start + 3, first.end)} <= back
 
 
+def test_every_trained_round_tells_the_lease_owners_this_sites_pace() -> None:
+    """The owners compare holders by it at the data epoch's tail (LeaseHeader.pace)."""
+    s = OneSite()
+    s.lease_ticks(0.3)
+    assert s.client.header().pace == 0.0, "nothing measured yet"
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.TrainDone(1, train.ranges, 160, b"root", seconds=4.0), 5.0)
+    assert s.client.header().pace == sum(r.num_samples for r in train.ranges) / 4.0
+
+
 def test_a_time_boxed_round_takes_what_the_sites_last_boxed_pace_fits_in_its_budget() -> None:
     """A slow site takes no more than it can train in the budget, so the blocks it would not reach
     stay unstarted (stealable by idle sites); an unboxed round takes the full H x batch again."""
