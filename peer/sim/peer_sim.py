@@ -22,7 +22,8 @@ Faults per seed, at seeded times: a late join, a contributor killed mid-round (k
 training and Δ are lost) and restarted, another killed mid-exchange (while the leader fetches its Δ), the leader killed mid-round (a leader change reopens the
 round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
 reordering, skewed clocks; then, one at a time at quiet moments in a seeded order, the phases: a
-partition (a minority cut off past a lease, then healed), `ops leave` down to one site that commits
+partition (a minority cut off past a lease, then healed), a one-way cut (the same, one direction
+only: the minority hears but is not heard, or the reverse), `ops leave` down to one site that commits
 alone and back (`leave`), every site killed at once and restarted from its disk (`restart`).
 
 Checked after every event: no sample in two commits of a data epoch (I4); no contributor credited
@@ -120,9 +121,9 @@ class PeerSimConfig:
     rounds: r.RoundsConfig = field(default_factory=lambda: r.RoundsConfig(
         inner_steps=2, samples_per_step=8, deadline_s=4.0, data_epochs=2, idle_wait_s=0.5, gather_s=0.5))
     lease: LeaseConfig = field(default_factory=LeaseConfig.local_test)
-    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause", "partition",
+    faults: tuple[str, ...] = ("drop", "duplicate", "reorder", "skew", "crash", "pause", "partition", "one_way",
                                *EXTRA_KINDS)
-    """Of `peer.sim.faults.KINDS` plus `EXTRA_KINDS`, these act here (one-way cuts and bridges do not)."""
+    """Of `peer.sim.faults.KINDS` plus `EXTRA_KINDS`, these act here (bridges do not)."""
     budgets: tuple[float, ...] = (0.0, 0.3)
     """Each seed runs its rounds with one of these compute budgets (RoundOpen.budget_s), picked by
     the seed: 0 trains all H steps; 0.3 s is one step at the slowest site (20 samples/s) and both
@@ -592,7 +593,7 @@ class PeerSim:
             at(own.uniform(6, 30), lambda: self._kill_mid_exchange(own, 400), "kill a contributor mid-exchange")
         if "pause" in cfg.faults:
             at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
-        phases: list[str] = [k for k in ("partition", "leave", "restart") if k in cfg.faults]
+        phases: list[str] = [k for k in ("partition", "one_way", "leave", "restart") if k in cfg.faults]
         rng.shuffle(phases)
         if phases:
             at(rng.uniform(5, 15), lambda: self._next_phase(phases), "next fault phase")
@@ -737,11 +738,17 @@ class PeerSim:
             self.sim.schedule(self.sim.now + self.rng.uniform(1, 4), lambda: self._next_phase(phases),
                               "next fault phase")
 
-        {"partition": self._partition, "leave": self._leave_down, "restart": self._stop_all}[kind](done)
+        run: dict[str, Callable[[Callable[[], None]], None]] = {
+            "partition": self._partition, "one_way": partial(self._partition, one_way=True),
+            "leave": self._leave_down, "restart": self._stop_all}
+        run[kind](done)
 
-    def _partition(self, done: Callable[[], None]) -> None:
+    def _partition(self, done: Callable[[], None], one_way: bool = False) -> None:
         """Cut a minority (one or two sites, the leader among them half the time) off for longer than a
-        lease, then heal. Each side's membership declares the other side dead, and alive after the heal."""
+        lease, then heal. Each side's membership declares the other side dead, and alive after the heal.
+        `one_way`: only one direction is cut, chosen per seed (the minority hears the majority but is
+        not heard, or the reverse): pings go unanswered either way, so membership's verdicts are those
+        of a partition, while consensus and round messages still flow the other way."""
         rng, now = self.rng, self.sim.now
         up, leader = self._up(), self._leader()
         k = rng.choice([1, 2]) if len(up) >= 5 else 1
@@ -752,10 +759,17 @@ class PeerSim:
             minority = rng.sample(pool, k)
         cut = frozenset(minority)
         majority = [n for n in self.names if n not in cut]
-        self.sim.network.partition([sorted(cut), majority])
+        deaf = one_way and rng.random() < 0.5  # the minority cannot hear (else: cannot be heard)
+        if not one_way:
+            self.sim.network.partition([sorted(cut), majority])
+        elif deaf:
+            self.sim.network.one_way(majority, sorted(cut))
+        else:
+            self.sim.network.one_way(sorted(cut), majority)
         self.cut = (cut, now)
         self.disrupted = now
-        self._note(f"partition {','.join(sorted(cut))} | {','.join(majority)}"
+        how = "|" if not one_way else ("<- (hears nothing from)" if deaf else "-> (is not heard by)")
+        self._note(f"{'one-way cut' if one_way else 'partition'} {','.join(sorted(cut))} {how} {','.join(majority)}"
                    + (f" (leader {leader} cut off)" if leader in cut else ""))
 
         def verdicts(method: str) -> None:
@@ -770,7 +784,7 @@ class PeerSim:
             self.sim.network.heal()
             self.cut = None
             self.disrupted = self.sim.now
-            self._note("heal the partition")
+            self._note("heal the one-way cut" if one_way else "heal the partition")
             def alive_again() -> None:
                 verdicts("member_alive")
                 done()

@@ -82,12 +82,13 @@ def test_a_contributor_is_killed_while_the_leader_fetches_its_pseudo_gradient() 
         assert res.violations == [] and world.epochs_done == 2
 
 
-def test_partitions_leaves_down_to_one_and_restarts_of_every_site_happen() -> None:
+def test_partitions_one_way_cuts_leaves_down_to_one_and_restarts_of_every_site_happen() -> None:
     faults = [what for seed in SEEDS for _, what in _run(seed)[0].faults]
-    for what in ("partition", "leader", "heal the partition", "runs alone", "kill -9 every site"):
+    for what in ("partition", "leader", "heal the partition", "runs alone", "kill -9 every site",
+                 "hears nothing from", "is not heard by", "heal the one-way cut"):
         assert any(what in f for f in faults), what
     done = [k for seed in SEEDS for k in _run(seed)[0].phases_done]
-    assert {"partition", "leave", "restart"} <= set(done), done
+    assert {"partition", "one_way", "leave", "restart"} <= set(done), done
     # The liveness bound is far above what a healthy run waits for a commit.
     assert max(_run(seed)[0].longest_stall for seed in SEEDS) < peer_sim.LIVENESS_S / 2
 
