@@ -202,17 +202,28 @@ class Coordinator:
         self._draining = True
         try:
             while self._effects:
-                self._run(self._effects.popleft())
+                effect = self._effects.popleft()
+                if isinstance(effect, LeaseSend | LeaseEvent):
+                    # A run of lease effects at once: the ledger file is appended once per run.
+                    batch: list[LeaseSend | LeaseEvent] = [effect]
+                    while self._effects and isinstance(nxt := self._effects[0], LeaseSend | LeaseEvent):
+                        batch.append(nxt)
+                        self._effects.popleft()
+                    self._leasing().run(batch)
+                else:
+                    self._run(effect)
         finally:
             self._draining = False
         self.node.wake()  # the core's next deadline may have moved
 
+    def _leasing(self) -> Leasing:
+        assert self.leasing is not None
+        return self.leasing
+
     def _run(self, effect: Effect) -> None:
-        assert self.leasing is not None and self.rounds is not None
+        assert self.rounds is not None
         if isinstance(effect, ev.Note):
             log.log(logging.WARNING if effect.warning else logging.INFO, "%s", effect.text)
-        elif isinstance(effect, LeaseSend | LeaseEvent):
-            self.leasing.run([effect])
         elif isinstance(effect, r.Broadcast):
             log.info("round %d open", effect.msg.round)
             for view in self.node.members():

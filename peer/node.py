@@ -239,13 +239,9 @@ class Node:
         # The leader waits for its removal to commit; a follower for an election first (the leader
         # may be the site that left just before) and then its removal.
         seat = SeatLeave(decision.accepted, voter, raft.role is Role.LEADER, self._clock(), election * 2, election * 4)
-
-        def removed() -> bool:
-            return not raft.is_voter() and raft.commit_index >= raft.log.last_index
-
         told = 0
         while True:
-            for effect in seat.update(self._clock(), removed()):
+            for effect in seat.update(self._clock(), raft.removed()):
                 if isinstance(effect, SayLeft):
                     effects = self._core().leave(self._clock())
                     told = sum(1 for e in effects if isinstance(e, m.Send))
@@ -254,7 +250,7 @@ class Node:
                     log.info("left: %s", effect.reason)
                     self.stop()
                     return told
-            await self._wait_until(removed, seat.next_deadline() - self._clock())
+            await self._wait_until(raft.removed, seat.next_deadline() - self._clock())
 
     def stop(self) -> None:
         self._stopped.set()

@@ -349,6 +349,11 @@ class ConsensusCore:
     def is_voter(self) -> bool:
         return self.site in dict(self.log.voters())
 
+    def removed(self) -> bool:
+        """A graceful leave's seat is handed back: this site is no longer a voter and everything in
+        its log (its removal last) is committed."""
+        return not self.is_voter() and self.commit_index >= self.log.last_index
+
     # ----- election -----
 
     def _advance(self, now: float) -> float:

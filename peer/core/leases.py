@@ -362,7 +362,7 @@ class LeaseOwner:
         reason = f"{len(mine)} held"
         if need:
             free = (b for b in self._order if self.records[b].state is LeaseState.FREE
-                    and self._reserved_for(b, now) in (None, site))
+                    and self._may_take(b, site, now))
             picked = list(itertools.islice(free, need))
             kind = EventKind.GRANT
             if not picked and m.steal:
@@ -412,13 +412,17 @@ class LeaseOwner:
             return None
         return got[0]
 
+    def _may_take(self, b: BlockId, site: SiteId, now: float) -> bool:
+        """Block `b`'s given-back rest is kept for nobody, or for `site`."""
+        return self._reserved_for(b, now) in (None, site)
+
     def _steal_candidates(self, thief: SiteId, now: float) -> list[BlockId]:
         """Leased-not-started blocks of other holders, from the holder with the most first; never
         a given-back rest while it is kept for another site (the whole-peer simulator's tail run:
         two slow idle sites stole the rest from the fast site it was given back to, before it
         started it, and trained it slowly)."""
         leased = [b for b in self._order if self.records[b].state is LeaseState.LEASED
-                  and self.records[b].holder != thief and self._reserved_for(b, now) in (None, thief)]
+                  and self.records[b].holder != thief and self._may_take(b, thief, now)]
         per: dict[SiteId | None, int] = {}
         for b in leased:
             per[self.records[b].holder] = per.get(self.records[b].holder, 0) + 1

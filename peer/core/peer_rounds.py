@@ -65,7 +65,11 @@ class PeerRounds:
         self.core = RoundCore(SiteRound(site, address, config, claim_wait_s, leases.client, clock,
                                         applied_round, weights_hash))
         self.clock = clock
-        self.leaving = False
+
+    @property
+    def leaving(self) -> bool:
+        """A graceful leave was asked for (the site's half keeps the flag)."""
+        return self.core.site.leaving
 
     # ----- what the executor asks -------------------------------------------------------------
     def may_open(self, seen: Seen) -> bool:
@@ -141,7 +145,6 @@ class PeerRounds:
         """An event for the round core: a completion (TrainDone, Persisted, ...), a leave, a tick."""
         out: list[Effect] = []
         if isinstance(event, ev.LeaveRequested):
-            self.leaving = True
             if seen.leading:
                 # A leaving leader must not commit its own pseudo-gradient: once it is gone nobody
                 # else holds it (every other peer fetches it to apply the round), and no round after

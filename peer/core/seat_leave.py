@@ -45,15 +45,13 @@ class SeatLeave:
 
     def __init__(self, accepted: bool, voter: bool, leader: bool, now: float, leader_wait_s: float,
                  follower_wait_s: float) -> None:
+        self._removal = accepted and voter
+        """Whether there is a removal from the voters to wait for."""
+        self._say_first = not (self._removal and leader)
+        """Say LEFT at once (a follower, a site without a seat), or only once the wait is over (the leader)."""
+        self._until = now + (0.0 if not self._removal else leader_wait_s if leader else follower_wait_s)
         self._said = False
         self._done = False
-        if not accepted or not voter:
-            self._waits_for_removal, self._until = False, now
-        elif leader:
-            self._waits_for_removal, self._until = True, now + leader_wait_s
-        else:
-            self._waits_for_removal, self._until = True, now + follower_wait_s
-        self._leader = leader
 
     def next_deadline(self) -> float:
         return float("inf") if self._done else self._until
@@ -63,14 +61,17 @@ class SeatLeave:
         longer a voter and the log's last entry (its removal) is committed."""
         if self._done:
             return []
+        over = not self._removal or removed or now >= self._until
         out: list[Effect] = []
-        if not self._said and not (self._leader and self._waits_for_removal and not removed and now < self._until):
-            self._said = True  # a follower at once; the leader once its removal committed (or timed out)
+        if not self._said and (self._say_first or over):
+            self._said = True
             out.append(SayLeft())
-        if not self._waits_for_removal or removed or now >= self._until:
+        if over:
             self._done = True
-            why = ("its removal from the voters committed" if self._waits_for_removal and removed else
-                   "no removal to wait for (no voter seat, or consensus refused the leave)" if not self._waits_for_removal else
-                   "its removal did not commit in time; stopping anyway")
-            out.append(Stop(why))
+            if not self._removal:
+                out.append(Stop("no removal to wait for (no voter seat, or consensus refused the leave)"))
+            elif removed:
+                out.append(Stop("its removal from the voters committed"))
+            else:
+                out.append(Stop("its removal did not commit in time; stopping anyway"))
         return out

@@ -267,8 +267,7 @@ class PeerNode:
     def _seat(self, now: float) -> None:
         if self.seat is None:
             return
-        removed = not self.raft.is_voter() and self.raft.commit_index >= self.raft.log.last_index
-        for effect in self.seat.update(now, removed):
+        for effect in self.seat.update(now, self.raft.removed()):
             if isinstance(effect, SayLeft):
                 self.world.say_left(self.site)
             else:
