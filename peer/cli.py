@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--exchange-plane", choices=("bulk", "grpc"),
                        help="where pseudo-gradient chunks travel: bulk (a TCP data plane negotiated over gRPC, "
                             "the default) or grpc (FetchChunks only)")
+    train.add_argument("--overlap", choices=("on", "off"),
+                       help="on (the default): train round r+1 while round r is exchanged and committed, folding "
+                            "θ_r in when it is applied; off: strictly serial rounds (run file: overlap = false)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.add_argument("--log-format", choices=logformat.FORMATS, default="human",
                        help="human lines (default) or json: one object per line with site, round, epoch")
@@ -186,6 +189,7 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "insecure": args.insecure,
         "metrics_listen": args.metrics_listen,
         "exchange_plane": args.exchange_plane,
+        "overlap": None if args.overlap is None else args.overlap == "on",
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)

@@ -22,6 +22,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     certs = "/scratch/project_x/certs"  # ca.crt, lumi.crt, lumi.key from `ops certs` (mutual TLS)
     metrics_listen = "0.0.0.0:9101"   # Prometheus /metrics (default: no endpoint)
     exchange_plane = "bulk"           # bulk | grpc: where pseudo-gradient chunks travel (default bulk)
+    overlap = true                    # false: train each round only once the last one's θ is here
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.
@@ -120,6 +121,9 @@ class PeerConfig:
     """"bulk": serve and fetch pseudo-gradient chunks over the bulk data plane (plain TCP, TLS under
     mutual TLS; gRPC where a peer offers none); "grpc": FetchChunks only
     (docs/decisions/exchange-bulk-plane.md)."""
+    overlap: bool = True
+    """Train round r+1 while round r is exchanged and committed, folding θ_r in when it is applied
+    (RoundsConfig.overlap, docs/decisions/rounds-overlap-fold.md); false: strictly serial rounds."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.site):
@@ -142,6 +146,8 @@ class PeerConfig:
             )
         if self.metrics_listen:
             parse_address(self.metrics_listen, "metrics address")
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(f"overlap {self.overlap!r}: use true or false")
         if self.exchange_plane not in PLANES:
             raise ConfigError(f"exchange_plane {self.exchange_plane!r}: use one of {', '.join(PLANES)}")
         if self.join_timeout_s <= 0:
@@ -171,7 +177,7 @@ def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
 
 
 _SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs", "metrics_listen",
-              "exchange_plane"}
+              "exchange_plane", "overlap"}
 
 
 def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:

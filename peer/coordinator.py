@@ -236,6 +236,8 @@ class Coordinator:
             self._contribute(effect.contribution)
         elif isinstance(effect, ev.Train):
             self._spawn(self._train(effect))
+        elif isinstance(effect, ev.Fold):
+            self._spawn(self.training.fold(effect.round))
         elif isinstance(effect, ev.Excluded):
             self.node.events.excluded[exclusion_kind(effect.reason)] += 1
         elif isinstance(effect, ev.Fetch):
@@ -290,7 +292,7 @@ class Coordinator:
     # ----- long effects: each ends in one completion event -------------------------------------
     async def _train(self, t: ev.Train) -> None:
         try:
-            trained = await self.training.train(t.round, t.ranges, t.inner_steps, t.budget_s)
+            trained = await self.training.train(t.round, t.ranges, t.inner_steps, t.budget_s, t.ahead)
         except Exception as err:  # a failed round costs this site its contribution, never the peer
             log.exception("round %d: training failed", t.round)
             self._feed(ev.TrainFailed(t.round, f"{type(err).__name__}: {err}"))
@@ -298,7 +300,7 @@ class Coordinator:
         log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", t.round,
                  sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
         self._feed(ev.TrainDone(t.round, trained.ranges, trained.tokens, trained.root, trained.seconds,
-                                trained.steps, trained.mean_loss))
+                                trained.steps, trained.mean_loss, trained.folded_at))
 
     async def _outcome(self, f: ev.Fetch, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:  # a cancelled fetch unwinds before the next one starts

@@ -14,6 +14,7 @@ only coupling is this file: membership's state changes are fed to consensus as a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -118,7 +119,8 @@ class Node:
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
                                     config.exchange_plane)
-            self.coordinator = Coordinator(self, training, config.rounds, config.leases)
+            rounds = dataclasses.replace(config.rounds, overlap=config.overlap)
+            self.coordinator = Coordinator(self, training, rounds, config.leases)
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:

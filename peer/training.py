@@ -101,6 +101,8 @@ class Trained:
     seconds: float
     steps: int = 0
     """Inner optimizer steps the trainer ran."""
+    folded_at: int | None = None
+    """Trained ahead: after how many steps θ_{round-1} was folded in (None: it came too late)."""
 
 
 class HashMismatch(RuntimeError):
@@ -181,6 +183,9 @@ class SiteTraining:
         """The last applied round's persist, GLOBAL_STATE publish and checkpoint, in the background."""
         self.background_s = 0.0
         """Seconds those background writes took since start (overlapped with the next round's work)."""
+        self._model_of: TrainerProcess | None = None
+        """The trainer whose model is where this site's last round left it (a round trained ahead
+        goes on from there); None after a failed round, and a restarted trainer is another one."""
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -229,18 +234,31 @@ class SiteTraining:
 
     # ----- a site's part of a round ----------------------------------------------------------
     async def train(self, round_: int, ranges: Sequence[SampleRange], inner_steps: int,
-                    budget_s: float | None = None) -> Trained:
+                    budget_s: float | None = None, ahead: bool = False) -> Trained:
         """Trains `ranges` from θ_{round-1} in the trainer process and publishes the pseudo-gradient
-        (`budget_s`: a time-boxed round, Trainer.train_round)."""
+        (`budget_s`: a time-boxed round, Trainer.train_round). `ahead` (overlap): θ_{round-1} is not
+        applied yet; the trainer goes on from its model and folds θ_{round-1} in when `fold` writes
+        it (a fresh trainer, whose model is θ_0, starts from the newest θ applied here instead)."""
         await self._restarted()
-        base = await asyncio.to_thread(write_state, self._shm("base"), self.weights)
+        process = self.process
+        fold = self._shm(f"fold-r{round_ - 1}") if ahead else None
+        for old in process.shm_dir.glob("fold-r*.safetensors") if process.shm_dir else ():
+            if old != fold:
+                old.unlink(missing_ok=True)  # θs of earlier rounds, written after their round was done
+        base = None
+        if not ahead or self._model_of is not process:
+            base = await asyncio.to_thread(write_state, self._shm("base"), self.weights)
+        if fold is not None and self.applied_round >= round_ - 1:
+            await self.fold(round_ - 1)  # applied while this call started: fold before the first step
         try:
-            out = await self.process.train(round_, base, [(r.block_id, r.start, r.end) for r in ranges],
-                                           inner_steps, (round_ - 1) * inner_steps, budget_s)
+            out = await process.train(round_, base, [(r.block_id, r.start, r.end) for r in ranges],
+                                      inner_steps, (round_ - 1) * inner_steps, budget_s, fold)
         except TrainerError as err:
+            self._model_of = None
             if err.fatal:  # the round reports nothing (the caller); the next one trains on fresh ranks
                 self._restart = asyncio.ensure_future(self._restart_trainer())
             raise
+        self._model_of = process
         delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
         out.pseudo_gradient.unlink(missing_ok=True)
         # A round this site trained in an earlier process (restarted before the round was decided)
@@ -255,7 +273,18 @@ class SiteTraining:
             await asyncio.to_thread(self._feedback.keep, delta, encoded)
         self.last_loss = out.mean_loss
         return Trained(round_, out.tokens, tuple(SampleRange(b, s, e) for b, s, e in out.trained),
-                       encoded.manifest.root_hash, out.mean_loss, out.seconds, out.steps)
+                       encoded.manifest.root_hash, out.mean_loss, out.seconds, out.steps, out.folded_at)
+
+    async def fold(self, round_: int) -> None:
+        """Hands θ_round (applied here) to the round trained ahead of it: written whole and renamed
+        into the path the trainer looks at between steps (write_state is atomic)."""
+        if self.applied_round != round_ or self.process.shm_dir is None:
+            return  # a later θ is here already (a state transfer): that round's fold never comes
+        try:
+            await asyncio.to_thread(write_state, self._shm(f"fold-r{round_}"), self.weights)
+        except OSError as err:  # the round then trains on unfolded: slower to converge, never wrong
+            log.warning("round %d: θ not handed to the round trained ahead (%s); it goes on unfolded",
+                        round_ + 1, err)
 
     # ----- every peer's part of a commit -----------------------------------------------------
     async def outcome(self, round_: int, contributors: Sequence[tuple[str, str, bytes, int]]) -> Outcome:

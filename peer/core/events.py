@@ -50,6 +50,8 @@ class TrainDone:
     """Of inner steps (what the trainer timed); the rest of the effect was encoding and publishing."""
     steps: int = 0
     mean_loss: float = float("nan")
+    folded_at: int | None = None
+    """An overlapped round: after how many steps θ_{round-1} was folded in (None: it came later)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,17 @@ class Train:
     inner_steps: int
     budget_s: float | None = None
     """A time-boxed round (RoundOpen.budget_s): as many of the inner steps as fit, at least one."""
+    ahead: bool = False
+    """An overlapped round, trained before θ_{round-1} exists here: go on from the trainer's model
+    and fold θ_{round-1} in when a `Fold` says it is applied (docs/decisions/rounds-overlap-fold.md)."""
+
+
+@dataclass(frozen=True)
+class Fold:
+    """θ_round is applied here: hand it to the round `round + 1` trained ahead, to fold in between
+    two of its steps (the executor writes it where the trainer looks)."""
+
+    round: int
 
 
 @dataclass(frozen=True)
@@ -225,5 +238,5 @@ class LeaveReady:
     """The leave's round work is done and every lease was given back (the Sends came first)."""
 
 
-Effect = Union[Note, Train, Report, LeaseSend, Fetch, CancelFetch, Excluded, Propose, Apply, CatchUp,
+Effect = Union[Note, Train, Fold, Report, LeaseSend, Fetch, CancelFetch, Excluded, Propose, Apply, CatchUp,
                RoundApplied, LeaveReady]

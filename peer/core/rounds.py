@@ -111,6 +111,10 @@ class RoundsConfig:
     """The run's first round opens only once this many sites are live: sites started together
     build their trainers at different speeds, and the first one up would otherwise train a good
     part of the data epoch alone. Later rounds open with any number of sites."""
+    overlap: bool = False
+    """This site trains round r+1 as soon as it has reported round r, before θ_r exists, and folds
+    θ_r in when it is applied (SiteRound; docs/decisions/rounds-overlap-fold.md). Site-local: the
+    log, the leader and every other peer see the same rounds either way."""
 
     def __post_init__(self) -> None:
         if (self.inner_steps < 1 or self.samples_per_step < 1 or self.deadline_s <= 0 or self.data_epochs < 1

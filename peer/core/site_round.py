@@ -18,13 +18,23 @@ A round reopened after a leader change is answered with the report already sent 
 vouchers), or, while this site still works on it, with that report when it is done. A site that is
 busy with an earlier open or leaving reports nothing.
 
+Overlap (`RoundsConfig.overlap`; docs/decisions/rounds-overlap-fold.md): once this site has
+reported round r with samples, it gathers and trains round r+1 at once, *ahead* of its open, from
+where its trainer stands; when θ_r is applied here a `Fold` hands it to the trainer, which folds it
+in between two steps (Δ_{r+1} is measured from θ_r whenever the fold comes). Its claims go out when
+it is trained, as in a serial round; its report waits for the leader's open of r+1 and for θ_r here
+with the open's hash, exactly what a serial round checks before it trains. A round trained ahead
+that is decided without it (a later round opened, or committed) puts its samples back unclaimed, or,
+if claimed, leaves them to the commit that frees them. At most one round is trained ahead: the next
+starts only after this one is reported.
+
     .venv/bin/python -m pytest -q tests/unit/test_site_round.py
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from peer.core import events as ev
 from peer.core.election import Header
@@ -52,6 +62,11 @@ class _Gathering:
     quiet_since: float
     got: list[SampleRange]
     count: int = 0
+    ahead: bool = False
+    """Overlap: for the round after the one just reported, before its open (`open` is then the
+    last round's open renumbered, its base hash unknown until the real open arrives)."""
+    confirmed: bool = True
+    """The leader's open of this round arrived (always, unless ahead)."""
 
 
 @dataclass
@@ -59,6 +74,14 @@ class _Training:
     open: RoundOpen
     ranges: tuple[SampleRange, ...]
     started: float
+    ahead: bool = False
+    confirmed: bool = True
+    folding: bool = False
+    """The trainer was started ahead of θ_{round-1} and waits for a Fold."""
+    before_theta: bool = False
+    """The trainer was started before θ_{round-1} was applied here (Train.ahead)."""
+    stale: bool = False
+    """A later round opened while this one trained ahead: it was decided without this site."""
 
 
 @dataclass
@@ -67,6 +90,10 @@ class _Claiming:
     trained: ev.TrainDone
     published: float
     until: float
+    ahead: bool = False
+    confirmed: bool = True
+    base_until: float = math.inf
+    """Ahead: how long the confirmed open waits for θ_{round-1} here (as _Waiting does)."""
 
 
 _Busy = _Waiting | _Gathering | _Training | _Claiming
@@ -99,6 +126,10 @@ class SiteRound:
         if isinstance(event, ev.Persisted):
             self.applied_round, self.weights_hash = event.round, event.weights_hash
             self.committed_round = max(self.committed_round, event.round)
+            b = self.busy
+            if isinstance(b, _Training) and b.folding and b.open.round == event.round + 1:
+                b.folding = False
+                return [ev.Fold(event.round)] + self._progress(now)
         elif isinstance(event, ev.Committed):
             self.committed_round = max(self.committed_round, event.commit.round)
             if self.sent is not None and event.commit.round == self.sent.round and all(
@@ -113,8 +144,12 @@ class SiteRound:
     def next_deadline(self) -> float:
         times = [self._leave_until if self._leave_until is not None else float("inf")]
         b = self.busy
-        if isinstance(b, _Waiting | _Claiming):
+        if isinstance(b, _Waiting):
             times.append(b.until)
+        elif isinstance(b, _Claiming) and b.confirmed:
+            # Ahead, a report waits for θ_{r-1} here first (until base_until), then for the vouchers.
+            waits_base = b.ahead and self.applied_round < b.open.round - 1
+            times.append(b.base_until if waits_base else b.until)
         elif isinstance(b, _Gathering):
             times.append(b.quiet_since + self.config.gather_s)
         return min(times)
@@ -126,6 +161,16 @@ class SiteRound:
             return [ev.Note(f"round {msg.round}: reopened; the report of {self._count(sent.ranges)} samples "
                             "trained from the same θ stands"), ev.Report(sent)]
         b = self.busy
+        if isinstance(b, _Gathering | _Training | _Claiming) and b.ahead and not self.leaving:
+            if msg.round == b.open.round or (isinstance(b, _Gathering) and msg.round > b.open.round):
+                # The open of the round this site works on ahead (or, before it trains, a later one:
+                # the gathered samples serve that one as well).
+                b.open, b.confirmed = msg, True
+                if isinstance(b, _Claiming):
+                    b.base_until = now + BASE_WAIT_S
+                return [ev.Note(f"round {msg.round}: opened; this site trains it ahead")] + self._progress(now)
+            if msg.round > b.open.round and isinstance(b, _Training):
+                b.stale = True  # its round went on without it: its samples go back when it is done
         if b is not None and not self.leaving and (b.open.round, b.open.base_weights_hash) == (
                 msg.round, msg.base_weights_hash):
             # A new leader reopened the round this site is working on from the same θ: the work
@@ -166,6 +211,16 @@ class SiteRound:
             return out + self._claimed(b, now)
         return out
 
+    def _ahead(self, last: RoundOpen, now: float) -> list[ev.Effect]:
+        """Overlap: start the round after `last` (just reported with samples) before it opens, on the
+        same settings (H, budget, deadline)."""
+        rnd = last.round + 1
+        if self.leaving or rnd <= self.committed_round or self.applied_round < last.round - 1:
+            return []  # decided already, or this site lags: the next open starts it as a serial round
+        self.busy = _Gathering(replace(last, round=rnd, base_weights_hash=b""), now, now, [], ahead=True,
+                               confirmed=False)
+        return self._progress(now)
+
     @staticmethod
     def _budget(open_: RoundOpen) -> float | None:
         """The round's compute budget in seconds, or None when it is not time-boxed."""
@@ -203,20 +258,33 @@ class SiteRound:
         self.clock.add(rnd, "gather", now - b.since)
         if not b.got:
             self.busy = None
+            if not b.confirmed:
+                return [ev.Note(f"round {rnd}: nothing leased to train ahead of its open")]
             return [ev.Note(f"round {rnd}: no leased sample came within {self.config.gather_s:g} s; "
                             "reporting nothing"), self._report(rnd)]
         ranges = tuple(b.got)
-        self.busy = _Training(b.open, ranges, now)
+        # Ahead, the trainer goes on from its model and folds θ_{r-1} in when it is applied; if that
+        # already happened here, it simply starts from θ_{r-1} (the same as a fold before step one).
+        folding = b.ahead and self.applied_round < rnd - 1
+        self.busy = _Training(b.open, ranges, now, b.ahead, b.confirmed, folding, folding)
         boxed = self._budget(b.open)
         return [ev.Note(f"round {rnd}: training {b.count} leased samples"
-                        + (f", time-boxed to {boxed:g} s" if boxed else "")),
-                ev.Train(rnd, ranges, b.open.inner_steps, boxed)]
+                        + (f", time-boxed to {boxed:g} s" if boxed else "")
+                        + (", ahead of θ_" + str(rnd - 1) if folding else "")),
+                ev.Train(rnd, ranges, b.open.inner_steps, boxed, ahead=folding)]
 
     def _trained(self, event: ev.TrainDone | ev.TrainFailed, now: float) -> list[ev.Effect]:
         b = self.busy
         if not isinstance(b, _Training) or b.open.round != event.round:
             return []  # not what this core asked for (cannot happen with one executor)
         rnd = event.round
+        if b.ahead and (b.stale or self.leaving or self.committed_round >= rnd):
+            # Trained ahead for a round that went on without this site (or it is leaving): nothing
+            # was claimed yet, so every sample it took goes back on its lease.
+            self.busy = None
+            self.client.untake(list(b.ranges))
+            why = "leaving" if self.leaving else "it was decided without this site"
+            return [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on their leases")]
         failure = event.reason if isinstance(event, ev.TrainFailed) else ""
         notes: list[ev.Effect] = []
         if isinstance(event, ev.TrainDone):
@@ -234,6 +302,10 @@ class SiteRound:
                                          "reached by the trainer go back on their leases"))
         # Whatever happened, what was trained (or, on failure, taken) is claimed for this round: its
         # commit settles the claims.
+        if b.before_theta and isinstance(event, ev.TrainDone):
+            notes.append(ev.Note(f"round {rnd}: trained ahead; θ_{rnd - 1} folded in after {event.folded_at} of "
+                                 f"{event.steps} steps" if event.folded_at is not None else
+                                 f"round {rnd}: trained ahead; θ_{rnd - 1} came after all {event.steps} steps"))
         out: list[ev.Effect] = [*notes, *self.client.end_round(rnd, now)]
         if failure:
             # Reported without a pseudo-gradient: the leader excludes it and the round's commit frees
@@ -251,7 +323,8 @@ class SiteRound:
         self.clock.add(rnd, "compute", event.seconds)
         self.clock.trained(rnd, event.tokens, event.steps, event.mean_loss)
         self.clock.add(rnd, "publish", now - b.started - event.seconds)
-        claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s))
+        claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s), b.ahead,
+                          b.confirmed, now + BASE_WAIT_S if b.ahead and b.confirmed else math.inf)
         self.busy = claim
         return out + self._claimed(claim, now)
 
@@ -265,6 +338,20 @@ class SiteRound:
             self.clock.add(rnd, "publish", now - b.published)
             return [ev.Note(f"round {rnd}: committed while this site trained it; not reporting, its "
                             "samples go back to free when their leases lapse", warning=True)]
+        if b.ahead:
+            if self.leaving:
+                self.busy = None
+                return [ev.Note(f"round {rnd}: trained ahead, but leaving: not reporting; its claims are "
+                                "freed by the round's commit")]
+            if not b.confirmed:
+                return []  # its open comes once θ_{r-1} is committed and applied at the leader
+            if self.applied_round < rnd - 1 and now < b.base_until:
+                return []
+            if self.applied_round != rnd - 1 or self.weights_hash != b.open.base_weights_hash:
+                self.busy = None
+                return [ev.Note(f"round {rnd}: not at θ_{rnd - 1} (have round {self.applied_round}); the "
+                                "round trained ahead is not reported, its claims are freed by the round's commit",
+                                warning=True), self._report(rnd)]
         accounted = self.client.contribution(rnd)
         if accounted is None and now < b.until:
             return []
@@ -280,8 +367,9 @@ class SiteRound:
         report = self._report(rnd, t.ranges, t.tokens, t.root, vouchers)
         self.sent = report.contribution
         self.clock.reported(rnd, now)
-        return out + [ev.Note(f"round {rnd}: reporting {self._count(t.ranges)} samples, {t.tokens} tokens, "
-                              f"{len(vouchers)} voucher(s)"), report]
+        out += [ev.Note(f"round {rnd}: reporting {self._count(t.ranges)} samples, {t.tokens} tokens, "
+                        f"{len(vouchers)} voucher(s)"), report]
+        return out + (self._ahead(b.open, now) if self.config.overlap and t.tokens > 0 else [])
 
     def _leave(self, wait_s: float, now: float) -> list[ev.Effect]:
         """Graceful leave (I8): train no more; give the leader up to `wait_s` to decide a round this
@@ -294,6 +382,10 @@ class SiteRound:
         leader therefore admits no report of its own (PeerRounds), and a commit of that round
         without this site's report ends the wait at once: nobody will fetch its Δ."""
         self.leaving = True
+        b = self.busy
+        if isinstance(b, _Gathering) and b.ahead:
+            self.busy = None  # nothing trained or claimed yet
+            self.client.untake(b.got)
         sent = self._sent_round()
         if self.committed_round <= sent and sent > 0:
             self._leave_until = now + wait_s

@@ -131,6 +131,8 @@ class PeerSimConfig:
     speeds: tuple[float, ...] = ()
     """Each site's trainer pace (samples per second), s0 first; empty: drawn per seed from 20, 40
     and 80 (scripts/bench_tail fixes them to measure the data epoch's tail)."""
+    overlaps: tuple[bool, ...] = (False, True)
+    """Each seed runs serial or overlapped rounds (RoundsConfig.overlap), picked by the seed."""
     max_time: float = 600.0
     fetch_s: float = 0.3
     apply_s: float = 0.2
@@ -189,6 +191,8 @@ class PeerNode:
         """The round and θ hash the last fetch here computed: applying it fetches nothing again."""
         self.seat: SeatLeave | None = None
         """The voter seat's half of a graceful leave, once the rounds' half is done (as `Node.leave`)."""
+        self._opened: dict[int, bytes] = {}
+        """Round -> the base θ hash its open named (the θ a report of it must be measured from)."""
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
@@ -216,6 +220,8 @@ class PeerNode:
         if isinstance(msg, _CONSENSUS):
             out += self._consensus(self.raft.receive(msg, now), now)  # type: ignore[arg-type]
         elif isinstance(msg, _ROUND):
+            if isinstance(msg, r.RoundOpen):
+                self._opened.setdefault(msg.round, msg.base_weights_hash)
             out += self._run_all(self.rounds.round_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
         else:
             out += self._run_all(self.rounds.lease_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
@@ -306,6 +312,12 @@ class PeerNode:
         elif isinstance(effect, r.Broadcast):
             return [SimSend(s, effect.msg) for s in sorted(self.live)]
         elif isinstance(effect, ev.Report):
+            c = effect.contribution
+            if c.tokens and (self.disk.round, self.disk.weights_hash) != (c.round - 1, self._opened.get(c.round)):
+                # A Δ is measured from θ_{r-1}, overlapped or not: a report from elsewhere would be
+                # averaged into the wrong θ (the leader checks only the header's round).
+                w.violations.append(f"{self.site} reported round {c.round} at θ of round {self.disk.round}, not at "
+                                    f"the open's base θ_{c.round - 1}")
             leader = self.raft.leader
             if leader is None:
                 return []
@@ -323,6 +335,8 @@ class PeerNode:
             done = ev.TrainDone(effect.round, ranges, samples * 8, delta_root(self.site, effect.round, ranges),
                                 seconds, math.ceil(samples / w.rounds.samples_per_step))
             self._later(now + 0.5 + seconds, done)
+        elif isinstance(effect, ev.Fold):
+            w.folds += 1  # the fake trainer's Δ does not depend on where it trained from
         elif isinstance(effect, ev.Fetch):
             self._later(now + w.cfg.fetch_s, _Due(effect))
         elif isinstance(effect, ev.CancelFetch):
@@ -446,8 +460,11 @@ class PeerSim:
         if cfg.speeds:
             self.speeds = dict(zip(self.names, cfg.speeds))
         # Its own random stream: picking the budget leaves every other draw of the seed as it was.
-        self.rounds = replace(cfg.rounds, budget_s=derive_rng(seed, "budget").choice(cfg.budgets))
-        """The rounds every peer of this seed runs (cfg.rounds with the seed's budget)."""
+        self.rounds = replace(cfg.rounds, budget_s=derive_rng(seed, "budget").choice(cfg.budgets),
+                              overlap=derive_rng(seed, "overlap").choice(cfg.overlaps))
+        """The rounds every peer of this seed runs (cfg.rounds with the seed's budget and overlap)."""
+        self.folds = 0
+        """Fold effects: θ_r handed to a round trained ahead of it (overlapped seeds)."""
         self.live: set[str] = set()
         """The sites membership reports alive (what the cores were told)."""
         self.commits: dict[int, RoundCommit] = {}

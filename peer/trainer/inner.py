@@ -70,6 +70,9 @@ class RoundResult:
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     """Per-step training loss (site mean), for logs and benches."""
+    folded_at: int | None = None
+    """Overlapped rounds: after how many of the steps the newest global θ was folded in (0: before
+    the first); None: no fold was offered or none came before the round ended."""
 
 
 def lr_at(cfg: InnerConfig, step: int) -> float:
@@ -215,6 +218,7 @@ class Trainer:
         inner_steps: int | None,
         start_step: int | None = None,
         budget_s: float | None = None,
+        fold: Callable[[], dict[str, torch.Tensor] | None] | None = None,
     ) -> RoundResult:
         """Run up to `inner_steps` AdamW steps from `global_state` on the samples of `ranges`.
         With `budget_s` (a time-boxed round), stop after the first step that ends past it: at least
@@ -225,8 +229,18 @@ class Trainer:
         LR schedule (the node passes round x H so that a site that rejoins uses the run's current
         LR); by default the site's own step counter continues. With torch.distributed, only rank 0's
         arguments count.
+
+        Overlapped rounds (docs/decisions/rounds-overlap-fold.md): `global_state` None continues from
+        the model as the last round left it (this site's own progress, before the mesh's mean of that
+        round exists), and `fold` (rank 0's) is asked before every step for that mean, θ_{r-1} (any
+        start works: a fresh trainer is given the newest global θ it has and folds too); the
+        first time it has it, the model moves by θ_{r-1} − start (every step trained so far is kept,
+        translated onto θ_{r-1}) and θ_{r-1} becomes the start the pseudo-gradient is measured from.
+        A translation leaves start − local unchanged, so Δ is right whenever (and whether) the fold
+        comes: the fold only decides from where the remaining steps compute their gradients.
         """
-        ranges, inner_steps, start_step, budget_s = self._broadcast((ranges, inner_steps, start_step, budget_s))
+        ranges, inner_steps, start_step, budget_s, resume, watching = self._broadcast(  # rank 0's say
+            (ranges, inner_steps, start_step, budget_s, global_state is None, fold is not None))
         assert ranges is not None and inner_steps is not None, "rank 0 must pass ranges and inner_steps"
         if inner_steps < 0:
             raise ValueError(f"inner_steps={inner_steps} must be >= 0")
@@ -235,11 +249,16 @@ class Trainer:
         if start_step is not None:
             self.step = start_step
         t0 = self.clock()
-        self._load_from_rank0(global_state)
+        if not resume:
+            self._load_from_rank0(global_state)
         start = self.model_weights()  # bit-equal to global_state on rank 0; the broadcast copy elsewhere
         inner, L = self.cfg.inner, self.cfg.data.seq_len
         queue, trained, losses = list(ranges), [], []
-        for _ in range(inner_steps):
+        folded_at: int | None = None
+        for step in range(inner_steps):
+            if watching and folded_at is None:
+                start, folded = self._fold(start, fold)
+                folded_at = step if folded else None
             batch_ranges, queue = take_samples(queue, inner.batch_size)
             n = sum(r.num_samples for r in batch_ranges)
             # A short batch is trained only when it ends the ranges handed over (the data epoch's
@@ -263,8 +282,22 @@ class Trainer:
         return RoundResult(
             pseudo_gradient=delta, tokens=samples * L, trained=merge_ranges(trained),
             steps=len(losses), mean_loss=sum(losses) / len(losses) if losses else float("nan"),
-            seconds=self.clock() - t0, losses=losses,
+            seconds=self.clock() - t0, losses=losses, folded_at=folded_at,
         )
+
+    @torch.no_grad()
+    def _fold(self, start: dict[str, torch.Tensor],
+              fold: Callable[[], dict[str, torch.Tensor] | None] | None) -> tuple[dict[str, torch.Tensor], bool]:
+        """One fold check between steps: if rank 0's `fold` has θ, model ← θ + (model − start) on every
+        rank and θ is the new start. Rank 0 decides for all (they must fold at the same step)."""
+        theta = fold() if self.rank == 0 and fold is not None else None
+        if not self._broadcast(theta is not None):
+            return start, False
+        local = self.model_weights()  # a collective under FSDP: every rank takes part
+        moved = {n: theta[n] + (local[n] - start[n]) for n in local} if theta is not None else None
+        self._load_from_rank0(moved)
+        # Only rank 0's pseudo-gradient is used: the other ranks keep their start (no collective).
+        return (dict(theta) if theta is not None else start), True
 
     def _step(self, batch: torch.Tensor) -> float:
         """One optimizer step on this site's batch [batch_size, L]; returns the site-mean loss."""

@@ -91,6 +91,8 @@ class TrainOutput:
     """NaN when no step ran (fewer samples than one batch)."""
     seconds: float
     losses: tuple[float, ...]
+    folded_at: int | None = None
+    """Overlapped rounds: after how many steps θ_{r-1} was folded in; None: not (or not asked)."""
 
 
 def write_state(path: str | Path, state: Mapping[str, torch.Tensor]) -> Path:
@@ -246,26 +248,30 @@ class TrainerProcess:
     async def train(
         self,
         round: int,
-        weights_path: str | Path,
+        weights_path: str | Path | None,
         ranges: Iterable[Sequence[int]],
         steps: int,
         start_step: int | None = None,
         budget_s: float | None = None,
+        fold_path: str | Path | None = None,
     ) -> TrainOutput:
         """Up to `steps` inner steps from θ_{r-1} (`weights_path`) on the samples of `ranges`
         ((block_id, start, end) each, trained in the order given). `start_step` places the round on
         the LR schedule (round x H); None continues the worker's own step counter. `budget_s`: a
-        time-boxed round (Trainer.train_round)."""
+        time-boxed round (Trainer.train_round). An overlapped round: `weights_path` None goes on from
+        the model, and θ_{r-1} is folded in once it is written to `fold_path` (worker.py)."""
         r = await self._call({
-            "cmd": "train", "round": round, "weights": str(weights_path),
+            "cmd": "train", "round": round, "weights": None if weights_path is None else str(weights_path),
             "ranges": [[int(b), int(s), int(e)] for b, s, e in ranges], "steps": steps,
             "start_step": start_step, "budget_s": budget_s,
+            "fold": None if fold_path is None else str(fold_path),
         })
         return TrainOutput(
             pseudo_gradient=Path(r["pseudo_gradient"]), tokens=int(r["tokens"]),
             trained=tuple((int(b), int(s), int(e)) for b, s, e in r["trained"]), steps=int(r["steps"]),
             mean_loss=float("nan") if r["mean_loss"] is None else float(r["mean_loss"]),
             seconds=float(r["seconds"]), losses=tuple(float(x) for x in r["losses"]),
+            folded_at=None if r.get("folded_at") is None else int(r["folded_at"]),
         )
 
     async def evaluate(self, weights_path: str | Path) -> float:

@@ -14,11 +14,17 @@ keeps serving):
         -> {"blocks": [[block_id, num_samples], ...] (epoch order), "parameters": N,
             "weights": PATH (θ_0, the seeded initial model), "weights_hash": state_dict_hash(θ_0),
             "seq_len": L, "device": "cpu"}
-    {"cmd": "train", "round": r, "weights": PATH (θ_{r-1}), "ranges": [[block_id, start, end], ...],
+    {"cmd": "train", "round": r, "weights": PATH (θ_{r-1}) or null, "ranges": [[block_id, start, end], ...],
      "steps": H, "start_step": s or null, "budget_s": seconds or null (optional: a time-boxed round,
-     at least one step, at most H)}
+     at least one step, at most H), "fold": PATH or null (optional)}
         -> {"pseudo_gradient": PATH (Δ = θ_{r-1} − θ_local), "tokens": n, "trained": [[b, s, e], ...],
-            "steps": k, "mean_loss": x or null (no step ran), "losses": [...], "seconds": t}
+            "steps": k, "mean_loss": x or null (no step ran), "losses": [...], "seconds": t,
+            "folded_at": k or null}
+        An overlapped round (rounds-overlap-fold.md): "weights" null goes on from the model as the
+        last round left it, and before every step the worker looks for the file "fold" names: once
+        the node has written θ_{r-1} there, it is folded in (Trainer.train_round). "folded_at" says
+        after how many steps; null: it came too late for this round (Δ is right either way). A
+        fresh worker's model is θ_0, so the node then sends "weights" (its newest θ) with "fold".
     {"cmd": "evaluate", "weights": PATH} -> {"perplexity": p}
     {"cmd": "checkpoint", "weights": PATH, "momentum": PATH or null, "dir": DIR, "round": r,
      "cursor": [[b, s, e], ...] (optional), "extra": {...} (optional)}
@@ -255,9 +261,13 @@ class Worker:
             raise ValueError(f"budget_s must be null or seconds > 0, got {budget!r}")
         ranges = self._check_ranges(_ranges(_get(msg, "ranges", list, "[[block_id, start, end], ...]"),
                                             "ranges"))
-        theta = self._read_weights(msg, "weights")
+        theta = None if msg.get("weights") is None else self._read_weights(msg, "weights")
+        fold_path = msg.get("fold")
+        if fold_path is not None and not isinstance(fold_path, str):
+            raise CommandError(f"fold must be null or a path to the θ to fold in, got {fold_path!r}")
+        fold = None if fold_path is None else self._fold_source(Path(fold_path))
         r = self._collective("train", lambda: self.trainer.train_round(theta, ranges, steps, start_step,
-                                                                        budget_s=budget))
+                                                                        budget_s=budget, fold=fold))
         out = write_state(self.shm_dir / f"pseudo_gradient-r{rnd}.safetensors", r.pseudo_gradient)
         log.info("round %d: %d steps, %d tokens, mean loss %.4f, %.1fs", rnd, r.steps, r.tokens,
                  r.mean_loss, r.seconds)
@@ -265,8 +275,17 @@ class Worker:
             "pseudo_gradient": str(out), "tokens": r.tokens,
             "trained": [[x.block_id, x.start, x.end] for x in r.trained], "steps": r.steps,
             "mean_loss": _finite(r.mean_loss), "losses": [_finite(x) for x in r.losses],
-            "seconds": r.seconds,
+            "seconds": r.seconds, "folded_at": r.folded_at,
         }
+
+    def _fold_source(self, path: Path) -> Callable[[], dict[str, torch.Tensor] | None]:
+        """Before each step: θ once the node has renamed it into `path` (write_state is atomic, so
+        a file that exists is whole); checked like any weights file. One stat per step: the step
+        boundary is the only place a fold may happen, so this is not a polling loop."""
+        def fold() -> dict[str, torch.Tensor] | None:
+            return self._read_weights({"fold": str(path)}, "fold") if path.is_file() else None
+
+        return fold
 
     def _check_ranges(self, ranges: list[SampleRange]) -> list[SampleRange]:
         """Refuse bad ranges before training starts: a failure halfway would leave steps taken."""

@@ -28,12 +28,12 @@ THETA0 = b"theta0"
 class OneSite:
     """Site "a" owning every block: its lease owner and client answer each other at once."""
 
-    def __init__(self, blocks: int = 3, size: int = 32) -> None:
+    def __init__(self, blocks: int = 3, size: int = 32, config: RoundsConfig = CONFIG) -> None:
         cfg = LeaseConfig.local_test()
         self.ledger = EpochLedger({1000 + i: size for i in range(blocks)})
         self.owner = LeaseOwner(SiteId("a"), self.ledger, cfg, amnesiac=False, boot=0)
         self.client = LeaseClient(SiteId("a"), self.ledger, cfg)
-        self.core = RoundCore(SiteRound("a", "addr-a", CONFIG, cfg.ttl, self.client, RoundClock("a", 0.0), 0, THETA0))
+        self.core = RoundCore(SiteRound("a", "addr-a", config, cfg.ttl, self.client, RoundClock("a", 0.0), 0, THETA0))
         self.sent: list[Send] = []
         view = RingView.of(1, ["a"])
         self.pump(self.owner.set_view(view, 1, 0.0) + self.client.set_view(view, 1, 0.0), 0.0)
