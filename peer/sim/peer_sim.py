@@ -193,6 +193,8 @@ class PeerNode:
         """The voter seat's half of a graceful leave, once the rounds' half is done (as `Node.leave`)."""
         self._opened: dict[int, bytes] = {}
         """Round -> the base θ hash its open named (the θ a report of it must be measured from)."""
+        self._reported: set[tuple[int, bytes]] = set()
+        """(round, Δ root) of the reports this process made."""
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
@@ -313,11 +315,14 @@ class PeerNode:
             return [SimSend(s, effect.msg) for s in sorted(self.live)]
         elif isinstance(effect, ev.Report):
             c = effect.contribution
-            if c.tokens and (self.disk.round, self.disk.weights_hash) != (c.round - 1, self._opened.get(c.round)):
+            first = c.tokens and (c.round, c.pseudo_gradient_root) not in self._reported
+            if first and (self.disk.round, self.disk.weights_hash) != (c.round - 1, self._opened.get(c.round)):
                 # A Δ is measured from θ_{r-1}, overlapped or not: a report from elsewhere would be
-                # averaged into the wrong θ (the leader checks only the header's round).
+                # averaged into the wrong θ (the leader checks only the header's round). A report sent
+                # again to a new leader was made earlier, when it was checked.
                 w.violations.append(f"{self.site} reported round {c.round} at θ of round {self.disk.round}, not at "
                                     f"the open's base θ_{c.round - 1}")
+            self._reported.add((c.round, c.pseudo_gradient_root))
             leader = self.raft.leader
             if leader is None:
                 return []
@@ -580,8 +585,11 @@ class PeerSim:
         seq.append(round_)
 
     def _finish(self, until: float) -> None:
-        """The data is done: stop once every up site holds θ of the last round (at_end checks it)."""
-        if self._caught_up() or self.sim.now >= until:
+        """The data is done: stop once every up site holds θ of the last round (at_end checks it) and
+        no fault phase is under way (sites it killed are back: every site down would pass vacuously)."""
+        if self.phase is not None:
+            until = max(until, self.sim.now + CONVERGE_S)  # convergence is timed from the phase's end
+        if (self._caught_up() and self.phase is None) or self.sim.now >= until:
             self.sim.stop()
         else:
             self.sim.schedule(self.sim.now + 0.5, lambda: self._finish(until), "run complete (converging)")
