@@ -199,7 +199,7 @@ class SiteRound:
             at_base = self.applied_round >= b.open.round - 1 and self.applied_round >= self.committed_round
             if not at_base and now < b.until:
                 return out
-            if self.applied_round != b.open.round - 1 or self.weights_hash != b.open.base_weights_hash:
+            if not self._at_base(b.open):
                 self.busy = None
                 return out + [ev.Note(f"round {b.open.round}: not at θ_{b.open.round - 1} (have round "
                                       f"{self.applied_round}), not contributing", warning=True),
@@ -345,9 +345,9 @@ class SiteRound:
                                 "freed by the round's commit")]
             if not b.confirmed:
                 return []  # its open comes once θ_{r-1} is committed and applied at the leader
-            if self.applied_round < rnd - 1 and now < b.base_until:
-                return []
-            if self.applied_round != rnd - 1 or self.weights_hash != b.open.base_weights_hash:
+            if not self._at_base(b.open):
+                if self.applied_round < rnd - 1 and now < b.base_until:
+                    return []
                 self.busy = None
                 return [ev.Note(f"round {rnd}: not at θ_{rnd - 1} (have round {self.applied_round}); the "
                                 "round trained ahead is not reported, its claims are freed by the round's commit",
@@ -402,6 +402,10 @@ class SiteRound:
         return out + [ev.LeaveReady()]
 
     # ----- helpers -------------------------------------------------------------------------------
+    def _at_base(self, open_: RoundOpen) -> bool:
+        """This site holds θ_{r-1} as the open names it: a Δ of round r is measured from there."""
+        return self.applied_round == open_.round - 1 and self.weights_hash == open_.base_weights_hash
+
     def _sent_round(self) -> int:
         """The round whose commit this site's reported samples wait for (0: none)."""
         return self.sent.round if self.sent is not None and self.sent.tokens > 0 else 0

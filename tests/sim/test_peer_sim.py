@@ -245,3 +245,27 @@ def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch
     seed = next((s for s in range(2, 12) if caught(s)), None)
     assert seed is not None, "no seed of 2:12 caught majorities over the gossip view"
     assert simulate(seed, _without("partition", "one_way"))[1].violations == []  # no cut of either kind
+
+
+def test_a_round_trained_ahead_and_reported_away_from_its_base_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlapped seeds: a round trained ahead is reported without checking that this site holds
+    θ_{r-1} as the open names it (its Δ would be averaged into a θ it was not measured from). Only
+    the overlap's check is planted; serial rounds check their base before they train."""
+    real = site_round.SiteRound._at_base
+
+    def trusting(self: site_round.SiteRound, open_: rounds.RoundOpen) -> bool:
+        return True if isinstance(self.busy, site_round._Claiming) else real(self, open_)
+
+    monkeypatch.setattr(site_round.SiteRound, "_at_base", trusting)
+    overlapped = [seed for seed in range(12) if simulate(seed)[0].rounds.overlap]
+    found = [v for seed in overlapped[:4] for v in simulate(seed)[1].violations]
+    assert any("not at the open's base" in v for v in found), found
+
+
+def test_overlapped_seeds_train_ahead_fold_and_drop_what_they_may_not_report() -> None:
+    overlapped = [w for w, _ in map(_run, SEEDS) if w.rounds.overlap]
+    assert overlapped, "some seeds of the sweep run overlapped rounds"
+    notes = [n for w in overlapped for n in w.notes]
+    assert sum(w.folds for w in overlapped) > 0, "θ_r reached rounds trained ahead of it"
+    assert any("opened; this site trains it ahead" in n for n in notes)
+    assert any("trained ahead, but leaving" in n for n in notes)
