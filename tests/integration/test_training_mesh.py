@@ -10,6 +10,7 @@ with `AutoModelForCausalLM.from_pretrained`. The first test runs the mesh over m
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -75,6 +76,11 @@ def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster:
              "every peer to apply the last round")
     docs = {s: _training(cluster, s) for s in ("a", "b", "c")}
     assert len({d["weights_hash"] for d in docs.values()}) == 1, "I7: every peer holds the same θ"
+    logs = "".join(cluster.peers[s].log() for s in ("a", "b", "c"))
+    # Overlap is on by default: rounds trained ahead of θ_{r-1}, which was folded in between steps
+    # (the same θ everywhere above: the fold is site-local, the committed θ is not).
+    assert re.search(r"round \d+: training \d+ leased samples, ahead of θ_\d+", logs), "no round trained ahead"
+    assert re.search(r"round \d+: trained ahead; θ_\d+ folded in after \d+ of \d+ steps", logs), "no fold"
     counts = _committed_samples(cluster.workdir / "a")
     assert max(counts.values()) == 1, "I4: no sample in two commits"
     assert set(counts) == _epoch_samples(), "I5: every sample of the epoch committed"

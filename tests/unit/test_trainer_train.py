@@ -138,3 +138,47 @@ def test_the_slow_trainer_fault_takes_a_factor_and_refuses_anything_else(monkeyp
         monkeypatch.setenv(SLOW_ENV, bad)
         with pytest.raises(ValueError, match="expected a factor >= 1"):
             _slowdown()
+
+
+def _shifted(theta: dict[str, torch.Tensor], by: float) -> dict[str, torch.Tensor]:
+    return {n: t + by for n, t in theta.items()}
+
+
+def test_an_overlapped_round_folds_theta_in_between_steps_and_measures_delta_from_it(index: BlockIndex) -> None:
+    """global_state None goes on from the model; `fold` is asked before each step; once it has θ
+    the model moves by θ − start and Δ is measured from θ (a translation: start − local kept)."""
+    t = make(index)
+    start = t.model_weights()
+    theta = _shifted(start, 0.01)  # "the mesh's θ_{r-1}", somewhere else than this site's model
+    asked = 0
+
+    def fold() -> dict[str, torch.Tensor] | None:
+        nonlocal asked
+        asked += 1
+        return theta if asked > 1 else None  # arrives after the first step
+
+    r = t.train_round(None, queue(index), 3, fold=fold)
+    assert r.folded_at == 1 and asked == 2, "folded before the second step, then not asked again"
+    end = t.model_weights()
+    for n in theta:
+        assert torch.allclose(r.pseudo_gradient[n], theta[n] - end[n], atol=1e-6), n
+
+
+def test_a_fold_before_the_first_step_is_a_round_started_from_theta(index: BlockIndex) -> None:
+    a, b = make(index), make(index)
+    theta = _shifted(a.model_weights(), 0.01)
+    from_theta = a.train_round(theta, queue(index), 2)
+    folded = b.train_round(None, queue(index), 2, fold=lambda: theta)
+    assert folded.folded_at == 0
+    for n in theta:
+        assert torch.equal(from_theta.pseudo_gradient[n], folded.pseudo_gradient[n]), n
+
+
+def test_a_fold_that_never_comes_leaves_delta_measured_from_where_the_round_started(index: BlockIndex) -> None:
+    t = make(index)
+    start = t.model_weights()
+    r = t.train_round(None, queue(index), 2, fold=lambda: None)
+    assert r.folded_at is None
+    end = t.model_weights()
+    for n in start:
+        assert torch.allclose(r.pseudo_gradient[n], start[n] - end[n]), n
