@@ -278,13 +278,17 @@ class SiteRound:
         if not isinstance(b, _Training) or b.open.round != event.round:
             return []  # not what this core asked for (cannot happen with one executor)
         rnd = event.round
-        if b.ahead and (b.stale or self.leaving or self.committed_round >= rnd):
-            # Trained ahead for a round that went on without this site (or it is leaving): nothing
-            # was claimed yet, so every sample it took goes back on its lease.
+        failed = isinstance(event, ev.TrainFailed)
+        if b.ahead and (failed or b.stale or self.leaving or self.committed_round >= rnd):
+            # Trained ahead for a round that went on without this site, or it is leaving, or the
+            # trainer failed: nothing was claimed or reported yet (its open may not even have come),
+            # so every sample it took simply goes back on its lease.
             self.busy = None
             self.client.untake(list(b.ranges))
-            why = "leaving" if self.leaving else "it was decided without this site"
-            return [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on their leases")]
+            why = (f"training failed ({event.reason})" if isinstance(event, ev.TrainFailed) else "leaving"
+                   if self.leaving else "it was decided without this site")
+            return [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on their leases",
+                            warning=failed)]
         failure = event.reason if isinstance(event, ev.TrainFailed) else ""
         notes: list[ev.Effect] = []
         if isinstance(event, ev.TrainDone):

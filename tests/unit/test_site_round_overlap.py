@@ -105,3 +105,13 @@ def test_leaving_drops_the_round_trained_ahead() -> None:
     s.handle(ev.TrainDone(2, ahead.ranges, 160, b"root2", 0.5, 2), 3.0)
     assert not _claims(s, 2), "a leaving site claims nothing more"
     assert all(not c.tokens for c in _reports(s.handle(_open(2, THETA1), 3.2))), "and reports no samples"
+
+
+def test_a_failed_round_trained_ahead_gives_its_samples_back_and_reports_nothing() -> None:
+    s = OneSite(config=OVERLAP)
+    _, out = _round_one(s)
+    (ahead,) = _trains(out)
+    out = s.handle(ev.TrainFailed(2, "RuntimeError: out of memory"), 3.0)
+    assert not _claims(s, 2) and not _reports(out), "nothing claimed or reported before its open"
+    back = {(b, i) for b, h in s.client.held.items() for sp in h.spans for i in range(sp.start, sp.end)}
+    assert _samples(ahead) <= back
