@@ -387,15 +387,23 @@ class SiteRound:
         without this site's report ends the wait at once: nobody will fetch its Δ."""
         self.leaving = True
         b = self.busy
-        if isinstance(b, _Gathering) and b.ahead:
-            self.busy = None  # nothing trained or claimed yet
-            self.client.untake(b.got)
+        out: list[ev.Effect] = []
+        if isinstance(b, _Gathering | _Training | _Claiming) and b.ahead:
+            if isinstance(b, _Gathering):
+                self.busy = None  # nothing trained or claimed yet
+                self.client.untake(b.got)
+            if b.confirmed:
+                # Its open came while it trained ahead: the leader waits for this site's report, and
+                # would wait out the round's deadline (the leave's wait with it) for one that never
+                # comes. (One not opened yet is answered "leaving" when it is.)
+                b.confirmed = False
+                out += [ev.Note(f"round {b.open.round}: leaving; reporting nothing"), self._report(b.open.round)]
         sent = self._sent_round()
         if self.committed_round <= sent and sent > 0:
             self._leave_until = now + wait_s
-            return [ev.Note(f"leaving: waiting up to {wait_s:g} s for round {sent}, which holds this site's "
-                            f"samples, and the round after it to be committed")] + self._progress(now)
-        return self._release(now)
+            return out + [ev.Note(f"leaving: waiting up to {wait_s:g} s for round {sent}, which holds this "
+                                  f"site's samples, and the round after it to be committed")] + self._progress(now)
+        return out + self._release(now)
 
     def _give_back(self, now: float) -> list[ev.Effect]:
         return [ev.Note(f"leaving: giving back {len(self.client.held)} lease(s)"), *self.client.release_all(now)]

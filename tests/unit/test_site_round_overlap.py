@@ -115,3 +115,15 @@ def test_a_failed_round_trained_ahead_gives_its_samples_back_and_reports_nothing
     assert not _claims(s, 2) and not _reports(out), "nothing claimed or reported before its open"
     back = {(b, i) for b, h in s.client.held.items() for sp in h.spans for i in range(sp.start, sp.end)}
     assert _samples(ahead) <= back
+
+
+def test_leaving_while_an_opened_round_trains_ahead_tells_the_leader_at_once() -> None:
+    """Else the leader waits out the round's deadline for a report that never comes (and the
+    leaver's wait for that round's commit with it): measured in test_darl_mesh, 60 s."""
+    s = OneSite(config=OVERLAP)
+    _, out = _round_one(s)
+    (ahead,) = _trains(out)
+    s.handle(_open(2, THETA1), 2.1)
+    reports = _reports(s.handle(ev.LeaveRequested(5.0), 2.2))
+    assert [(c.round, c.tokens) for c in reports] == [(2, 0)], "reported nothing for round 2, now"
+    assert not _reports(s.handle(ev.TrainDone(2, ahead.ranges, 160, b"root2", 0.5, 2), 3.0)) and not _claims(s, 2)
