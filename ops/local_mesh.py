@@ -30,14 +30,17 @@ def start(workdir: Path, sites: list[str], serve_args: Callable[[str], list[str]
           env: Callable[[str], Mapping[str, str]] | None = None,
           cwd: Path | None = None) -> dict[str, subprocess.Popen[str]]:
     """One `peer serve` per site, data dir `workdir/SITE`, stderr appended to `workdir/SITE.log`;
-    `serve_args(site)` adds the flags of the run, `env(site)` the site's environment."""
+    `serve_args(site)` adds the flags of the run (later flags win), `env(site)` the site's environment.
+    The sites share this machine's cores: each trainer gets its share of them as torch threads."""
     seed = f"127.0.0.1:{free_port()}"
+    threads = max(1, (os.cpu_count() or 1) // max(1, len(sites)))
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
         for i, site in enumerate(sites):
             cmd = [sys.executable, "-m", "peer.cli", "serve", "--site", site,
                    "--listen", seed if i == 0 else "127.0.0.1:0", "--data-dir", str(workdir / site),
-                   "--start-sites", str(len(sites)), *(["--join", seed] if i else []), *serve_args(site)]
+                   "--start-sites", str(len(sites)), *(["--join", seed] if i else []),
+                   "--trainer-threads", str(threads), *serve_args(site)]
             with open(workdir / f"{site}.log", "a") as log:  # the child keeps its own descriptor
                 procs[site] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd,
                                                env={**os.environ, **(env(site) if env else {})})

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--exchange-plane", choices=("bulk", "grpc"),
                        help="where pseudo-gradient chunks travel: bulk (a TCP data plane negotiated over gRPC, "
                             "the default) or grpc (FetchChunks only)")
+    train.add_argument("--trainer-threads", type=int, metavar="N",
+                       help="torch threads of the trainer worker (default: one per core); several sites on one "
+                            "machine should split its cores")
     train.add_argument("--overlap", choices=("on", "off"),
                        help="on (the default): train round r+1 while round r is exchanged and committed, folding "
                             "θ_r in when it is applied; off: strictly serial rounds (run file: overlap = false)")
@@ -190,6 +193,7 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "metrics_listen": args.metrics_listen,
         "exchange_plane": args.exchange_plane,
         "overlap": None if args.overlap is None else args.overlap == "on",
+        "trainer_threads": args.trainer_threads,
     }
     if args.config is not None:
         return cfg.load(args.config, args.site, overrides)

@@ -121,6 +121,10 @@ class PeerConfig:
     """"bulk": serve and fetch pseudo-gradient chunks over the bulk data plane (plain TCP, TLS under
     mutual TLS; gRPC where a peer offers none); "grpc": FetchChunks only
     (docs/decisions/exchange-bulk-plane.md)."""
+    trainer_threads: int | None = None
+    """Torch intra-op threads of the trainer worker; None: torch's default (one per core). Several
+    sites on one machine (ops local_mesh) must share its cores: OpenMP threads spin-waiting for a
+    core another trainer holds made a step ~10x slower (docs/decisions/trainer-cpu-fp32-one-thread.md)."""
     overlap: bool = True
     """Train round r+1 while round r is exchanged and committed, folding θ_r in when it is applied
     (RoundsConfig.overlap, docs/decisions/rounds-overlap-fold.md); false: strictly serial rounds."""
@@ -146,6 +150,8 @@ class PeerConfig:
             )
         if self.metrics_listen:
             parse_address(self.metrics_listen, "metrics address")
+        if self.trainer_threads is not None and self.trainer_threads < 1:
+            raise ConfigError(f"trainer_threads {self.trainer_threads}: give 1 or more (or leave it unset)")
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap {self.overlap!r}: use true or false")
         if self.exchange_plane not in PLANES:

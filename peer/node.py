@@ -118,7 +118,7 @@ class Node:
         """The bound port of the /metrics endpoint; None when it is off."""
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
-                                    config.exchange_plane)
+                                    config.exchange_plane, config.trainer_threads)
             rounds = dataclasses.replace(config.rounds, overlap=config.overlap)
             self.coordinator = Coordinator(self, training, rounds, config.leases)
 

@@ -141,7 +141,9 @@ def check_weights(round_: int, named: dict[str, int], served: dict[str, int]) ->
 
 class SiteTraining:
     def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig,
-                 creds: Credentials = PLAINTEXT, plane: str = DEFAULT_PLANE) -> None:
+                 creds: Credentials = PLAINTEXT, plane: str = DEFAULT_PLANE, threads: int | None = None) -> None:
+        self._threads = threads
+        """Torch intra-op threads of the trainer worker (None: torch's default, one per core)."""
         self._creds = creds
         """How this site dials other sites' exchange services (mutual TLS, or plaintext)."""
         self._plane = plane
@@ -154,7 +156,7 @@ class SiteTraining:
         self.outer = outer
         self.store = ExchangeStore()
         self.store.on_mean_request = self._mean_requested
-        self.process = TrainerProcess()
+        self.process = TrainerProcess(threads)
         self.blocks: list[tuple[int, int]] = []
         self.weights: dict[str, torch.Tensor] = {}
         self.momentum: dict[str, torch.Tensor] = {}
@@ -436,7 +438,7 @@ class SiteTraining:
         """A fresh trainer job (every rank) in place of one that died. Rounds start from the committed
         θ the node hands over, so only the site-local AdamW state starts over."""
         await self.process.stop()
-        self.process = TrainerProcess()
+        self.process = TrainerProcess(self._threads)
         hello = await self.process.start(self.trainer_config, self.dir)
         self.restarts += 1
         log.warning("trainer restarted (%d so far): %d rank(s)", self.restarts, len(hello.ranks))

@@ -2,7 +2,10 @@
 
 Every site appends one JSON line per round it took part in (the site half of the round, measured
 on the site's own clock). Operations read the same records: `ops status` shows the last one,
-metrics export its phases, `ops report` draws them. The phases partition the round's wall time:
+metrics export its phases, `ops report` draws them. In serial rounds the phases partition the
+round's wall time; with overlap (RoundsConfig.overlap) compute runs beside publish, exchange,
+commit_wait and outer, so they may sum to more than the wall time, which the record keeps as
+measured (`elapsed_s`):
 
     gather       waiting for leased samples to train
     compute      inner steps in the trainer (the only useful work)
@@ -57,6 +60,9 @@ class RoundTimeline:
     """Inner optimizer steps this site ran in the round."""
     loss: float = math.nan
     """Mean inner loss of this site's steps in the round (NaN when it trained none)."""
+    elapsed_s: float | None = None
+    """The record's wall time on the site's clock (since the previous record). None: the sum of
+    the phases, as in serial rounds (and in records written before overlap existed)."""
 
     def __post_init__(self) -> None:
         for name in PHASES:
@@ -65,7 +71,9 @@ class RoundTimeline:
 
     @property
     def wall_s(self) -> float:
-        """The round's wall time at this site: the sum of its phases."""
+        """The round's wall time at this site: as measured, else the sum of its phases."""
+        if self.elapsed_s is not None:
+            return self.elapsed_s
         return sum(getattr(self, f"{name}_s") for name in PHASES)
 
     @property
@@ -89,6 +97,7 @@ class RoundTimeline:
     @classmethod
     def from_json(cls, obj: dict[str, object]) -> RoundTimeline:
         known = {f.name for f in fields(cls)}
+        obj = {"elapsed_s": obj.get("wall_s"), **obj}  # written by to_json, which names it wall_s too
         return cls(**{k: v for k, v in obj.items() if k in known})  # type: ignore[arg-type]
 
 
@@ -148,6 +157,7 @@ class RoundClock:
         for name, value in (*spent.items(), ("idle", idle), ("tokens", tokens)):
             self.totals[name] = self.totals.get(name, 0.0) + value
         return RoundTimeline(round_, self.site, idle_s=idle, tokens=tokens, inner_steps=steps, loss=loss,
+                             elapsed_s=wall,
                              **{f"{p}_s": s for p, s in spent.items()})
 
     def _booked(self, round_: int) -> float:

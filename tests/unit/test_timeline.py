@@ -60,3 +60,19 @@ def test_file_round_trip_and_torn_tail(tmp_path: Path) -> None:
         f.write('{"round": 3, "si')  # a crash mid-append
     assert timeline.read(tmp_path) == recs
     assert set(PHASES) <= {k.removesuffix("_s") for k in recs[0].to_json()}
+
+
+def test_with_overlap_the_wall_time_is_the_clocks_not_the_sum_of_overlapping_phases(tmp_path: Path) -> None:
+    """Compute of the next round runs beside this round's commit wait: 8 s of compute and 6 s of
+    commit wait in a 9 s record is 9 s of wall and 1/9 overhead, not 14 s and 3/7."""
+    clock = RoundClock("a", now=0.0)
+    clock.add(2, "compute", 8.0)
+    clock.reported(2, now=1.0)
+    clock.committed(2, now=7.0)
+    rec = clock.finish(2, now=9.0)
+    assert rec.commit_wait_s == pytest.approx(6.0) and rec.idle_s == 0.0
+    assert rec.wall_s == pytest.approx(9.0)
+    assert rec.overhead_share == pytest.approx(1 / 9)
+    timeline.append(tmp_path, rec)
+    (back,) = timeline.read(tmp_path)
+    assert back.wall_s == pytest.approx(9.0), "the measured wall time survives the file"
