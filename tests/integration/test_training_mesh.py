@@ -57,8 +57,8 @@ def _epoch_samples() -> set[tuple[int, int]]:
     return _epoch_samples_of(DOCS)
 
 
-def _start_three(cluster: Cluster) -> None:
-    train = [*TRAIN, "--start-sites", "3"]  # the first site up must not train the epoch alone
+def _start_three(cluster: Cluster, more: list[str] | None = None) -> None:
+    train = [*TRAIN, "--start-sites", "3", *(more or [])]  # the first site up must not train the epoch alone
     a = cluster.start("a", extra=train)
     cluster.start("b", join=[a.address], extra=train)
     cluster.start("c", join=[a.address], extra=train)
@@ -66,9 +66,9 @@ def _start_three(cluster: Cluster) -> None:
 
 @pytest.mark.timeout(600)
 def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster: Cluster) -> None:
-    """Over mutual TLS, as a real run (the other tests run --insecure)."""
+    """Over mutual TLS, as a real run (the other tests run --insecure), with overlapped rounds."""
     cluster = tls_cluster
-    _start_three(cluster)
+    _start_three(cluster, ["--overlap", "on"])
     # The leader reports the end of the epoch; the others follow by applying the last round.
     wait_for(lambda: any((t := _training(cluster, s)) and t["epoch_complete"] for s in ("a", "b", "c")),
              EPOCH_S, "the data epoch to complete")
@@ -77,7 +77,7 @@ def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster:
     docs = {s: _training(cluster, s) for s in ("a", "b", "c")}
     assert len({d["weights_hash"] for d in docs.values()}) == 1, "I7: every peer holds the same θ"
     logs = "".join(cluster.peers[s].log() for s in ("a", "b", "c"))
-    # Overlap is on by default: rounds trained ahead of θ_{r-1}, which was folded in between steps
+    # Overlap is on here: rounds trained ahead of θ_{r-1}, which was folded in between steps
     # (the same θ everywhere above: the fold is site-local, the committed θ is not).
     assert re.search(r"round \d+: training \d+ leased samples, ahead of θ_\d+", logs), "no round trained ahead"
     assert re.search(r"round \d+: trained ahead; θ_\d+ folded in after \d+ of \d+ steps", logs), "no fold"
