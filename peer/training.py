@@ -243,7 +243,7 @@ class SiteTraining:
         it (a fresh trainer, whose model is θ_0, starts from the newest θ applied here instead)."""
         await self._restarted()
         process = self.process
-        fold = self._shm(f"fold-r{round_ - 1}") if ahead else None
+        fold = self._fold_path(round_ - 1) if ahead else None
         for old in process.shm_dir.glob("fold-r*.safetensors") if process.shm_dir else ():
             if old != fold:
                 old.unlink(missing_ok=True)  # θs of earlier rounds, written after their round was done
@@ -283,7 +283,7 @@ class SiteTraining:
         if self.applied_round != round_ or self.process.shm_dir is None:
             return  # a later θ is here already (a state transfer): that round's fold never comes
         try:
-            await asyncio.to_thread(write_state, self._shm(f"fold-r{round_}"), self.weights)
+            await asyncio.to_thread(write_state, self._fold_path(round_), self.weights)
         except OSError as err:  # the round then trains on unfolded: slower to converge, never wrong
             log.warning("round %d: θ not handed to the round trained ahead (%s); it goes on unfolded",
                         round_ + 1, err)
@@ -494,6 +494,10 @@ class SiteTraining:
         await self.store.publish(encoded)
         for old in range(max(0, round_ - KEEP_EXCHANGE_ROUNDS), round_):
             self.store.drop(codec.ObjectKey(old, self.site, codec.ObjectKind.GLOBAL_STATE))
+
+    def _fold_path(self, round_: int) -> Path:
+        """Where θ_round is written for the round trained ahead of it (the worker looks there)."""
+        return self._shm(f"fold-r{round_}")
 
     def _shm(self, name: str) -> Path:
         assert self.process.shm_dir is not None, "trainer not started"
