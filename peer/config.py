@@ -22,7 +22,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     certs = "/scratch/project_x/certs"  # ca.crt, lumi.crt, lumi.key from `ops certs` (mutual TLS)
     metrics_listen = "0.0.0.0:9101"   # Prometheus /metrics (default: no endpoint)
     exchange_plane = "bulk"           # bulk | grpc: where pseudo-gradient chunks travel (default bulk)
-    overlap = false                   # true: train round r+1 while round r is exchanged (default false)
+    overlap = true                    # false: strictly serial rounds (default true: train round r+1 while r is exchanged)
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.
@@ -125,7 +125,7 @@ class PeerConfig:
     """Torch intra-op threads of the trainer worker; None: torch's default (one per core). Several
     sites on one machine (ops local_mesh) must share its cores: OpenMP threads spin-waiting for a
     core another trainer holds made a step ~10x slower (docs/decisions/trainer-cpu-fp32-one-thread.md)."""
-    overlap: bool = False
+    overlap: bool = True
     """Train round r+1 while round r is exchanged and committed, folding θ_r in when it is applied
     (RoundsConfig.overlap, docs/decisions/rounds-overlap-fold.md); false: strictly serial rounds."""
 

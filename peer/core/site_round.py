@@ -268,6 +268,7 @@ class SiteRound:
         folding = b.ahead and self.applied_round < rnd - 1
         self.busy = _Training(b.open, ranges, now, b.ahead, b.confirmed, folding, folding)
         boxed = self._budget(b.open)
+        self.clock.computing(now)
         return [ev.Note(f"round {rnd}: training {b.count} leased samples"
                         + (f", time-boxed to {boxed:g} s" if boxed else "")
                         + (", ahead of θ_" + str(rnd - 1) if folding else "")),
@@ -284,6 +285,7 @@ class SiteRound:
             # trainer failed: nothing was claimed or reported yet (its open may not even have come),
             # so every sample it took simply goes back on its lease.
             self.busy = None
+            self.clock.computed(None)  # wasted work: not compute, though closed records may hold part of it
             self.client.untake(list(b.ranges))
             why = (f"training failed ({event.reason})" if isinstance(event, ev.TrainFailed) else "leaving"
                    if self.leaving else "it was decided without this site")
@@ -315,6 +317,7 @@ class SiteRound:
             # Reported without a pseudo-gradient: the leader excludes it and the round's commit frees
             # the claimed samples (an unreported claim would wait for that).
             self.busy = None
+            self.clock.computed(None)
             self.sent = self._report(rnd, b.ranges).contribution
             return out + [ev.Note(f"round {rnd}: training failed ({failure}); reporting the samples without "
                                   "a pseudo-gradient so the commit frees them", warning=True), ev.Report(self.sent)]
@@ -324,7 +327,7 @@ class SiteRound:
             self.client.pace = pace  # the lease owners compare holders by it at the epoch's tail
             if self._budget(b.open) is not None:
                 self._pace = pace
-        self.clock.add(rnd, "compute", event.seconds)
+        self.clock.computed(event.seconds)
         self.clock.trained(rnd, event.tokens, event.steps, event.mean_loss)
         self.clock.add(rnd, "publish", now - b.started - event.seconds)
         claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s), b.ahead,

@@ -8,7 +8,9 @@ commit_wait and outer, so they may sum to more than the wall time, which the rec
 measured (`elapsed_s`):
 
     gather       waiting for leased samples to train
-    compute      inner steps in the trainer (the only useful work)
+    compute      inner steps in the trainer (the only useful work), booked by when they ran: the
+                 seconds the trainer computed within this record's wall time, whichever round
+                 they served (with overlap, part of them train the next round ahead)
     publish      encoding and hashing Δ, putting it in the exchange store, collecting the owners'
                  vouchers for the trained samples (the report waits for them)
     exchange     pulling the contributors' Δ for the committed round
@@ -108,6 +110,11 @@ class RoundClock:
     A record covers the time from the previous record's end (or the clock's start) to `finish`; the
     seconds no phase claimed are idle. Phases are booked to the round they serve: a site may start
     gathering for round r+1 while it still persists θ_r, and those seconds go to r+1's record.
+    Compute is the exception: it is booked to the record whose wall time it ran in, so that
+    1 - compute / wall says how long the trainer stood still in that stretch of time (with overlap
+    round r+1 trains during round r's record; booked to r+1 it would make r's record look idle and
+    r+1's compute exceed its wall time). A run still under way when a record closes books its
+    seconds so far there, measured on this clock from `computing`, and the rest when it ends.
     """
 
     def __init__(self, site: str, now: float) -> None:
@@ -117,14 +124,32 @@ class RoundClock:
         self._work: dict[int, tuple[int, int, float]] = {}
         self._waiting: tuple[int, float, float] | None = None
         """(round, when the report went out, seconds booked to that round by then)."""
+        self._compute = 0.0
+        """Compute seconds in the open record's wall time."""
+        self._computing: float | None = None
+        """When the trainer's run under way began (or the open record did, if later); None: idle."""
+        self._carried = 0.0
+        """Seconds of the run under way already booked to records closed meanwhile."""
         self.totals: dict[str, float] = {}
         """Seconds per phase and "tokens" over every record finished so far (metrics' counters)."""
 
     def add(self, round_: int, phase: str, seconds: float) -> None:
-        if phase not in PHASES or phase == "idle":
-            raise ValueError(f"unknown round phase {phase!r}; one of {', '.join(PHASES[:-1])}")
+        if phase not in PHASES or phase in ("idle", "compute"):
+            raise ValueError(f"unknown round phase {phase!r}; one of "
+                             f"{', '.join(p for p in PHASES if p not in ('idle', 'compute'))} (compute: computed)")
         spent = self._spent.setdefault(round_, {})
         spent[phase] = spent.get(phase, 0.0) + max(seconds, 0.0)
+
+    def computing(self, now: float) -> None:
+        """The trainer starts a run (one round's inner steps)."""
+        self._computing, self._carried = now, 0.0
+
+    def computed(self, seconds: float | None) -> None:
+        """The run under way ended after `seconds` of the trainer's own measured compute; None: it
+        failed or was dropped, and is booked no further (what closed records already hold stays)."""
+        if seconds is not None:
+            self._compute += max(seconds - self._carried, 0.0)
+        self._computing, self._carried = None, 0.0
 
     def trained(self, round_: int, tokens: int, inner_steps: int, loss: float = math.nan) -> None:
         self._work[round_] = (tokens, inner_steps, loss)
@@ -152,7 +177,14 @@ class RoundClock:
         for r in [r for r in self._work if r < round_]:
             del self._work[r]
         wall = max(now - self._since, 0.0)
+        if self._computing is not None:  # a run under way: its seconds in this record so far
+            so_far = max(now - max(self._computing, self._since), 0.0)
+            self._compute += so_far
+            self._carried += so_far
         self._since = now
+        if self._compute > 0:
+            spent["compute"] = self._compute
+        self._compute = 0.0
         idle = max(wall - sum(spent.values()), 0.0)
         for name, value in (*spent.items(), ("idle", idle), ("tokens", tokens)):
             self.totals[name] = self.totals.get(name, 0.0) + value

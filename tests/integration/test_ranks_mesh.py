@@ -90,7 +90,10 @@ def test_killed_rank_costs_its_site_one_round_and_the_site_recovers(cluster: Clu
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: "trainer restarted" in cluster.peers["a"].log(), 180.0, "a's peer to restart its ranks")
     assert len(_rank_pids(worker_log, 1)) == 2, "a new rank 1"
-    assert re.search(r"round \d+: a: excluded: .*training failed",
+    # A rank that dies in a round the site was asked to train: the report carries no pseudo-gradient
+    # and the leader excludes it. One that dies in a round trained ahead (overlap, the default):
+    # nothing was reported yet, so the site reports nothing and the samples go back on their leases.
+    assert re.search(r"round \d+: a: excluded: .*training failed|round \d+: trained ahead, but training failed",
                      cluster.peers["a"].log() + cluster.peers["b"].log()), \
         "the site reported nothing usable for the round its rank died in"
     # The launcher names the dead rank (or rank 0 saw its peer go first and said so).

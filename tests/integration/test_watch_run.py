@@ -132,7 +132,10 @@ def test_metrics_of_a_live_peer(run: Cluster) -> None:
         rec = timeline.read(run.workdir / site)[-1]
         phases = m["sitemesh_round_last_phase_seconds"]
         assert phases[(("phase", "compute"),)] == pytest.approx(rec.compute_s)
-        assert sum(phases.values()) == pytest.approx(rec.wall_s)
+        # Serial rounds: the phases partition the wall time. With overlap compute runs beside the
+        # exchange and the commit wait, so they sum to more; either way the metric is the record's.
+        assert sum(phases.values()) == pytest.approx(sum(getattr(rec, f"{p}_s") for p in timeline.PHASES))
+        assert sum(phases.values()) >= rec.wall_s - 1e-6
         assert m["sitemesh_round_last_overhead_ratio"][()] == pytest.approx(rec.overhead_share)
         records = timeline.read(run.workdir / site)
         assert m["sitemesh_trainer_tokens_total"][()] == sum(r.tokens for r in records) > 0

@@ -1,4 +1,4 @@
-"""The overlap switch: run file `[sites.X] overlap`, `peer serve --overlap on|off`, default off.
+"""The overlap switch: run file `[sites.X] overlap`, `peer serve --overlap on|off`, default on.
 
     .venv/bin/python -m pytest -q tests/unit/test_config_overlap.py
 """
@@ -18,13 +18,13 @@ def _run_file(tmp_path: Path, line: str) -> Path:
     return run
 
 
-def test_overlap_is_off_unless_the_run_file_turns_it_on(tmp_path: Path) -> None:
-    assert cfg.load(_run_file(tmp_path, ""), "a", {}).overlap is False
-    assert cfg.load(_run_file(tmp_path, "overlap = true"), "a", {}).overlap is True
+def test_overlap_is_on_unless_the_run_file_turns_it_off(tmp_path: Path) -> None:
+    assert cfg.load(_run_file(tmp_path, ""), "a", {}).overlap is True
+    assert cfg.load(_run_file(tmp_path, "overlap = false"), "a", {}).overlap is False
 
 
 def test_the_command_line_overrides_the_run_file(tmp_path: Path) -> None:
-    assert cfg.load(_run_file(tmp_path, "overlap = false"), "a", {"overlap": True}).overlap is True
+    assert cfg.load(_run_file(tmp_path, "overlap = true"), "a", {"overlap": False}).overlap is False
 
 
 def test_a_switch_that_is_not_a_boolean_is_refused_with_what_to_write(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from peer.core.timeline import PHASES, RoundClock, RoundTimeline
 def test_phases_partition_the_wall_time_and_idle_takes_the_rest() -> None:
     clock = RoundClock("a", now=100.0)
     clock.add(1, "gather", 0.5)
-    clock.add(1, "compute", 6.0)
+    clock.computing(now=100.5)
+    clock.computed(6.0)
     clock.add(1, "publish", 0.5)
     clock.trained(1, tokens=4096, inner_steps=10)
     clock.reported(1, now=107.0)
@@ -31,7 +32,8 @@ def test_phases_partition_the_wall_time_and_idle_takes_the_rest() -> None:
 
 def test_seconds_of_the_next_round_stay_out_of_this_record() -> None:
     clock = RoundClock("a", now=0.0)
-    clock.add(1, "compute", 3.0)
+    clock.computing(now=0.0)
+    clock.computed(3.0)
     clock.add(2, "gather", 0.5)  # round 2 started gathering while round 1 was still persisting
     first = clock.finish(1, now=4.0)
     assert (first.compute_s, first.gather_s, first.idle_s) == (3.0, 0.0, 1.0)
@@ -66,7 +68,8 @@ def test_with_overlap_the_wall_time_is_the_clocks_not_the_sum_of_overlapping_pha
     """Compute of the next round runs beside this round's commit wait: 8 s of compute and 6 s of
     commit wait in a 9 s record is 9 s of wall and 1/9 overhead, not 14 s and 3/7."""
     clock = RoundClock("a", now=0.0)
-    clock.add(2, "compute", 8.0)
+    clock.computing(now=0.0)
+    clock.computed(8.0)
     clock.reported(2, now=1.0)
     clock.committed(2, now=7.0)
     rec = clock.finish(2, now=9.0)
@@ -76,3 +79,32 @@ def test_with_overlap_the_wall_time_is_the_clocks_not_the_sum_of_overlapping_pha
     timeline.append(tmp_path, rec)
     (back,) = timeline.read(tmp_path)
     assert back.wall_s == pytest.approx(9.0), "the measured wall time survives the file"
+
+
+def test_a_run_that_spans_two_records_books_its_compute_where_it_ran() -> None:
+    """Overlap: round 2 trains from t=4 to t=10 while round 1 closes at t=6. Round 1's record holds
+    the 2 s it ran there (with 3 s of round 1's own run), round 2's the other 4; neither record's
+    compute exceeds its wall time, and nothing is counted twice."""
+    clock = RoundClock("a", now=0.0)
+    clock.computing(now=0.0)
+    clock.computed(3.0)
+    clock.computing(now=4.0)  # round 2, ahead
+    first = clock.finish(1, now=6.0)
+    clock.computed(6.0)
+    second = clock.finish(2, now=11.0)
+    assert (first.compute_s, second.compute_s) == (5.0, 4.0)
+    assert 0.0 <= first.overhead_share <= 1.0 and 0.0 <= second.overhead_share <= 1.0
+    assert clock.totals["compute"] == pytest.approx(9.0)
+
+
+def test_a_dropped_run_books_no_more_compute() -> None:
+    clock = RoundClock("a", now=0.0)
+    clock.computing(now=1.0)
+    assert clock.finish(1, now=3.0).compute_s == 2.0  # under way when round 1 closed
+    clock.computed(None)  # trained ahead for a round decided without this site
+    assert clock.finish(2, now=5.0).compute_s == 0.0
+
+
+def test_compute_is_not_an_added_phase() -> None:
+    with pytest.raises(ValueError, match="computed"):
+        RoundClock("a", now=0.0).add(1, "compute", 1.0)
