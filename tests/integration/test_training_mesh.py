@@ -21,6 +21,7 @@ from peer.core.commitlog import RoundCommit
 from peer.logstore import FileStore
 from peer.trainer.blocks import BlockIndex
 from peer.trainer.config import DataConfig
+from peer.trainer.inner import SLOW_ENV
 from tests.integration.peers import Cluster, ops, status, wait_for
 
 DOCS = 8  # 141 samples in 3 blocks
@@ -57,18 +58,22 @@ def _epoch_samples() -> set[tuple[int, int]]:
     return _epoch_samples_of(DOCS)
 
 
-def _start_three(cluster: Cluster, more: list[str] | None = None) -> None:
+def _start_three(cluster: Cluster, more: list[str] | None = None, env: dict[str, str] | None = None) -> None:
     train = [*TRAIN, "--start-sites", "3", *(more or [])]  # the first site up must not train the epoch alone
-    a = cluster.start("a", extra=train)
-    cluster.start("b", join=[a.address], extra=train)
-    cluster.start("c", join=[a.address], extra=train)
+    a = cluster.start("a", extra=train, env=env)
+    cluster.start("b", join=[a.address], extra=train, env=env)
+    cluster.start("c", join=[a.address], extra=train, env=env)
 
 
 @pytest.mark.timeout(600)
 def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster: Cluster) -> None:
-    """Over mutual TLS, as a real run (the other tests run --insecure), with overlapped rounds."""
+    """Over mutual TLS, as a real run (the other tests run --insecure), with overlapped rounds (the
+    default)."""
     cluster = tls_cluster
-    _start_three(cluster, ["--overlap", "on"])
+    # A micro round trains its 8 steps in ~1 s, faster than a round commits and is applied here
+    # (~2 s): θ_{r-1} would come after the last step and never be folded in mid-round. Steps 5x as
+    # slow (as on a slower accelerator) put the fold between steps, as a real model's rounds do.
+    _start_three(cluster, env={SLOW_ENV: "5"})
     # The leader reports the end of the epoch; the others follow by applying the last round.
     wait_for(lambda: any((t := _training(cluster, s)) and t["epoch_complete"] for s in ("a", "b", "c")),
              EPOCH_S, "the data epoch to complete")
@@ -97,7 +102,8 @@ def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster:
 
 @pytest.mark.timeout(600)
 def test_site_killed_mid_round_loses_and_duplicates_nothing(cluster: Cluster) -> None:
-    _start_three(cluster)
+    """Serial rounds (`--overlap off`): a site trains a round only once θ_{r-1} is here."""
+    _start_three(cluster, ["--overlap", "off"])
     wait_for(lambda: (t := _training(cluster, "a")) is not None and t["applied_round"] >= 1, EPOCH_S,
              "the first round")
     cluster.peers["c"].proc.send_signal(signal.SIGKILL)
@@ -110,6 +116,7 @@ def test_site_killed_mid_round_loses_and_duplicates_nothing(cluster: Cluster) ->
     counts = _committed_samples(cluster.workdir / "b")
     assert max(counts.values()) == 1, "I4: no sample in two commits"
     assert set(counts) == _epoch_samples(), "I5: the killed site's samples were trained by others"
+    assert not any("ahead of θ_" in cluster.peers[s].log() for s in ("a", "b")), "--overlap off trained ahead"
     # The epoch may end before membership has declared c dead; its voter seat goes once it has.
     wait_for(lambda: status(cluster.peers["a"].address)["voters"] == ["a", "b"], 60.0,
              "the dead site to lose its voter seat")
