@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch threads of the trainer worker (default: one per core); several sites on one "
                             "machine should split its cores")
     train.add_argument("--overlap", choices=("on", "off"),
-                       help="on (the default): train round r+1 while round r is exchanged and committed, folding θ_r in "
-                            "when it is applied; off: strictly serial rounds (run file: overlap = false)")
+                       help="on (the default): train round r+1 while round r is exchanged and committed, folding "
+                            "θ_r in when it is applied; off: strictly serial rounds (run file: overlap = false)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     serve.add_argument("--log-format", choices=logformat.FORMATS, default="human",
                        help="human lines (default) or json: one object per line with site, round, epoch")

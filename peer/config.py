@@ -22,7 +22,7 @@ Layout (every key optional unless said; unknown keys are an error that names the
     certs = "/scratch/project_x/certs"  # ca.crt, lumi.crt, lumi.key from `ops certs` (mutual TLS)
     metrics_listen = "0.0.0.0:9101"   # Prometheus /metrics (default: no endpoint)
     exchange_plane = "bulk"           # bulk | grpc: where pseudo-gradient chunks travel (default bulk)
-    overlap = true                    # false: strictly serial rounds (default true: train round r+1 while r is exchanged)
+    overlap = true                    # false: train each round only once the last one's θ is here
 
 `[sites.NAME.slurm]` and `[placement]` belong to `ops` (ops/placement/config.py); this module
 checks only that they are tables.

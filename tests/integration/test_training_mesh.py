@@ -82,7 +82,7 @@ def test_three_sites_train_an_epoch_exactly_once_and_agree_on_theta(tls_cluster:
     docs = {s: _training(cluster, s) for s in ("a", "b", "c")}
     assert len({d["weights_hash"] for d in docs.values()}) == 1, "I7: every peer holds the same θ"
     logs = "".join(cluster.peers[s].log() for s in ("a", "b", "c"))
-    # Overlap is on here: rounds trained ahead of θ_{r-1}, which was folded in between steps
+    # Overlap is on by default: rounds trained ahead of θ_{r-1}, which was folded in between steps
     # (the same θ everywhere above: the fold is site-local, the committed θ is not).
     assert re.search(r"round \d+: training \d+ leased samples, ahead of θ_\d+", logs), "no round trained ahead"
     assert re.search(r"round \d+: trained ahead; θ_\d+ folded in after \d+ of \d+ steps", logs), "no fold"
