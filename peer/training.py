@@ -188,9 +188,6 @@ class SiteTraining:
         self._model_of: TrainerProcess | None = None
         """The trainer whose model is where this site's last round left it (a round trained ahead
         goes on from there); None after a failed round, and a restarted trainer is another one."""
-        self._folded: Path | None = None
-        """The fold file last written: `train` writes it when θ was applied before the round started,
-        and the core's Fold effect for the same round then finds it there and writes nothing."""
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -286,11 +283,12 @@ class SiteTraining:
         if self.applied_round != round_ or self.process.shm_dir is None:
             return  # a later θ is here already (a state transfer): that round's fold never comes
         path = self._fold_path(round_)
-        if path == self._folded and path.is_file():
-            return  # handed over already (train() found θ_round applied when it started)
+        if path.is_file():
+            # Handed over already: train() found θ_round applied when it started, and the core's
+            # Fold for the same round follows. Only θ_round is ever written there, and atomically.
+            return
         try:
             await asyncio.to_thread(write_state, path, self.weights)
-            self._folded = path
         except OSError as err:  # the round then trains on unfolded: slower to converge, never wrong
             log.warning("round %d: θ not handed to the round trained ahead (%s); it goes on unfolded",
                         round_ + 1, err)

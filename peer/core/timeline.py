@@ -127,7 +127,7 @@ class RoundClock:
         self._compute = 0.0
         """Compute seconds in the open record's wall time."""
         self._computing: float | None = None
-        """When the trainer's run under way began (or the open record did, if later); None: idle."""
+        """When the trainer's run under way began; None: no run under way."""
         self._carried = 0.0
         """Seconds of the run under way already booked to records closed meanwhile."""
         self.totals: dict[str, float] = {}
