@@ -260,7 +260,10 @@ class SiteTraining:
             if err.fatal:  # the round reports nothing (the caller); the next one trains on fresh ranks
                 self._restart = asyncio.ensure_future(self._restart_trainer())
             raise
-        self._model_of = process
+        # A round trained ahead whose θ_{round-1} came only after its last step left the model on
+        # this site's own line, which no fold brought back to the committed θ: the next round starts
+        # from the newest θ applied here instead (Δ is the same either way; the local line is not).
+        self._model_of = process if not ahead or out.folded_at is not None else None
         delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
         out.pseudo_gradient.unlink(missing_ok=True)
         # A round this site trained in an earlier process (restarted before the round was decided)
