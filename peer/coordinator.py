@@ -39,6 +39,7 @@ from peer.core import events as ev
 from peer.core.peer_rounds import Effect, PeerRounds, Seen
 from peer.core.election import Role, SiteId
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
+from peer.core.membership import LEAVING
 from peer.core.leases import LeaseConfig
 from peer.leasing import Leasing
 from peer.metrics import exclusion_kind
@@ -138,9 +139,11 @@ class Coordinator:
     def _seen(self) -> Seen:
         """What consensus, membership and the trainer's state say now."""
         status = self.node.consensus_status()
-        live = frozenset(v.site for v in self.node.members() if v.state.name in LIVE)
+        members = [v for v in self.node.members() if v.state.name in LIVE]
+        live = frozenset(v.site for v in members)
+        leaving = frozenset(v.site for v in members if v.meta is not None and LEAVING in v.meta.labels)
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.training.applied_round,
-                    self.training.weights_hash, live)
+                    self.training.weights_hash, live, leaving)
 
     # ----- from the node -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -170,6 +173,11 @@ class Coordinator:
         """Membership declared `site` DEAD or LEFT (PeerRounds.member_down)."""
         if self.rounds is not None:
             self._run_all(self.rounds.member_down(site, self.node.now(), self._seen()))
+
+    def member_up(self, site: str) -> None:
+        """Membership saw `site` come (back) up: ALIVE again, or a new process (PeerRounds.member_up)."""
+        if self.rounds is not None:
+            self._run_all(self.rounds.member_up(site, self.node.now(), self._seen()))
 
     def receive_lease(self, msg: LeaseMessage) -> None:
         if self.rounds is not None:
@@ -229,6 +237,11 @@ class Coordinator:
             for view in self.node.members():
                 if view.state.name == "ALIVE":
                     self.node.send_round_message(view.address, effect.msg)
+        elif isinstance(effect, r.SendOpen):
+            to = self.node.member(effect.site)
+            if to is not None and to.state.name == "ALIVE":
+                log.info("%s", effect.why)
+                self.node.send_round_message(to.address, effect.msg)
         elif isinstance(effect, r.EpochComplete):
             log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
                      effect.data_epochs, effect.samples)

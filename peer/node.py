@@ -228,6 +228,13 @@ class Node:
         protocol (peer/core/seat_leave.py), which the whole-peer simulator runs too.
         """
         raft = self._raft_core()
+        me = self._core().member(self.config.site)
+        if me is not None and me.meta is not None and m.LEAVING not in me.meta.labels:
+            # Tell the others at once (gossip) that this site will not stay: when every site leaves
+            # together, each ends its wait for a round nobody would open (SiteRound._leave).
+            meta = dataclasses.replace(me.meta, labels=(*me.meta.labels, m.LEAVING))
+            await self._execute(self._core().set_meta(meta, self._clock()))
+            self.wake()
         if self.coordinator is not None:
             # Rounds and leases first, while this site is still a member the others answer (I8).
             await self.coordinator.prepare_leave(self.coordinator.config.deadline_s)
@@ -452,6 +459,10 @@ class Node:
                 raft.member_changed(SiteId(effect.site), effect.new, view.address if view else "")
                 if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
                     self.coordinator.member_down(effect.site)
+                elif self.coordinator is not None and effect.new is m.MemberState.ALIVE:
+                    # Back up, or a new process at a new address: a one-way round open sent meanwhile
+                    # may be lost (docs/decisions/rounds-open-resend.md).
+                    self.coordinator.member_up(effect.site)
                 self.events.member_changed(effect.old.name if effect.old else None, effect.new.name)
                 self.wake()  # the live sites changed: the leader may open, or stop waiting
         if wait:

@@ -125,6 +125,23 @@ class MemberDown:
 
 
 @dataclass(frozen=True)
+class NobodyStays:
+    """While this site leaves: whether every other live member is leaving too (membership's
+    `LEAVING` label) and this peer leads no round in progress, so that no round after this
+    site's last one will open (a leaving leader opens none)."""
+
+    value: bool
+
+
+@dataclass(frozen=True)
+class MemberUp:
+    """Membership saw `site` come (back) up: ALIVE after SUSPECT, DEAD or LEFT, first heard of, or a
+    new process of it at a new address. What was sent to it meanwhile may never have arrived."""
+
+    site: str
+
+
+@dataclass(frozen=True)
 class OutcomeReady:
     round: int
     attempt: int
@@ -142,7 +159,8 @@ class OutcomeFailed:
 
 
 Event = Union[Tick, LeasesChanged, Opened, TrainDone, TrainFailed, Committed, Persisted, ApplyFailed,
-              CatchUpFailed, Diverged, LeaveRequested, DecideRound, MemberDown, OutcomeReady, OutcomeFailed]
+              CatchUpFailed, Diverged, LeaveRequested, DecideRound, MemberDown, MemberUp, NobodyStays, OutcomeReady,
+              OutcomeFailed]
 
 # ----- effects ------------------------------------------------------------------------------------
 

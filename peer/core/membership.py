@@ -29,6 +29,7 @@ from peer.core.awareness import Awareness
 from peer.core.broadcast import BroadcastQueue
 from peer.core.membership_config import MembershipConfig
 from peer.core.membership_types import (
+    LEAVING,
     STATE_RANK,
     Ack,
     Effect,
@@ -47,7 +48,7 @@ from peer.core.membership_types import (
 from peer.core.suspicion import Suspicion
 
 __all__ = [
-    "Ack", "Effect", "MemberMeta", "MemberState", "MemberUpdate", "MemberView", "Membership",
+    "Ack", "Effect", "LEAVING", "MemberMeta", "MemberState", "MemberUpdate", "MemberView", "Membership",
     "MembershipConfig", "Message", "Nack", "Ping", "PingReq", "PushPull", "STATE_RANK", "Send",
     "StateChanged",
 ]
@@ -514,6 +515,7 @@ class Membership:
                 return []
             if STATE_RANK[state] <= STATE_RANK[m.state]:
                 return []
+        moved = newer and u.meta is not None and u.meta.address != m.address
         if u.meta is not None and newer:
             m.meta = u.meta
         reason = f"{state.name.lower()}@{u.incarnation} from {u.from_site}"
@@ -524,7 +526,12 @@ class Membership:
         self._suspicions.pop(u.site, None)
         if regossip:
             self._queue.push(u.site, MemberUpdate(u.site, state, u.incarnation, m.meta, u.from_site))
-        return self._set_state(m, state, u.incarnation, now, reason)
+        changed = self._set_state(m, state, u.incarnation, now, reason)
+        if not changed and moved and state == ALIVE:
+            # Still ALIVE, but a new process at another address (restarted on another port or
+            # node): whoever dials it must learn the address, and what was sent to the old one is lost.
+            return [StateChanged(m.site, ALIVE, ALIVE, u.incarnation, f"{reason}: restarted at {m.address}")]
+        return changed
 
     def _about_self(self, u: MemberUpdate) -> list[Effect]:
         me = self._me

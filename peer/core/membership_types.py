@@ -43,6 +43,13 @@ class MemberMeta:
     labels: tuple[tuple[str, str], ...] = ()
 
 
+LEAVING = ("leaving", "true")
+"""The label (`MemberMeta.labels`) a member publishes when its graceful leave starts (`ops leave`,
+SIGTERM): its round work still runs, and LEFT comes once that is done, but it will not stay. A
+leaving site ends its wait for a round nobody would open when every other live member is leaving
+too (peer/core/site_round.py); a new process of the site publishes metadata without it."""
+
+
 @dataclass(frozen=True)
 class MemberUpdate:
     """A rumour about one member: `site` is in `state` at `incarnation`, asserted by `from_site`."""
@@ -118,7 +125,8 @@ class Send:
 
 @dataclass(frozen=True)
 class StateChanged:
-    """Effect: `site` moved from `old` (None: first heard of) to `new`; `reason` is for logs/tests."""
+    """Effect: `site` moved from `old` (None: first heard of) to `new`; `reason` is for logs/tests.
+    ALIVE to ALIVE: a new process of `site` at a new address (its view has the address)."""
 
     site: str
     old: MemberState | None

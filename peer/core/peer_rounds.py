@@ -10,7 +10,7 @@ class's effects, and neither routes anything itself.
 
 What consensus, membership and the disk say at the moment of a call comes in as a `Seen`; what
 to do goes out as effects: the round cores' (`peer.core.events`), the lease cores' (`Send`,
-`LeaseEvent`), and the leader's `Broadcast` and `EpochComplete`.
+`LeaseEvent`), and the leader's `Broadcast`, `SendOpen` and `EpochComplete`.
 
     .venv/bin/python -m pytest -q tests/unit/test_peer_rounds.py
 """
@@ -33,7 +33,7 @@ from peer.core.round_core import RoundCore
 from peer.core.site_round import SiteRound
 from peer.core.timeline import RoundClock
 
-Effect = Union[ev.Effect, LeaseEffect, r.Broadcast, r.EpochComplete]
+Effect = Union[ev.Effect, LeaseEffect, r.Broadcast, r.SendOpen, r.EpochComplete]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class Seen:
     """The hash of that θ (a round opened here is trained from it)."""
     live: frozenset[str]
     """The sites membership counts live (alive or suspect): a round is opened for them."""
+    leaving: frozenset[str] = frozenset()
+    """Live sites whose graceful leave has started (membership's `LEAVING` label)."""
 
 
 class PeerRounds:
@@ -65,6 +67,8 @@ class PeerRounds:
         self.core = RoundCore(SiteRound(site, address, config, claim_wait_s, leases.client, clock,
                                         applied_round, weights_hash))
         self.clock = clock
+        self._nobody_stays = False
+        """The last `NobodyStays` the round core was told (only while this peer leaves)."""
 
     @property
     def leaving(self) -> bool:
@@ -77,10 +81,16 @@ class PeerRounds:
         peer opens none: it would decide a round after its own removal."""
         return not self.leaving and self.core.may_open(seen.leading, seen.applied_round, seen.committed_round)
 
+    def _ticks_leader(self, seen: Seen) -> bool:
+        """The leader half has something to tick: a round to open, or an open round to close at its
+        deadline (also while this peer leaves: else a report lost on the way would keep that round
+        open for ever when every site leaves at once, since no leader that stays would reopen it)."""
+        return self.may_open(seen) or (seen.leading and self.leader.collecting)
+
     def next_deadline(self, seen: Seen) -> float:
         """When `tick` next has something to do on its own (-inf: now; inf: on events only)."""
         times = [self.core.next_deadline(), self.leases.next_deadline()]
-        if self.may_open(seen):
+        if self._ticks_leader(seen):
             times.append(self.leader.next_deadline())
         return min(times)
 
@@ -95,10 +105,10 @@ class PeerRounds:
             out += self.leases.release_all(now)  # nothing left to train: lease no more
         out += self.leases.tick(now)
         out += self.handle(ev.Tick(), now, seen)
-        if self.may_open(seen):
+        if self._ticks_leader(seen):
             header = Header(SiteId(self.site), self.address, Epoch(seen.epoch), seen.committed_round)
             out += self._lead(self.leader.tick(now, header, seen.committed_round, sorted(seen.live),
-                                               seen.weights_hash), now, seen)
+                                               seen.weights_hash, open_new=self.may_open(seen)), now, seen)
         return out
 
     def entries(self, entries: Sequence[Entry], now: float, seen: Seen) -> list[Effect]:
@@ -131,6 +141,13 @@ class PeerRounds:
         out = self._lead(self.leader.member_down(site, now), now, seen) if seen.leading else []
         return out + self.handle(ev.MemberDown(site), now, seen)
 
+    def member_up(self, site: str, now: float, seen: Seen) -> list[Effect]:
+        """Membership saw `site` come (back) up (ALIVE again, or a new process of it): the open
+        round's leader sends it the open again if it still waits for its report (a one-way open
+        sent while the site restarted is lost, docs/decisions/rounds-open-resend.md)."""
+        out = self._lead(self.leader.member_up(site, now), now, seen) if seen.leading else []
+        return out + self.handle(ev.MemberUp(site), now, seen)
+
     def leader_changed(self, leader: str | None, epoch: int) -> None:
         self.leases.note_leader_epoch(epoch)
         if leader != self.site:
@@ -150,7 +167,21 @@ class PeerRounds:
                 # else holds it (every other peer fetches it to apply the round), and no round after
                 # would open to prove a staying peer has θ (seed 582 of the whole-peer simulator).
                 out += self._lead(self.leader.withdraw(self.site, now), now, seen)
-        return out + list(self.core.handle(event, now))
+        out += self.core.handle(event, now)
+        return self._all_leave(out, now, seen) if self.leaving else out
+
+    def _all_leave(self, out: list[Effect], now: float, seen: Seen) -> list[Effect]:
+        """While this peer leaves: tell the round core whether a round after its last can still
+        open (`NobodyStays`, whenever that changes). None can once every other live member is
+        leaving too (membership's `LEAVING` label; a leaving leader opens none), unless this peer
+        leads one open or decided already, whose commit ends the wait anyway
+        (docs/decisions/rounds-open-resend.md)."""
+        leads_one = seen.leading and (self.leader.in_progress or self.core.decision.deciding)
+        nobody = not leads_one and not seen.live - seen.leaving - {self.site}
+        if nobody != self._nobody_stays:
+            self._nobody_stays = nobody
+            out += self.core.handle(ev.NobodyStays(nobody), now)
+        return out
 
     # ----- the leader's effects -------------------------------------------------------------------
     def _lead(self, effects: Sequence[r.Effect], now: float, seen: Seen) -> list[Effect]:

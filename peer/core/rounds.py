@@ -140,6 +140,17 @@ class Broadcast:
 
 
 @dataclass(frozen=True)
+class SendOpen:
+    """Effect (leader): send the open round's `msg` again to `site` alone (the node resolves its
+    address), for `why`. An open is a one-way message: one that reached a site's previous process,
+    or none at all, is lost, and without it the site never reports (rounds-open-resend.md)."""
+
+    site: str
+    msg: RoundOpen
+    why: str
+
+
+@dataclass(frozen=True)
 class Decide:
     """Effect (leader): fetch, verify and average `admitted`, then propose the RoundCommit."""
 
@@ -159,12 +170,13 @@ class EpochComplete:
     data_epochs: int
 
 
-Effect = Union[Broadcast, Decide, EpochComplete]
+Effect = Union[Broadcast, SendOpen, Decide, EpochComplete]
 
 
 @dataclass
 class _Open:
-    round: int
+    msg: RoundOpen
+    """What was broadcast (sent again, unchanged, to a site that came back up: `member_up`)."""
     opened: float
     deadline: float
     expected: frozenset[str]
@@ -177,6 +189,10 @@ class _Open:
     reported is dropped at once, since its pseudo-gradient cannot be fetched any more."""
     withdrawn: set[str] = field(default_factory=set)
     """Sites whose report must not be admitted: this leader itself once it is leaving."""
+
+    @property
+    def round(self) -> int:
+        return self.msg.round
 
 
 class RoundLeader:
@@ -229,12 +245,26 @@ class RoundLeader:
             return float("inf") if self._epoch_reported else float("-inf")
         return self._idle_until
 
+    @property
+    def collecting(self) -> bool:
+        """A round is open: its reports are being collected until they are in or its deadline."""
+        return self._open is not None
+
+    @property
+    def in_progress(self) -> bool:
+        """A round is open, or decided and not committed yet."""
+        return self._open is not None or self._decided is not None
+
     def tick(self, now: float, header: Header, committed_round: int, live_sites: Sequence[str],
-             base_hash: bytes) -> list[Effect]:
-        self._for_sites = False
+             base_hash: bytes, open_new: bool = True) -> list[Effect]:
+        """Opens the next round (only if `open_new`), or closes the open one when nobody live is
+        waited for or its deadline passed."""
         if self._decided is not None:
             return []
         o = self._open
+        if o is None and not open_new:
+            return []
+        self._for_sites = False
         if o is None:
             if self.done:
                 if self._epoch_reported:
@@ -248,9 +278,9 @@ class RoundLeader:
                 return []
             rnd = committed_round + 1
             deadline_s = self.deadline_s()
-            self._open = _Open(rnd, now, now + deadline_s, frozenset(live_sites))
-            return [Broadcast(RoundOpen(header, rnd, self.config.inner_steps, deadline_s, base_hash,
-                                        self.config.budget_s))]
+            msg = RoundOpen(header, rnd, self.config.inner_steps, deadline_s, base_hash, self.config.budget_s)
+            self._open = _Open(msg, now, now + deadline_s, frozenset(live_sites))
+            return [Broadcast(msg)]
         o.dead |= o.expected - set(live_sites)
         # Waiting for a site that membership no longer counts as live cannot pay off: decide now.
         if now >= o.deadline or not self._waiting(o) - o.dead:
@@ -265,6 +295,18 @@ class RoundLeader:
             return []
         o.dead.add(site)
         return [] if self._waiting(o) - o.dead else self._close(now)
+
+    def member_up(self, site: str, now: float) -> list[Effect]:
+        """Membership saw `site` come (back) up: ALIVE again, or a new process of it. If the open
+        round still waits for its report, send it the open again: the broadcast may have reached
+        its previous process, or (SUSPECT then) not been sent to it at all, and a site that never
+        heard of the round would be waited for until the deadline. A site that has the open already
+        takes the copy as a reopening from the same θ (SiteRound), so a spare one costs nothing."""
+        o = self._open
+        if o is None or site not in self._waiting(o) - o.dead:
+            return []
+        return [SendOpen(site, o.msg, f"round {o.round}: {site} came back up and has not reported; "
+                                      f"sending it the open again ({o.deadline - now:.1f} s to the deadline)")]
 
     def withdraw(self, site: str, now: float) -> list[Effect]:
         """`site` (this leader, leaving) takes its report back: the open round admits none from it
@@ -321,6 +363,13 @@ class RoundLeader:
         assert o is not None
         self._open = None
         self._last = (o.round, o.opened)
+        if not o.got and o.withdrawn:
+            # This leader is leaving and its own report (with claims, perhaps not here yet) is not
+            # admitted: only the round's commit settles those claims and lets its leave go on, and
+            # a leaving leader reopens nothing (PeerRounds.may_open).
+            self._decided = o.round
+            return [Decide(o.round, (), (), f"round {o.round}: {', '.join(sorted(o.withdrawn))} leads it and is "
+                                            "leaving; committing it without contributors so that its claims settle")]
         if not o.got:
             n = self._idle[1] + 1 if self._idle[0] == o.round else 1
             self._idle = (o.round, n)

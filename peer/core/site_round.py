@@ -116,6 +116,12 @@ class SiteRound:
         """This site's last report with samples, kept to answer a reopened round without retraining."""
         self.leaving = False
         self._leave_until: float | None = None
+        self._nobody_stays = False
+        """While leaving: no round after this site's last will open (`NobodyStays`)."""
+        self._sent_to = ""
+        """The leader that opened the round of `sent` (the one that decides it)."""
+        self._down: set[str] = set()
+        """Sites membership declared DEAD or LEFT and not up again since."""
         self._pace: float | None = None
         """Samples per compute second this site trained in its last time-boxed round."""
 
@@ -139,6 +145,12 @@ class SiteRound:
             return self._trained(event, now)
         elif isinstance(event, ev.LeaveRequested):
             return self._leave(event.wait_s, now)
+        elif isinstance(event, ev.NobodyStays):
+            self._nobody_stays = event.value
+        elif isinstance(event, ev.MemberDown):
+            self._down.add(event.site)
+        elif isinstance(event, ev.MemberUp):
+            self._down.discard(event.site)
         return self._progress(now)
 
     def next_deadline(self) -> float:
@@ -158,6 +170,7 @@ class SiteRound:
     def _opened(self, msg: RoundOpen, now: float) -> list[ev.Effect]:
         sent = self.sent
         if sent is not None and sent.round == msg.round:
+            self._sent_to = msg.header.from_site
             return [ev.Note(f"round {msg.round}: reopened; the report of {self._count(sent.ranges)} samples "
                             "trained from the same θ stands"), ev.Report(sent)]
         b = self.busy
@@ -194,6 +207,22 @@ class SiteRound:
                 out += self._give_back(now)
             if self.committed_round > sent or now >= self._leave_until:
                 out += self._release(now)
+            elif self._nobody_stays and self.committed_round >= sent and self.applied_round >= sent:
+                # Every other live member leaves too: no leader that stays will open the round after,
+                # and nobody that stays needs θ_sent. This site's disk holds it: the run pauses, not lost.
+                out += [ev.Note(f"leaving: every other live member is leaving too, so no round after round {sent} "
+                                f"will open; θ_{sent} is on this site's disk")] + self._release(now)
+            elif self._nobody_stays and self.committed_round < sent and (self._sent_to in self._down
+                                                                         or self._sent_to == self.site):
+                # The leader that opened it left without deciding it, or was this site and no longer
+                # holds it (it stepped down, or closed it uncommitted: `NobodyStays` says this peer
+                # leads no round in progress), and a leaving leader reopens nothing. The round is
+                # not committed, so nothing of it is lost: its claims settle when a resumed run
+                # commits round `sent`.
+                who = "this site" if self._sent_to == self.site else self._sent_to
+                out += [ev.Note(f"leaving: {who}, which opened round {sent}, no longer holds it undecided and every "
+                                "other live member is leaving too; nobody will fetch this site's "
+                                "pseudo-gradient")] + self._release(now)
         b = self.busy
         if isinstance(b, _Waiting):
             at_base = self.applied_round >= b.open.round - 1 and self.applied_round >= self.committed_round
@@ -319,6 +348,7 @@ class SiteRound:
             self.busy = None
             self.clock.computed(None)
             self.sent = self._report(rnd, b.ranges).contribution
+            self._sent_to = b.open.header.from_site
             return out + [ev.Note(f"round {rnd}: training failed ({failure}); reporting the samples without "
                                   "a pseudo-gradient so the commit frees them", warning=True), ev.Report(self.sent)]
         assert isinstance(event, ev.TrainDone)
@@ -373,6 +403,7 @@ class SiteRound:
         vouchers = accounted.vouchers if accounted is not None else ()
         report = self._report(rnd, t.ranges, t.tokens, t.root, vouchers)
         self.sent = report.contribution
+        self._sent_to = b.open.header.from_site
         self.clock.reported(rnd, now)
         out += [ev.Note(f"round {rnd}: reporting {self._count(t.ranges)} samples, {t.tokens} tokens, "
                         f"{len(vouchers)} voucher(s)"), report]
@@ -387,7 +418,9 @@ class SiteRound:
         stays. Leaving at the first commit stranded the run when this site was also the leader (the
         only other holder of θ_r): the whole-peer simulator's `leave` fault found it. A leaving
         leader therefore admits no report of its own (PeerRounds), and a commit of that round
-        without this site's report ends the wait at once: nobody will fetch its Δ."""
+        without this site's report ends the wait at once: nobody will fetch its Δ. When every other
+        live member is leaving too (`NobodyStays`), no round after opens (a leaving leader opens
+        none): the wait ends once this site holds θ of its round (docs/decisions/rounds-open-resend.md)."""
         self.leaving = True
         b = self.busy
         out: list[ev.Effect] = []

@@ -20,11 +20,14 @@ the node's executor (peer/coordinator.py) does with I/O is done here in simulate
 
 Faults per seed, at seeded times: a late join, a contributor killed mid-round (kill -9: its pending
 training and Δ are lost) and restarted, another killed mid-exchange (while the leader fetches its Δ), the leader killed mid-round (a leader change reopens the
-round) and restarted, a site SIGSTOPped past its lease ttl, message loss, duplication and
+round) and restarted, a site killed as the leader opens a round and restarted before membership
+declares it dead (the open reaches no process; membership's news of the new process must bring it
+again), a site SIGSTOPped past its lease ttl, message loss, duplication and
 reordering, skewed clocks; then, one at a time at quiet moments in a seeded order, the phases: a
 partition (a minority cut off past a lease, then healed), a one-way cut (the same, one direction
 only: the minority hears but is not heard, or the reverse), `ops leave` down to one site that commits
-alone and back (`leave`), every site killed at once and restarted from its disk (`restart`).
+alone and back (`leave`), SIGTERM to every site at once and all back (`leave_all`, with `leave`),
+every site killed at once and restarted from its disk (`restart`).
 
 Checked after every event: no sample in two commits of a data epoch (I4); no contributor credited
 with a sample its trainer did not reach in that round; every commit's θ hash is
@@ -32,7 +35,10 @@ the function of its contributions and θ_{r-1} (I7 at the leader); every peer ap
 rounds in log order with the committed hash, each once, across its restarts (state transfers may
 skip rounds, never reorder them); the same round at every log index; a minority cut off never
 commits first; liveness: while the up sites on one side of any cut hold a majority of the voters, a
-round commits within LIVENESS_S. At the end of every data epoch: every sample committed (I5); at
+round commits within LIVENESS_S; a site back up while the leader waits for its report holds the
+open within RESEND_S of the leader hearing so (unless the network lost that); every site told to
+leave at once stops within LEAVE_ALL_S, with θ of the last committed round on some disk (or only
+commits without contributors after it). At the end of every data epoch: every sample committed (I5); at
 the end: the run finished its data epochs and every up site holds θ of the last round.
 
     ops simulate --protocol peer --members 5 --seeds 0:100 --faults all
@@ -81,6 +87,18 @@ LEAVE_WAIT_S = 4 * RAFT.election_timeout_max_s
 """How long a leaving voter waits for its removal to commit (as `Node.leave`): room for an election."""
 LEFT_S = 0.2
 """Membership's delay between a graceful leave and the LEFT verdict (gossip, no suspicion)."""
+UP_S = 0.5
+"""Membership's delay between a fast restart (back before it was declared dead) and the news of the
+new process (its new address, or its refutation of a suspicion), which the cores get as member_alive."""
+RESEND_S = 0.5
+"""A site that came back up while the leader waited for its report must hold the open round's open
+within this long of the leader hearing so (a message's latency is at most 70 ms here)."""
+LEAVE_ALL_WAIT_S = 40.0
+"""The leave wait of the `leave` phase's SIGTERM to every site at once: far longer than the rest of
+the leave (as a real run's 120 s round deadline is), so a wait that runs out stands out."""
+LEAVE_ALL_S = 20.0
+"""Every site stops within this long of a SIGTERM to all of them at once (its round's work and
+its seat's leave); a leave wait for a round nobody opens would take LEAVE_ALL_WAIT_S."""
 LIVENESS_S = 30.0
 """While the live, connected sites hold a majority of the voters, some round commits within this long
 of the last commit or the last fault action (the longest stall seen over 1,000 seeds is in
@@ -195,12 +213,18 @@ class PeerNode:
         """Round -> the base θ hash its open named (the θ a report of it must be measured from)."""
         self._reported: set[tuple[int, bytes]] = set()
         """(round, Δ root) of the reports this process made."""
+        self.up_at: dict[str, float] = {}
+        """Site -> the true time this process was last told it is alive (member_alive)."""
+        self.open_at: dict[int, float] = {}
+        """Round -> the true time this process (as leader) broadcast its open."""
         self.started: list[Any] = []
         log = self.raft.log
         replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
         self.started += self.rounds.replay([e for e in replay if e is not None], now)
         self.live = set(world.live) | {site}
         """The sites this site's membership reports alive (the two sides of a partition disagree)."""
+        self.leavers = set(world.leavers)
+        """The sites this site's membership reports leaving (their `LEAVING` label)."""
         for other in world.live:
             if other != site:
                 self.raft.member_alive(SiteId(other), other)
@@ -242,6 +266,14 @@ class PeerNode:
         self.live.add(site)
         self._tick_due = now
         self.raft.member_alive(SiteId(site), site)
+        self.leavers.discard(site)  # a new process of it
+        self.up_at[site] = self.world.sim.now
+        return self._run_all(self.rounds.member_up(site, now, self._seen()), now)
+
+    def member_leaving(self, site: str, now: float) -> list[Any]:
+        """Membership's news that `site` started a graceful leave (its `LEAVING` label)."""
+        self.leavers.add(site)
+        self._tick_due = now
         return []
 
     def member_down(self, site: str, now: float) -> list[Any]:
@@ -259,9 +291,11 @@ class PeerNode:
         return self._run_all(self.rounds.member_down(site, now, self._seen()), now)
 
     # ----- `ops leave`, as Node.leave runs it ------------------------------------------------------
-    def leave(self, now: float) -> list[Any]:
-        """Rounds and leases first (I8), then the voter seat (on LeaveReady), then the process stops."""
-        return self._feed(ev.LeaveRequested(self.world.rounds.deadline_s), now)
+    def leave(self, now: float, wait_s: float | None = None) -> list[Any]:
+        """Rounds and leases first (I8), then the voter seat (on LeaveReady), then the process stops.
+        Membership tells the others at once that this site leaves (its `LEAVING` label)."""
+        self.world.say_leaving(self.site)
+        return self._feed(ev.LeaveRequested(self.world.rounds.deadline_s if wait_s is None else wait_s), now)
 
     def _leave_consensus(self, now: float) -> list[Any]:
         voter = self.raft.is_voter()
@@ -286,7 +320,7 @@ class PeerNode:
     def _seen(self) -> Seen:
         status = self.raft.status()
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.disk.round,
-                    self.disk.weights_hash, frozenset(self.live))
+                    self.disk.weights_hash, frozenset(self.live), frozenset(self.leavers & self.live))
 
     def _feed(self, event: ev.Event, now: float) -> list[Any]:
         return self._run_all(self.rounds.handle(event, now, self._seen()), now)
@@ -312,7 +346,16 @@ class PeerNode:
         elif isinstance(effect, LeaseSend | LeaseEvent):
             return [effect]
         elif isinstance(effect, r.Broadcast):
+            self.open_at.setdefault(effect.msg.round, w.sim.now)
+            w.opens_lost_to_restart += sum(1 for s in self.live if s in w.bouncing)
             return [SimSend(s, effect.msg) for s in sorted(self.live)]
+        elif isinstance(effect, r.SendOpen):
+            w.notes.append(f"{self.site}: {effect.why}")
+            w.opens_resent += 1
+            return [SimSend(effect.site, effect.msg)] if effect.site in self.live else []
+        elif isinstance(effect, ev.Excluded):
+            if effect.reason.endswith("did not report (deadline passed)"):
+                w.waited_out(self, effect.round, effect.site)
         elif isinstance(effect, ev.Report):
             c = effect.contribution
             first = c.tokens and (c.round, c.pseudo_gradient_root) not in self._reported
@@ -436,6 +479,24 @@ class PeerNode:
         return ev.Persisted(*got, transfer=True)
 
 
+class _Network(SimNetwork):
+    """The seeded network, remembering when it lost messages to each address (drop or cut)."""
+
+    def __init__(self, rng: random.Random, latency_s: tuple[float, float]) -> None:
+        super().__init__(rng, latency_s)
+        self.lost_at: dict[str, list[float]] = {}
+
+    def send(self, src: str, dst: str, now: float) -> list[float]:
+        times = super().send(src, dst, now)
+        if not times:
+            self.lost_at.setdefault(dst, []).append(now)
+        return times
+
+    def lost(self, dst: str, start: float, end: float) -> bool:
+        """Some message to `dst` sent from `start` to `end` was lost."""
+        return any(start <= t <= end for t in self.lost_at.get(dst, ()))
+
+
 @dataclass(frozen=True)
 class _Due:
     """A fake fetch, apply or state transfer, resolved into its completion event when it is due."""
@@ -451,7 +512,7 @@ class PeerSim:
         self.seed, self.cfg = seed, cfg
         self.rng = derive_rng(seed, "peer")
         self.universe = {1000 + i: cfg.block_samples - (i % 3 == 2) for i in range(cfg.blocks)}
-        net = SimNetwork(derive_rng(seed, "network"), latency_s=(0.001, 0.02))
+        net = _Network(derive_rng(seed, "network"), latency_s=(0.001, 0.02))
         if "drop" in cfg.faults:
             net.drop_rate = 0.01
         if "duplicate" in cfg.faults:
@@ -489,6 +550,11 @@ class PeerSim:
         self.gone: set[str] = set()
         """Sites that left gracefully (`ops leave`) and have not joined again."""
         self.leaving: str | None = None
+        self.leavers: set[str] = set()
+        """Sites whose graceful leave has started (membership gossips their `LEAVING` label) and
+        that have not started again."""
+        self.leave_all_s: list[float] = []
+        """Seconds from a SIGTERM to every site at once until the last of them stopped."""
         self.phase: str | None = None
         """The fault phase under way (partition, leave, restart): the other faults wait for its end."""
         self.phases_done: list[str] = []
@@ -500,6 +566,15 @@ class PeerSim:
         """When a fault last acted (a kill, start, pause, cut, leave, verdict ...): liveness counts from it."""
         self.longest_stall = 0.0
         """The longest wait for a commit since the previous one or the last fault action."""
+        self.network = net
+        self.bouncing: set[str] = set()
+        """Sites killed and about to restart before membership declares them dead (`_bounce`)."""
+        self.bounced_until = 0.0
+        """No fault phase starts before this: the round open at a fast restart runs to its deadline."""
+        self.opens_lost_to_restart = 0
+        """Round opens the leader sent to a site of its live list that was down for a fast restart."""
+        self.opens_resent = 0
+        """Opens a leader sent again to a site that came back up (RoundLeader.member_up)."""
 
     # ----- what the nodes ask -----------------------------------------------------------------------
     def serving(self, site: str) -> bool:
@@ -572,6 +647,20 @@ class PeerSim:
             if self.epochs_done >= self.cfg.epochs:
                 self._finish(self.sim.now + CONVERGE_S)
 
+    def waited_out(self, leader: PeerNode, round_: int, site: str) -> None:
+        """`leader` excluded `site` from `round_` at the deadline: if the site came back up while the
+        round was open and its current process never got the open, although the leader heard it was
+        up RESEND_S before and the network lost nothing sent to it then (the open sent again), the
+        leader stalled on a site that could not know of the round (docs/decisions/rounds-open-resend.md)."""
+        up, opened, node = leader.up_at.get(site), leader.open_at.get(round_), self.sim.node(site)
+        if up is None or opened is None or up < opened or not isinstance(node, PeerNode):
+            return
+        if self.sim.now - up < RESEND_S or round_ in node._opened or self.network.lost(site, up, up + RESEND_S):
+            return
+        self.violations.append(f"round {round_}: {site} came back up at t={up:.2f} while the round was open "
+                               f"(opened t={opened:.2f}) and never heard of it; {leader.site} waited out the "
+                               "deadline for its report (liveness)")
+
     def applied_by(self, site: str, round_: int, weights_hash: bytes) -> None:
         """`site` applied `round_` (in order, or by a state transfer that skips, never reorders)."""
         seq = self.applied[site]
@@ -615,13 +704,17 @@ class PeerSim:
             # Its own random stream: the other faults of a seed stay where they were.
             own = derive_rng(self.seed, "kill mid-exchange")
             at(own.uniform(6, 30), lambda: self._kill_mid_exchange(own, 400), "kill a contributor mid-exchange")
+            fast = derive_rng(self.seed, "fast restart")
+            at(fast.uniform(5, 40), lambda: self._bounce(fast, 400), "kill and restart a site as a round opens")
         if "pause" in cfg.faults:
             at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
         phases: list[str] = [k for k in ("partition", "one_way", "leave", "restart") if k in cfg.faults]
+        phases += ["leave_all"] if "leave" in cfg.faults else []
         rng.shuffle(phases)
         if phases:
             at(rng.uniform(5, 15), lambda: self._next_phase(phases), "next fault phase")
         res = self.sim.run(cfg.max_time, _Checker(self))
+        res.stats.update(opens_lost_to_restart=self.opens_lost_to_restart, opens_resent=self.opens_resent)
         return res
 
     def _start(self, name: SiteId, now: float) -> tuple[PeerNode, list[Any]]:
@@ -655,6 +748,7 @@ class PeerSim:
             return
         self._note(f"start {name}")
         self.disrupted = self.sim.now
+        self.leavers.discard(name)
         self.sim.restart(name)
         self.sim.schedule(self.sim.now + DETECT_S, lambda: self._tell("member_alive", name), f"{name} alive")
 
@@ -728,6 +822,37 @@ class PeerSim:
             return
         self._kill(SiteId(rng.choice(victims)), "a contributor, mid-exchange")
 
+    def _bounce(self, rng: random.Random, tries: int) -> None:
+        """kill -9 of a site as the leader is about to open a round (it applies the last one), restarted before membership declares it dead: the open reaches no process, the site
+        stays on the leader's live list, and only the news of its new process (UP_S after the restart)
+        can tell the leader to send the open again."""
+        leader = self._leader()
+        node = self.sim.node(leader) if leader else None
+        soon = (isinstance(node, PeerNode) and node.rounds.leader._open is None
+                and not node.core.decision.deciding and not node.core.applier.idle)  # applying: opens next
+        victims = sorted(n for n in self._up() if n != leader and n in self.live)
+        if not soon or not victims or len(self._up()) <= len(self.names) // 2 + 1 or self.phase is not None:
+            if tries > 0:
+                self.sim.schedule(self.sim.now + 0.05, lambda: self._bounce(rng, tries - 1),
+                                  "kill and restart a site as a round opens (retry)")
+            return
+        name = SiteId(rng.choice(victims))
+        self._note(f"kill {name} as a round opens; it restarts before membership declares it dead")
+        self.disrupted = self.sim.now
+        self.sim.crash(name)
+        self.bouncing.add(name)
+
+        def back() -> None:
+            self.bouncing.discard(name)
+            self.disrupted = self.sim.now
+            if self.sim.state(name) is NodeState.DOWN and name not in self.gone:
+                self._note(f"start {name} (fast restart)")
+                self.sim.restart(name)
+                self.sim.schedule(self.sim.now + UP_S, lambda: self._tell("member_alive", name), f"{name} is back")
+                self.bounced_until = self.sim.now + UP_S + self.rounds.deadline_s
+
+        self.sim.schedule(self.sim.now + rng.uniform(0.3, 1.0), back, f"restart {name}")
+
     def _kill_leader(self) -> None:
         leader = self._leader()
         node = self.sim.node(leader) if leader else None
@@ -740,7 +865,8 @@ class PeerSim:
     # ----- the fault phases: one at a time, each at a quiet moment -------------------------------
     def _quiet(self) -> bool:
         """Every site that has not left is up (not killed, paused or yet to join), and nothing is cut."""
-        if self.phase is not None or self.cut is not None or self.leaving is not None:
+        if (self.phase is not None or self.cut is not None or self.leaving is not None or self.bouncing
+                or self.sim.now < self.bounced_until):
             return False
         here = {n for n in self.names if n not in self.gone}
         leader = self._leader()
@@ -764,7 +890,7 @@ class PeerSim:
 
         run: dict[str, Callable[[Callable[[], None]], None]] = {
             "partition": self._partition, "one_way": partial(self._partition, one_way=True),
-            "leave": self._leave_down, "restart": self._stop_all}
+            "leave": self._leave_down, "leave_all": self._leave_all, "restart": self._stop_all}
         run[kind](done)
 
     def _partition(self, done: Callable[[], None], one_way: bool = False) -> None:
@@ -858,6 +984,13 @@ class PeerSim:
         self.sim.schedule(self.sim.now + self.rng.uniform(0.5, 2), lambda: self._leave_step(order, survivor, done),
                           "ops leave (next)")
 
+    def say_leaving(self, site: str) -> None:
+        """`site` started a graceful leave: membership gossips its `LEAVING` label (LEFT_S)."""
+        self.leavers.add(site)
+        self.sim.schedule(self.sim.now + LEFT_S,
+                          lambda: self._tell_some("member_leaving", site, [n for n in self._up() if n != site],
+                                                  world=False), f"{site} is leaving")
+
     def say_left(self, site: str) -> None:
         """Membership's LEFT verdict on `site` (its gossip, before or as it stops)."""
         self.sim.schedule(self.sim.now + LEFT_S, lambda: self._tell("member_left", site), f"{site} left")
@@ -885,6 +1018,41 @@ class PeerSim:
             last += self.rng.uniform(0.5, 3)
             self.sim.schedule(last, partial(self._rejoin, SiteId(name)), f"rejoin {name}")
         self.sim.schedule(last + DETECT_S, done, "every leaver is back")
+
+    def _leave_all(self, done: Callable[[], None]) -> None:
+        """SIGTERM to every site at once (`ops/local_mesh.py stop`): each leaves gracefully, no leader
+        that stays opens a round after, and each must stop anyway, well within its leave wait, with θ
+        of the last committed round on some disk (the run pauses, not lost). Then all start again."""
+        up, t0 = self._up(), self.sim.now
+        self._note(f"SIGTERM every site ({', '.join(up)}): ops leave of all at once")
+        self.disrupted = t0
+        for n in up:  # one signal after the other, as a shell loop sends them, some before the others' gossip
+            self.sim.schedule(t0 + self.rng.uniform(0, 2 * LEFT_S), partial(self.sim.act, n, lambda node, now: node.leave(
+                now, LEAVE_ALL_WAIT_S)), f"SIGTERM {n}")
+
+        def stopped() -> None:
+            took = self.sim.now - t0
+            running = [n for n in up if self.sim.state(n) is not NodeState.DOWN]
+            if running and took <= LEAVE_ALL_S:
+                self.sim.schedule(self.sim.now + 0.25, stopped, "every site stopped (wait)")
+                return
+            if running:
+                self.violations.append(f"every site was told to leave at t={t0:.2f}; {', '.join(running)} still "
+                                       f"running {took:.1f} s later (> {LEAVE_ALL_S:g} s): a leave waits for a "
+                                       "round nobody will open (liveness)")
+                return
+            self.leave_all_s.append(took)
+            self._note(f"every site left in {took:.1f}s")
+            # A commit without contributors needs nobody's Δ: θ of it follows from the disk before it.
+            newest = max(self.disks[n].round for n in self.names)
+            needed = [rnd for rnd in self.order if rnd > newest and self.commits[rnd].contributors]
+            if needed:
+                self.violations.append(f"every site left and none holds θ of committed round {needed[-1]} (newest "
+                                       f"on a disk: {newest}), which needs the pseudo-gradients of sites that left: "
+                                       "lost, not paused")
+            self._alone(SiteId(up[0]), 0, self.sim.now, done)  # every leaver starts again
+
+        self.sim.schedule(t0 + 0.25, stopped, "every site stopped")
 
     def _rejoin(self, name: SiteId) -> None:
         self.gone.discard(name)

@@ -26,6 +26,7 @@ from peer.core import events as ev
 from peer.core import site_round
 from peer.core.apply import ApplyQueue
 from peer.core.decision import Decision
+from peer.core.peer_rounds import PeerRounds
 from peer.core.election import SiteId, has_majority
 from peer.core.membership_types import MemberState
 from peer.sim import peer_sim
@@ -91,6 +92,48 @@ def test_partitions_one_way_cuts_leaves_down_to_one_and_restarts_of_every_site_h
     assert {"partition", "one_way", "leave", "restart"} <= set(done), done
     # The liveness bound is far above what a healthy run waits for a commit.
     assert max(_run(seed)[0].longest_stall for seed in SEEDS) < peer_sim.LIVENESS_S / 2
+
+
+def test_a_site_restarted_as_a_round_opens_is_sent_the_open_again() -> None:
+    """Issue 13: kill -9 of a site as the leader opens a round, back before membership declares it
+    dead. The open reaches no process; the news of the new process makes the leader send it again."""
+    runs = [_run(seed) for seed in SEEDS]
+    assert all(res.violations == [] for _, res in runs)
+    lost = [res.stats["opens_lost_to_restart"] for _, res in runs]
+    resent = [res.stats["opens_resent"] for _, res in runs]
+    assert sum(1 for n in lost if n) >= len(SEEDS) // 2, lost
+    assert sum(resent) >= sum(1 for n in lost if n) - 1, (lost, resent)
+    notes = [n for w, _ in runs for n in w.notes]
+    assert any("came back up and has not reported; sending it the open again" in n for n in notes)
+
+
+def test_a_leader_that_never_sends_the_open_again_is_caught(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the resend the restarted site never hears of the round and the leader waits out its
+    deadline (the liveness check PeerSim.waited_out)."""
+    monkeypatch.setattr(rounds.RoundLeader, "member_up", lambda self, site, now: [])
+    assert ops_simulate.run(_args(range(0, 10))) == 1
+    out = capsys.readouterr().out
+    assert "never heard of it" in out and "waited out the deadline" in out and "(liveness)" in out, out
+
+
+def test_every_site_told_to_leave_at_once_stops_well_within_its_leave_wait() -> None:
+    """SIGTERM to every site (ops/local_mesh.py stop): no leaving leader opens a round after, so a
+    leave waiting for one would wait it out (peer_sim.LEAVE_ALL_WAIT_S); each stops anyway, with θ of
+    the last committed round on some disk (checked by the `leave_all` phase)."""
+    runs = [_run(seed)[0] for seed in SEEDS]
+    took = [t for w in runs for t in w.leave_all_s]
+    assert len(took) >= 2 and max(took) < peer_sim.LEAVE_ALL_S, took
+    notes = [n for w in runs for n in w.notes]
+    assert any("every other live member is leaving too, so no round after round" in n for n in notes)
+
+
+def test_leaves_that_wait_for_a_round_nobody_will_open_are_caught(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(PeerRounds, "_all_leave", lambda self, out, now, seen: out)
+    assert ops_simulate.run(_args(range(0, 4))) == 1
+    out = capsys.readouterr().out
+    assert "a leave waits for a round nobody will open (liveness)" in out, out
 
 
 def test_a_bounded_sweep_of_every_fault_finds_no_violation(capsys: pytest.CaptureFixture[str]) -> None:
@@ -196,7 +239,8 @@ def test_a_restart_that_forgets_the_applied_round_on_disk_is_caught(monkeypatch:
 
     monkeypatch.setattr(peer_sim.PeerNode, "__init__", forgets)
     found = simulate(0)[1].violations
-    assert any("(liveness)" in v for v in found), found
+    # Or, when every site left at once before that (the `leave_all` phase), θ is on no disk.
+    assert any("(liveness)" in v or "lost, not paused" in v for v in found), found
 
 
 def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -410,3 +410,25 @@ def test_reconnect_round_robins_dead_members_and_unreached_seeds() -> None:
         later += [s.to for s in sends(m.tick(now), PushPull)]
     # z is a live member now: only the dead are retried (nobody acks here, so d may have died too).
     assert len(later) == 2 and "c:1" in later and "z:1" not in later
+
+
+# (rumour about ALIVE b@0 at b:1: incarnation, address) -> the StateChanged it makes, if any
+NEW_PROCESS = [
+    ((1, "b:2"), [(ALIVE, ALIVE, 1)]),  # a new process at a new address: who dials b must learn it
+    ((1, "b:1"), []),  # a refutation or new metadata: the same process, nothing changed for a dialler
+    ((0, "b:2"), []),  # an older life's rumour never wins
+]
+
+
+@pytest.mark.parametrize("rumoured,want", NEW_PROCESS)
+def test_a_member_restarted_at_a_new_address_is_reported_though_it_stayed_alive(
+        rumoured: tuple[int, str], want: list[tuple[MemberState, MemberState, int]]) -> None:
+    """A site restarted faster than its suspicion (on another port or node) stays ALIVE: only its
+    new address says it is a new process, which lost whatever was sent to the old one."""
+    m = member()
+    inc, address = rumoured
+    update = MemberUpdate("b", ALIVE, inc, MemberMeta("b", address), "c")
+    got = changes(m.receive(Ping(1, "c", "c:1", "a", (update,)), 1.0))
+    assert [(e.old, e.new, e.incarnation) for e in got] == want
+    assert all("restarted at b:2" in e.reason for e in got)
+    assert m.member("b") is not None and m.member("b").address == (address if inc else "b:1")  # type: ignore[union-attr]

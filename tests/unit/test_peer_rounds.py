@@ -36,13 +36,13 @@ class Peer:
                                  cfg.ttl, RoundClock("a", 0.0), 0, THETA0)
         self.pump(self.rounds.replay([Entry(1, Epoch(0), VoterChange(SiteId("a"), "addr-a", True, "test"))], 0.0), 0.0)
 
-    def pump(self, effects: list[Effect], now: float) -> list[Effect]:
+    def pump(self, effects: list[Effect], now: float, seen: Seen | None = None) -> list[Effect]:
         """Delivers the lease sends to this peer's own cores; returns every other effect."""
         out, queue = [], list(effects)
         while queue:
             e = queue.pop(0)
             if isinstance(e, Send):
-                queue += self.rounds.lease_message(e.msg, now, _seen())
+                queue += self.rounds.lease_message(e.msg, now, seen or _seen())
             else:
                 out.append(e)
         return out
@@ -112,3 +112,61 @@ def test_a_leave_asked_while_the_leader_fetches_its_own_report_drops_it_and_fetc
     out = p.pump(p.rounds.handle(ev.LeaveRequested(5.0), 2.4, _seen()), 2.4)
     assert ev.CancelFetch(1, fetch.attempt) in out
     assert [[c.site for c in e.admitted] for e in out if isinstance(e, ev.Fetch)] == [[]]
+
+
+def test_member_up_reaches_the_leader_half_only_while_this_peer_leads() -> None:
+    p = Peer()
+    msg = p.open_round()
+    assert not [e for e in p.pump(p.rounds.member_up("b", 1.5, _seen(leading=False)), 1.5)
+                if isinstance(e, r.SendOpen)], "a follower sends no open"
+    (send,) = [e for e in p.pump(p.rounds.member_up("b", 1.5, _seen()), 1.5) if isinstance(e, r.SendOpen)]
+    assert (send.site, send.msg) == ("b", msg)
+
+
+def test_an_open_sent_again_to_a_site_that_has_it_changes_nothing_there() -> None:
+    """The leader cannot know whether the first open reached the site's new process: a spare copy
+    must not start the round over (the site would train its samples twice)."""
+    p = Peer()
+    msg = p.open_round()
+    first = p.pump(p.rounds.round_message(msg, 1.0, _seen()), 1.0)
+    assert [e for e in first if isinstance(e, ev.Train)]
+    again = p.pump(p.rounds.round_message(msg, 1.2, _seen()), 1.2)
+    assert again == [ev.Note("round 1: reopened while this site works on it from the same θ; it reports when done")]
+
+
+def _all_leaving(leading: bool = True) -> Seen:
+    return dataclasses.replace(_seen(leading), leaving=frozenset({"b", "c"}))
+
+
+def test_a_leaving_leader_still_closes_its_open_round_at_the_deadline() -> None:
+    """SIGTERM to every site: a report to the leaving leader is lost (c's); no leader that stays
+    would reopen the round, so the leaving leader must close it itself, or the sites that reported
+    would wait for its commit until their leave waits ran out (seed 11 of the whole-peer simulator)."""
+    p = Peer()
+    mine = p.train_and_report(p.open_round())
+    p.pump(p.rounds.round_message(mine, 2.1, _all_leaving()), 2.1, _all_leaving())
+    out = p.pump(p.rounds.handle(ev.LeaveRequested(30.0), 2.2, _all_leaving()), 2.2, _all_leaving())
+    assert not any(isinstance(e, ev.LeaveReady) for e in out), "its round holds its samples"
+    p.pump(p.rounds.round_message(_idle("b"), 2.3, _all_leaving()), 2.3, _all_leaving())
+    assert not p.rounds.may_open(_all_leaving()) and p.rounds.next_deadline(_all_leaving()) <= 11.0
+    assert not [e for e in p.pump(p.rounds.tick(10.9, _all_leaving()), 10.9, _all_leaving()) if isinstance(e, ev.Fetch)]
+    out = p.pump(p.rounds.tick(11.0, _all_leaving()), 11.0, _all_leaving())
+    (fetch,) = [e for e in out if isinstance(e, ev.Fetch)]
+    assert fetch.admitted == () and ("c", "excluded: c did not report (deadline passed)") in [
+        (e.site, e.reason) for e in out if isinstance(e, ev.Excluded)]
+    out = p.pump(p.rounds.handle(ev.OutcomeReady(1, fetch.attempt, b"t1"), 11.2, _all_leaving()), 11.2,
+                 _all_leaving())
+    (propose,) = [e for e in out if isinstance(e, ev.Propose)]
+    out = p.pump(p.rounds.entries([Entry(2, Epoch(1), propose.commit)], 11.3, _all_leaving()), 11.3,
+                 _all_leaving())
+    assert any(isinstance(e, ev.LeaveReady) for e in out), "committed without its report: nothing to serve"
+
+
+def test_a_leaving_peer_hears_that_nobody_stays_only_when_every_other_live_member_leaves() -> None:
+    p = Peer()
+    p.rounds.handle(ev.LeaveRequested(30.0), 0.5, _seen(leading=False))
+    assert not p.rounds.core.site._nobody_stays, "b and c stay"
+    p.rounds.handle(ev.Tick(), 0.6, _all_leaving(leading=False))
+    assert p.rounds.core.site._nobody_stays
+    p.rounds.handle(ev.Tick(), 0.7, dataclasses.replace(_all_leaving(leading=False), leaving=frozenset({"b"})))
+    assert not p.rounds.core.site._nobody_stays, "c is staying after all"

@@ -10,7 +10,8 @@ from peer.core.audit import EpochLedger
 from peer.core.commitlog import SampleRange
 from peer.core.election import Epoch, Header, SiteId
 from peer.core.lease_types import Gen, Voucher, of_range
-from peer.core.rounds import Broadcast, Contribution, Decide, EpochComplete, RoundLeader, RoundOpen, RoundsConfig
+from peer.core.rounds import (Broadcast, Contribution, Decide, EpochComplete, RoundLeader, RoundOpen, RoundsConfig,
+                              SendOpen)
 
 UNIVERSE = {10: 8, 11: 8, 12: 4}  # 20 samples
 CFG = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=5.0, idle_wait_s=1.0)
@@ -187,6 +188,45 @@ def test_a_site_that_reported_then_died_is_dropped_at_once_not_at_the_deadline()
     assert dict(decide.excluded)["c"] == "excluded: c is dead (membership), its reported pseudo-gradient cannot be fetched"
 
 
+# What happened to site c in round 1 before membership said it is up again -> whether the leader
+# sends c the open again. c is one of a, b, c; the open was broadcast at t=0 (deadline 5 s).
+MEMBER_UP = [
+    ("nothing: its open went to a process that is gone", True),
+    ("reported samples", False),
+    ("reported it trained nothing", False),
+    ("declared dead meanwhile (the round no longer waits for it)", False),
+    ("the round was decided", False),
+    ("the leader stepped down", False),
+]
+
+
+@pytest.mark.parametrize("before,resent", MEMBER_UP, ids=[b for b, _ in MEMBER_UP])
+def test_a_site_back_up_that_the_open_round_waits_for_is_sent_the_open_again(before: str, resent: bool) -> None:
+    """Issue 13 (test_resync): the open of round 9 reached a site that was restarting; the leader
+    waited out the 120 s deadline for a report from a site that had never heard of the round."""
+    leader = _leader()
+    msg = _open(leader, ["a", "b", "c"])
+    if before.startswith("reported samples"):
+        leader.receive(_report("c", 1, SampleRange(12, 0, 4)), 0.5)
+    elif before.startswith("reported it trained"):
+        leader.receive(_report("c", 1), 0.5)
+    elif before.startswith("declared dead"):
+        leader.member_down("c", 0.5)
+    elif before.startswith("the round was decided"):
+        leader.tick(CFG.deadline_s, H, 0, ["a", "b", "c"], b"")
+    elif before.startswith("the leader stepped"):
+        leader.step_down()
+    got = leader.member_up("c", 1.0)
+    if not resent:
+        assert got == []
+        return
+    (send,) = got
+    assert send == SendOpen("c", msg, "round 1: c came back up and has not reported; sending it the open again "
+                                      "(4.0 s to the deadline)")
+    assert leader.member_up("z", 1.0) == [], "a site that joined after the open is not in the round"
+    assert leader.tick(1.0, H, 0, ["a", "b", "c"], b"") == [], "a resend changes no deadline"
+
+
 def test_member_down_decides_when_the_dead_site_was_the_last_one_waited_for() -> None:
     leader = _leader()
     _open(leader, ["a", "b", "c"])
@@ -302,3 +342,26 @@ def test_empty_rounds_are_proposed_by_the_leader_alone_at_their_interval() -> No
     assert commit is not None and (commit.round, commit.contributors, commit.weights_hash) == (5, (), b"w")
     assert empty.next_deadline(leading=True) == 3.5 and empty.tick(3.4, True, 5, b"w") is None
     assert EmptyRounds(0.0).next_deadline(leading=True) == float("inf")
+
+
+def test_a_leaving_leaders_round_with_no_other_report_is_committed_not_dropped_as_idle() -> None:
+    """Seed 101 of the whole-peer simulator: the leaving leader withdrew before its own report came,
+    everyone else trained nothing, and the round was dropped as idle; the leader's claims (and its
+    leave, waiting for that commit) then waited for a reopen that a leaving leader never makes."""
+    leader = _leader()
+    _open(leader, ["a", "b"])
+    leader.receive(_report("b", 1), 0.5)
+    (decide,) = leader.withdraw("a", 1.0)
+    assert decide == Decide(1, (), (), "round 1: a leads it and is leaving; committing it without contributors "
+                                       "so that its claims settle")
+
+
+def test_a_leader_that_may_not_open_still_closes_its_open_round_at_the_deadline() -> None:
+    leader = _leader()
+    _open(leader, ["a", "b"])
+    leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 1.0)
+    assert leader.tick(CFG.deadline_s - 0.1, H, 0, ["a", "b"], b"", open_new=False) == []
+    (decide,) = leader.tick(CFG.deadline_s, H, 0, ["a", "b"], b"", open_new=False)
+    assert isinstance(decide, Decide) and [c.site for c in decide.admitted] == ["a"]
+    leader.on_commit(1)
+    assert leader.tick(CFG.deadline_s + 1, H, 1, ["a", "b"], b"", open_new=False) == [], "opens nothing"

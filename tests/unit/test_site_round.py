@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import Contributor, Round, RoundCommit
 from peer.core import events as ev
@@ -269,6 +271,50 @@ def test_a_leave_ends_at_the_commit_of_its_round_when_that_went_without_this_sit
     s.handle(ev.LeaveRequested(5.0), 3.0)
     out = s.handle(ev.Committed(7, RoundCommit(Round(1), (), b"t1")), 4.0)
     assert any(isinstance(e, ev.LeaveReady) for e in out) and s.client.held == {}
+
+
+# Every site leaves at once (ops/local_mesh.py stop): what this leaving site knows, in order, after
+# reporting round 1 -> whether its leave ends (LeaveReady) before its 50 s wait runs out. "lead" led
+# round 1; `NobodyStays` says every other live member leaves too and no round this peer leads is open.
+ALL_LEAVE = [
+    ("committed, applied, nobody stays", ["commit", "persist", "nobody"], True),
+    ("nobody stays, then committed and applied", ["nobody", "commit", "persist"], True),
+    ("committed, nobody stays, not applied here yet", ["commit", "nobody"], False),
+    ("committed and applied, but some member stays", ["commit", "persist"], False),
+    ("nobody stays, then one comes back, then applied", ["commit", "nobody", "somebody", "persist"], False),
+    ("not committed, nobody stays, its leader still up", ["nobody"], False),
+    ("not committed, nobody stays, its leader left", ["nobody", "lead down"], True),
+    ("not committed, its leader down and up again, nobody stays", ["lead down", "lead up", "nobody"], False),
+    ("not committed, this site opened it and holds it no more", ["self led", "nobody"], True),
+    ("not committed, this site opened it, some member stays", ["self led"], False),
+]
+
+
+@pytest.mark.parametrize("steps,released", [(s, r) for _, s, r in ALL_LEAVE], ids=[i for i, _, _ in ALL_LEAVE])
+def test_a_leave_stops_waiting_for_a_round_nobody_will_open_when_every_site_leaves(steps: list[str],
+                                                                                 released: bool) -> None:
+    """No leaving leader opens a round, so a leave waiting for "the round after" its own waited out
+    its whole wait when every site left at once (SIGTERM to all): killed at 60 s by local_mesh."""
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    if "self led" in steps:  # this site led round 1 (a reopen by itself), then stepped down
+        own = _open()
+        s.handle(dataclasses.replace(own, msg=dataclasses.replace(own.msg, header=Header(SiteId("a"), "addr-a",
+                                                                                          Epoch(1), 0))), 1.5)
+    s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    out = s.handle(ev.LeaveRequested(50.0), 3.0)
+    mine = Contributor(SiteId("a"), 160, train.ranges, b"root")
+    events: dict[str, ev.Event] = {
+        "commit": ev.Committed(7, RoundCommit(Round(1), (mine,), b"t1")), "persist": ev.Persisted(7, 1, b"t1"),
+        "nobody": ev.NobodyStays(True), "somebody": ev.NobodyStays(False),
+        "lead down": ev.MemberDown("lead"), "lead up": ev.MemberUp("lead")}
+    for i, step in enumerate(x for x in steps if x != "self led"):
+        out += s.handle(events[step], 4.0 + i)
+    assert any(isinstance(e, ev.LeaveReady) for e in out) is released
+    if released:
+        assert any("member is leaving too" in why for why in s.core.reasons), s.core.reasons
+    assert any(isinstance(e, ev.LeaveReady) for e in s.handle(ev.Tick(), 53.0)) is not released, "bounded anyway"
 
 
 def test_a_leave_gives_up_waiting_at_its_deadline() -> None:
