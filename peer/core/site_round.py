@@ -46,13 +46,15 @@ from peer.core.samples import SampleRange, merge_ranges
 from peer.core.timeline import RoundClock
 
 BASE_WAIT_S = 5.0
-"""How long an open waits for θ_{r-1} to be applied here before the site sits the round out."""
+"""How long an open waits for θ_{r-1} to be applied here before the site sits the round out, unless
+θ_{r-1} is committed and this peer is applying it (see `SiteRound._base_until`)."""
 
 
 @dataclass
 class _Waiting:
     open: RoundOpen
-    until: float
+    since: float
+    """When the open arrived: the wait for θ_{r-1} is counted from here (`_base_until`)."""
 
 
 @dataclass
@@ -92,8 +94,8 @@ class _Claiming:
     until: float
     ahead: bool = False
     confirmed: bool = True
-    base_until: float = math.inf
-    """Ahead: how long the confirmed open waits for θ_{round-1} here (as _Waiting does)."""
+    base_since: float = math.inf
+    """Ahead: when the open was confirmed; from then it waits for θ_{round-1} here as _Waiting does."""
 
 
 _Busy = _Waiting | _Gathering | _Training | _Claiming
@@ -157,11 +159,11 @@ class SiteRound:
         times = [self._leave_until if self._leave_until is not None else float("inf")]
         b = self.busy
         if isinstance(b, _Waiting):
-            times.append(b.until)
+            times.append(self._base_until(b.open, b.since))
         elif isinstance(b, _Claiming) and b.confirmed:
-            # Ahead, a report waits for θ_{r-1} here first (until base_until), then for the vouchers.
+            # Ahead, a report waits for θ_{r-1} here first (`_base_until`), then for the vouchers.
             waits_base = b.ahead and self.applied_round < b.open.round - 1
-            times.append(b.base_until if waits_base else b.until)
+            times.append(self._base_until(b.open, b.base_since) if waits_base else b.until)
         elif isinstance(b, _Gathering):
             times.append(b.quiet_since + self.config.gather_s)
         return min(times)
@@ -180,7 +182,7 @@ class SiteRound:
                 # the gathered samples serve that one as well).
                 b.open, b.confirmed = msg, True
                 if isinstance(b, _Claiming):
-                    b.base_until = now + BASE_WAIT_S
+                    b.base_since = now
                 return [ev.Note(f"round {msg.round}: opened; this site trains it ahead")] + self._progress(now)
             if msg.round > b.open.round and isinstance(b, _Training):
                 b.stale = True  # its round went on without it: its samples go back when it is done
@@ -195,7 +197,7 @@ class SiteRound:
         if b is not None or self.leaving:
             why = "leaving" if self.leaving else f"still busy with round {b.open.round}"  # type: ignore[union-attr]
             return [ev.Note(f"round {msg.round}: {why}; reporting nothing"), self._report(msg.round)]
-        self.busy = _Waiting(msg, now + BASE_WAIT_S)
+        self.busy = _Waiting(msg, now)
         return self._progress(now)
 
     def _progress(self, now: float) -> list[ev.Effect]:
@@ -226,7 +228,7 @@ class SiteRound:
         b = self.busy
         if isinstance(b, _Waiting):
             at_base = self.applied_round >= b.open.round - 1 and self.applied_round >= self.committed_round
-            if not at_base and now < b.until:
+            if not at_base and now < self._base_until(b.open, b.since):
                 return out
             if not self._at_base(b.open):
                 self.busy = None
@@ -249,6 +251,17 @@ class SiteRound:
         self.busy = _Gathering(replace(last, round=rnd, base_weights_hash=b""), now, now, [], ahead=True,
                                confirmed=False)
         return self._progress(now)
+
+    def _base_until(self, open_: RoundOpen, since: float) -> float:
+        """Until when a round opened (or confirmed) at `since` waits for θ_{r-1} to be applied here:
+        BASE_WAIT_S; but while θ_{r-1} is committed and this peer is applying it, up to half the
+        round's deadline. Applying means fetching the round's mean, which over a WAN link can take
+        longer than BASE_WAIT_S: a site that missed one round then sat out every later one too (it
+        was applying θ_{r-1} whenever round r opened), in bench_overhead's WAN arm 5.6 s each
+        (docs/decisions/rounds-base-wait.md). Half the deadline leaves it time to train and report."""
+        if self.applied_round < open_.round - 1 == self.committed_round:
+            return since + max(BASE_WAIT_S, open_.deadline_s / 2)
+        return since + BASE_WAIT_S
 
     @staticmethod
     def _budget(open_: RoundOpen) -> float | None:
@@ -361,7 +374,7 @@ class SiteRound:
         self.clock.trained(rnd, event.tokens, event.steps, event.mean_loss)
         self.clock.add(rnd, "publish", now - b.started - event.seconds)
         claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s), b.ahead,
-                          b.confirmed, now + BASE_WAIT_S if b.ahead and b.confirmed else math.inf)
+                          b.confirmed, now if b.ahead and b.confirmed else math.inf)
         self.busy = claim
         return out + self._claimed(claim, now)
 
@@ -383,7 +396,7 @@ class SiteRound:
             if not b.confirmed:
                 return []  # its open comes once θ_{r-1} is committed and applied at the leader
             if not self._at_base(b.open):
-                if self.applied_round < rnd - 1 and now < b.base_until:
+                if self.applied_round < rnd - 1 and now < self._base_until(b.open, b.base_since):
                     return []
                 self.busy = None
                 return [ev.Note(f"round {rnd}: not at θ_{rnd - 1} (have round {self.applied_round}); the "

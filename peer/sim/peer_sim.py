@@ -650,12 +650,13 @@ class PeerSim:
     def waited_out(self, leader: PeerNode, round_: int, site: str) -> None:
         """`leader` excluded `site` from `round_` at the deadline: if the site came back up while the
         round was open and its current process never got the open, although the leader heard it was
-        up RESEND_S before and the network lost nothing sent to it then (the open sent again), the
+        up RESEND_S before and the network lost nothing sent to it since (the open sent again, or a
+        later reopen of the round, may be dropped like any message: the deadline bounds that), the
         leader stalled on a site that could not know of the round (docs/decisions/rounds-open-resend.md)."""
         up, opened, node = leader.up_at.get(site), leader.open_at.get(round_), self.sim.node(site)
         if up is None or opened is None or up < opened or not isinstance(node, PeerNode):
             return
-        if self.sim.now - up < RESEND_S or round_ in node._opened or self.network.lost(site, up, up + RESEND_S):
+        if self.sim.now - up < RESEND_S or round_ in node._opened or self.network.lost(site, up, self.sim.now):
             return
         self.violations.append(f"round {round_}: {site} came back up at t={up:.2f} while the round was open "
                                f"(opened t={opened:.2f}) and never heard of it; {leader.site} waited out the "

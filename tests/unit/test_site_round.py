@@ -53,8 +53,8 @@ class OneSite:
                 out.append(e)
         return out
 
-    def lease_ticks(self, until: float) -> None:
-        t = 0.0
+    def lease_ticks(self, until: float, start: float = 0.0) -> None:
+        t = start
         while t <= until:
             self.pump(self.owner.tick(t) + self.client.tick(t), t)
             t += 0.1
@@ -135,6 +135,29 @@ def test_an_open_waits_for_the_base_round_to_be_applied_then_sits_out_if_it_neve
     assert s.handle(_open(2, b"theta1"), 1.0) == []
     out = s.handle(ev.Tick(), 1.0 + BASE_WAIT_S)
     assert [c.tokens for c in _reports(out)] == [0] and "not at θ_1 (have round 0)" in s.core.last_reason
+
+
+def test_an_open_waits_longer_while_its_base_round_is_committed_and_being_applied_here() -> None:
+    """Applying θ_1 means fetching round 1's mean, which over a WAN link can take longer than
+    BASE_WAIT_S: while θ_1 is committed (this peer applies it) the open waits up to half the round's
+    deadline. A fixed 5 s made a site that missed one round sit out every later one (it was always
+    still applying the round before when the next opened: 5.6 s each in bench_overhead's WAN arm)."""
+    s = OneSite()
+    s.lease_ticks(0.3)
+    opened = ev.Opened(dataclasses.replace(_open(2, b"theta1").msg, deadline_s=60.0))
+    s.handle(ev.Committed(5, RoundCommit(Round(1), (), b"theta1")), 0.5)
+    assert s.handle(opened, 1.0) == []
+    assert s.core.next_deadline() == 1.0 + 30.0, "half the deadline"
+    assert _reports(s.handle(ev.Tick(), 1.0 + BASE_WAIT_S + 1)) == [], "still applying θ_1: no empty report"
+    s.lease_ticks(8.9, start=7.1)  # the site's leases are renewed meanwhile
+    assert _trains(s.handle(ev.Persisted(5, 1, b"theta1"), 1.0 + 8.0)), "applied after 8 s: it trains round 2"
+
+    s = OneSite()
+    s.lease_ticks(0.3)
+    s.handle(ev.Committed(5, RoundCommit(Round(1), (), b"theta1")), 0.5)
+    assert s.handle(opened, 1.0) == []
+    out = s.handle(ev.Tick(), 1.0 + 30.0)
+    assert [c.tokens for c in _reports(out)] == [0], "never applied: it sits out at half the deadline"
 
 
 def test_gathering_stops_when_no_sample_came_for_gather_s() -> None:
