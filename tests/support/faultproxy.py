@@ -11,16 +11,23 @@ breaks, the retry succeeds" is `FaultProxy(target, [Fault(drop_after=100_000)])`
 
 Offsets count the bytes of the faulted direction of that connection from its first byte. The proxy
 only ever connects to the target it was given (loopback in tests, or a peer inside the network
-namespaces scripts/bench_wan creates). `latency_s` makes it a delay line for every connection:
+namespaces of tests/support/netns.py). `latency_s` makes it a delay line for every connection:
 
     async with FaultProxy(("10.212.0.2", 50051), latency_s=0.05) as proxy:   # +100 ms round trip
+
+A transparent proxy takes each connection's target from the connection itself: an nftables
+`redirect` brought it here and `original_destination` reads where it was going (netns.py's delay):
+
+    FaultProxy(original_destination, latency_s=0.05, listen_port=4000, mark=MARK)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+import socket
+import struct
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -46,11 +53,29 @@ class Fault:
 PASS = Fault()
 
 
+SO_ORIGINAL_DST = 80
+"""linux/netfilter_ipv4.h: a redirected (NATed) connection's destination before the redirect."""
+
+
+def original_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where a connection an nftables `redirect` (or DNAT) brought here was going: host, port."""
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)  # a struct sockaddr_in
+    port, addr = struct.unpack_from("!2xH4s", raw)
+    return socket.inet_ntoa(addr), port
+
+
 @dataclass
 class FaultProxy:
-    target: tuple[str, int]
+    target: tuple[str, int] | Callable[[socket.socket], tuple[str, int]]
+    """Where every connection goes, or a function of the accepted socket saying where this one goes
+    (`original_destination`: a transparent proxy)."""
     plans: list[Fault] = field(default_factory=list)
     host: str = "127.0.0.1"
+    listen_port: int = 0
+    """Port to listen on (0: an ephemeral one, read back from `port`)."""
+    mark: int = 0
+    """SO_MARK of the proxy's own connections to the targets (0: none; setting one needs
+    CAP_NET_ADMIN), so that the redirect which brought a connection here lets them pass."""
     latency_s: float = 0.0
     """Delay line: every byte, both directions, is forwarded this long after it arrived, while reads
     go on (a long pipe holding rate x latency bytes), so a round trip through the proxy gains 2x this."""
@@ -73,7 +98,7 @@ class FaultProxy:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> FaultProxy:
-        self._server = await asyncio.start_server(self._accept, self.host, 0)
+        self._server = await asyncio.start_server(self._accept, self.host, self.listen_port)
         return self
 
     async def close(self) -> None:
@@ -100,7 +125,7 @@ class FaultProxy:
         conn = self.connections
         fault = self.plans[conn - 1] if conn <= len(self.plans) else PASS
         try:
-            server_r, server_w = await asyncio.open_connection(*self.target)
+            server_r, server_w = await self._connect(client_w)
         except OSError:
             client_w.close()
             return
@@ -108,6 +133,25 @@ class FaultProxy:
         up = self._spawn(self._pipe(conn, client_r, server_w, fault if fault.upstream else PASS, writers))
         down = self._spawn(self._pipe(conn, server_r, client_w, PASS if fault.upstream else fault, writers))
         await asyncio.gather(up, down, return_exceptions=True)
+
+    async def _connect(
+        self, client_w: asyncio.StreamWriter
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if not callable(self.target):
+            host, port = self.target
+        else:
+            host, port = self.target(client_w.get_extra_info("socket"))
+        if not self.mark:
+            return await asyncio.open_connection(host, port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.mark)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
