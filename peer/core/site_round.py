@@ -331,8 +331,13 @@ class SiteRound:
             self.client.untake(list(b.ranges))
             why = (f"training failed ({event.reason})" if isinstance(event, ev.TrainFailed) else "leaving"
                    if self.leaving else "it was decided without this site")
-            return [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on their leases",
-                            warning=failed)]
+            said: list[ev.Effect] = [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on "
+                                             "their leases", warning=failed)]
+            if failed and b.confirmed and not b.stale and not self.leaving and self.committed_round < rnd:
+                # Its open came: the leader waits for this site's report, and without one it waited out
+                # the round's deadline (120 s in test_ranks_mesh). Nothing was claimed: report nothing.
+                said.append(self._report(rnd))
+            return said
         failure = event.reason if isinstance(event, ev.TrainFailed) else ""
         notes: list[ev.Effect] = []
         if isinstance(event, ev.TrainDone):

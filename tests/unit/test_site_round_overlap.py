@@ -117,6 +117,21 @@ def test_a_failed_round_trained_ahead_gives_its_samples_back_and_reports_nothing
     assert _samples(ahead) <= back
 
 
+def test_a_failed_round_trained_ahead_after_its_open_reports_nothing_at_once() -> None:
+    """Its open came, so the leader waits for this site: without a report it waited out the round's
+    deadline (120 s in test_ranks_mesh, a killed rank). Nothing was claimed: the report is empty."""
+    s = OneSite(config=OVERLAP)
+    _, out = _round_one(s)
+    (ahead,) = _trains(out)
+    s.handle(_open(2, THETA1), 2.5)
+    out = s.handle(ev.TrainFailed(2, "RuntimeError: out of memory"), 3.0)
+    (report,) = _reports(out)
+    assert (report.round, report.ranges, report.tokens) == (2, (), 0), "an empty report at once"
+    assert not _claims(s, 2)
+    back = {(b, i) for b, h in s.client.held.items() for sp in h.spans for i in range(sp.start, sp.end)}
+    assert _samples(ahead) <= back, "its samples go back on their leases"
+
+
 def test_leaving_while_an_opened_round_trains_ahead_tells_the_leader_at_once() -> None:
     """Else the leader waits out the round's deadline for a report that never comes (and the
     leaver's wait for that round's commit with it): measured in test_darl_mesh, 60 s."""
