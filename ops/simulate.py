@@ -3,7 +3,9 @@
 Each seed is one reproducible run (fake clock, fake network, seeded fault schedule) with the
 protocol's invariants checked after every event. A failing seed prints its first violation and the
 command that replays it with a full event trace. The last line is always the summary
-`seeds=N events=N violations=N`; the exit status is 1 when any invariant was violated.
+`seeds=N events=N violations=N`, after a `counters:` line where the protocol totals some of its
+scenarios (peer: round opens lost to a restarting site, and re-sent); the exit status is 1 when any
+invariant was violated.
 
     ops simulate --members 20 --seeds 0:500 --faults all --jobs 2
     ops simulate --members 20 --seed 137 --faults all --trace
@@ -39,6 +41,9 @@ class SimProtocol:
 
     run_seed: Callable[[argparse.Namespace, int, Callable[[str], None] | None], RunResult]
     replay_flags: Callable[[argparse.Namespace], list[str]]
+    counters: tuple[str, ...] = ()
+    """`RunResult.stats` keys totalled over the seeds and printed before the summary: how often a
+    sweep drove the scenario a fix is for (a sweep that never did proves nothing about it)."""
 
 
 def _membership_scenario(args: argparse.Namespace) -> MembershipScenario:
@@ -60,7 +65,7 @@ PROTOCOLS: dict[str, SimProtocol] = {
     "membership": SimProtocol(_membership_run, _membership_flags),
     "consensus": SimProtocol(consensus_sim.ops_run_seed, consensus_sim.ops_replay_flags),
     "leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags),
-    "peer": SimProtocol(peer_sim.run_seed, peer_sim.replay_flags),
+    "peer": SimProtocol(peer_sim.run_seed, peer_sim.replay_flags, peer_sim.COUNTERS),
 }
 
 
@@ -136,9 +141,12 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, seeds: list[int], results: Any) -> int:
     events = violations = 0
     failing: list[dict[str, Any]] = []
+    counters = dict.fromkeys(PROTOCOLS[args.protocol].counters, 0)
     for r in results:
         events += r.events
         violations += len(r.violations)
+        for name in counters:
+            counters[name] += r.stats.get(name, 0)
         if r.violations:
             failing.append({"seed": r.seed, "violations": r.violations, "time": r.end_time,
                             "replay": replay_command(args, r.seed)})
@@ -148,8 +156,10 @@ def _report(args: argparse.Namespace, seeds: list[int], results: Any) -> int:
     summary = f"seeds={len(seeds)} events={events} violations={violations}"
     if args.json:
         print(json.dumps({"protocol": args.protocol, "seeds": len(seeds), "events": events,
-                          "violations": violations, "failing": failing}, indent=2))
+                          "violations": violations, "counters": counters, "failing": failing}, indent=2))
         print(summary, file=sys.stderr)
     else:
+        if counters:
+            print("counters: " + " ".join(f"{k}={v}" for k, v in counters.items()))
         print(summary)
     return 1 if violations else 0

@@ -105,6 +105,9 @@ of the last commit or the last fault action (the longest stall seen over 1,000 s
 docs/decisions/site-round-core.md)."""
 CONVERGE_S = 30.0
 """After the last round commits, every site that is up holds θ of it within this long (convergence)."""
+COUNTERS = ("opens_lost_to_restart", "opens_resent")
+"""RunResult.stats a run adds, totalled by `ops simulate`: round opens the leader sent to a site down
+for a fast restart, and opens re-sent to a site that came back up (World's counters of the same names)."""
 GRACE_S = 0.2
 """Messages sent before a cut still arrive (the network decides a message's fate when it is sent):
 a minority may finish what a majority acked up to this long after the cut."""
@@ -715,7 +718,7 @@ class PeerSim:
         if phases:
             at(rng.uniform(5, 15), lambda: self._next_phase(phases), "next fault phase")
         res = self.sim.run(cfg.max_time, _Checker(self))
-        res.stats.update(opens_lost_to_restart=self.opens_lost_to_restart, opens_resent=self.opens_resent)
+        res.stats.update(dict(zip(COUNTERS, (self.opens_lost_to_restart, self.opens_resent), strict=True)))
         return res
 
     def _start(self, name: SiteId, now: float) -> tuple[PeerNode, list[Any]]:

@@ -138,8 +138,10 @@ def test_leaves_that_wait_for_a_round_nobody_will_open_are_caught(monkeypatch: p
 
 def test_a_bounded_sweep_of_every_fault_finds_no_violation(capsys: pytest.CaptureFixture[str]) -> None:
     assert ops_simulate.run(_args(CI_SEEDS, jobs=2)) == 0, capsys.readouterr().out
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    *_, counters, last = capsys.readouterr().out.strip().splitlines()
     assert last.startswith(f"seeds={len(CI_SEEDS)} events=") and last.endswith(" violations=0"), last
+    totals = dict(kv.split("=") for kv in counters.removeprefix("counters: ").split())
+    assert set(totals) == set(peer_sim.COUNTERS) and all(v.isdigit() for v in totals.values()), counters
 
 
 def test_contributions_admitted_without_vouchers_are_reported_with_a_replay_command(
