@@ -132,6 +132,8 @@ class ExchangeClient:
         self._bulk_address = bulk_address
         self._bulk_tls: ssl.SSLContext | None = None
         self._bulk_misses = 0  # bulk connections in a row that failed before their first frame
+        self._spare: tuple[float, asyncio.Future[exchange_pb2.BulkTicket]] | None = None
+        """A ticket asked for ahead (prefetch_ticket): when it was asked for, and the call."""
         self._connect()
 
     def _connect(self) -> None:
@@ -145,6 +147,7 @@ class ExchangeClient:
         )
 
     async def close(self) -> None:
+        self._drop_spare()
         await self._channel.close()
 
     async def reconnect(self) -> None:
@@ -155,6 +158,7 @@ class ExchangeClient:
         asyncio.CancelledError, which `_one_stream` turns into a retry (see `_closed_under_us`).
         """
         old = self._channel
+        self._drop_spare()
         self._connect()
         await old.close()
 
@@ -192,13 +196,41 @@ class ExchangeClient:
                         self.address, self._bulk_misses, fault)
             self.plane = "grpc"
 
+    def prefetch_ticket(self) -> None:
+        """Asks for a bulk ticket now, for the next `bulk_target`: a fetch that follows a manifest
+        then starts without OpenBulk's round trip (one RTT per exchange phase on a WAN link:
+        docs/decisions/exchange-ticket-prefetch.md). At most one is held; one never used expires
+        at the peer after its ttl, as any unused ticket does."""
+        if self.plane == "bulk" and self._spare is None:
+            call = self._stub.OpenBulk(exchange_pb2.BulkRequest(), timeout=10.0)
+            spare = asyncio.ensure_future(call)
+            spare.add_done_callback(lambda f: f.cancelled() or f.exception())  # one never awaited failed
+            self._spare = (time.monotonic(), spare)
+
+    def _drop_spare(self) -> None:
+        if self._spare is not None:
+            self._spare[1].cancel()
+            self._spare = None
+
+    async def _ticket(self, timeout_s: float) -> exchange_pb2.BulkTicket:
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare[1].cancelled():
+            asked, call = spare
+            ticket = await call
+            # Good for ttl from when the peer issued it; half of it from when it was asked for
+            # leaves the connect and a clock slip ample room.
+            if time.monotonic() < asked + ticket.ttl_ms / 2000:
+                return ticket
+        return await self._stub.OpenBulk(exchange_pb2.BulkRequest(), timeout=timeout_s)
+
     async def bulk_target(self, timeout_s: float = 10.0) -> bulk.BulkTarget | None:
-        """A ticket for one bulk connection, or None where the plane is off or the peer has none
-        (then this client fetches over FetchChunks from now on, and says so once)."""
+        """A ticket for one bulk connection (the one `prefetch_ticket` asked for, while fresh), or
+        None where the plane is off or the peer has none (then this client fetches over
+        FetchChunks from now on, and says so once)."""
         if self.plane != "bulk":
             return None
         try:
-            ticket = await self._stub.OpenBulk(exchange_pb2.BulkRequest(), timeout=timeout_s)
+            ticket = await self._ticket(timeout_s)
         except grpc.aio.AioRpcError as err:
             if err.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION):
                 raise
@@ -510,6 +542,7 @@ async def fetch_manifest(
     errors: deque[str] = deque(maxlen=len(sources))  # the last answer of each source
     deadline = time.monotonic() + min(wait_s, policy.deadline_s)
     failing_since: float | None = None
+    sources[0].prefetch_ticket()  # a fetch of the object's chunks follows, from the first source
     while True:
         failed = 0
         for source in sources:
