@@ -23,9 +23,12 @@ import pytest
 import torch
 
 from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
+from peer.trainer.inner import SLOW_ENV
 from peer.trainer.process import TrainerError, TrainerProcess, read_state, write_state
 
 STEPS, BATCH, SEQ = 3, 8, 32
+SLOWDOWN = 50
+"""The kill tests' trainer steps take this many times as long (SLOW_ENV): see _train_then_kill."""
 
 
 def config(cache_dir: Path, ranks: int, timeout_s: float = 600.0, parallel: str = "ddp") -> TrainerConfig:
@@ -111,13 +114,21 @@ async def _train_then_kill(cfg: TrainerConfig, workdir: Path, sig: signal.Signal
     try:
         ranges = [(b, 0, n) for b, n in hello.blocks[:40]]
         weights = write_state(proc.shm_dir / "base.safetensors", read_state(hello.weights))  # type: ignore[operator]
-        # 600 steps: a round far longer than the wait before the kill on any machine (with 60, the
-        # round once ended first in CI, and the call then rightly raised nothing).
+        # The round must outlast the wait before the kill on any machine. Asking for many steps does
+        # not do it: the test corpus holds ~80 steps' worth, which a quiet fast machine trained in
+        # under the second waited below, and the call then rightly raised nothing. So the steps are
+        # slowed down (SLOW_ENV, set by the tests): 80 steps of >= 1 ms each take >= 4 s.
+        assert os.environ.get(SLOW_ENV) == str(SLOWDOWN), "the tests slow the trainer down"
         train = asyncio.ensure_future(proc.train(1, weights, ranges, 600, 0))
         await asyncio.sleep(1.0)  # into the round's steps
         os.kill(victim, sig)
         with pytest.raises(TrainerError) as err:
             await asyncio.wait_for(train, 300)
+        if sig is signal.SIGSTOP:
+            # The call failed: let the hung rank go on, so the launcher's SIGTERM ends it now rather
+            # than after its 30 s grace period (measured: exit 30 s later with the rank still stopped).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
         # Either rank 0 saw its peer go (an out-of-step reply) or the launcher stopped it first (the
         # worker died): both are fatal, and the whole job exits.
         assert err.value.fatal
@@ -132,13 +143,15 @@ async def _train_then_kill(cfg: TrainerConfig, workdir: Path, sig: signal.Signal
 
 
 @pytest.mark.timeout(600)
-def test_killed_rank_takes_the_site_job_down_and_is_named(tmp_path: Path) -> None:
+def test_killed_rank_takes_the_site_job_down_and_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SLOW_ENV, str(SLOWDOWN))  # the trainer's ranks inherit it
     error = asyncio.run(_train_then_kill(config(tmp_path / "tokens", 2), tmp_path / "w", signal.SIGKILL))
     assert re.search(r"trainer rank 1 \(pid \d+\) failed: signal SIGKILL", error), error
 
 
 @pytest.mark.timeout(600)
-def test_hung_rank_times_out_the_collective_and_is_named(tmp_path: Path) -> None:
+def test_hung_rank_times_out_the_collective_and_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SLOW_ENV, str(SLOWDOWN))  # the trainer's ranks inherit it
     cfg = config(tmp_path / "tokens", 2, timeout_s=5.0)
     error = asyncio.run(_train_then_kill(cfg, tmp_path / "w", signal.SIGSTOP))
     assert "rank 0/2" in error, error  # the rank that timed out names itself...
