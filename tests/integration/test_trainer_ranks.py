@@ -31,6 +31,12 @@ SLOWDOWN = 50
 """The kill tests' trainer steps take this many times as long (SLOW_ENV): see _train_then_kill."""
 
 
+@pytest.fixture
+def slow_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's steps take SLOWDOWN times as long (its ranks inherit the environment)."""
+    monkeypatch.setenv(SLOW_ENV, str(SLOWDOWN))
+
+
 def config(cache_dir: Path, ranks: int, timeout_s: float = 600.0, parallel: str = "ddp") -> TrainerConfig:
     data = DataConfig.shipped(max_documents=40, seq_len=SEQ, block_samples=16, heldout_per_mille=100,
                               cache_dir=str(cache_dir))
@@ -117,8 +123,8 @@ async def _train_then_kill(cfg: TrainerConfig, workdir: Path, sig: signal.Signal
         # The round must outlast the wait before the kill on any machine. Asking for many steps does
         # not do it: the test corpus holds ~80 steps' worth, which a quiet fast machine trained in
         # under the second waited below, and the call then rightly raised nothing. So the steps are
-        # slowed down (SLOW_ENV, set by the tests): 80 steps of >= 1 ms each take >= 4 s.
-        assert os.environ.get(SLOW_ENV) == str(SLOWDOWN), "the tests slow the trainer down"
+        # slowed down (the slow_steps fixture): 80 steps of >= 1 ms each take >= 4 s.
+        assert os.environ.get(SLOW_ENV) == str(SLOWDOWN), "a kill test must use the slow_steps fixture"
         train = asyncio.ensure_future(proc.train(1, weights, ranges, 600, 0))
         await asyncio.sleep(1.0)  # into the round's steps
         os.kill(victim, sig)
@@ -143,15 +149,15 @@ async def _train_then_kill(cfg: TrainerConfig, workdir: Path, sig: signal.Signal
 
 
 @pytest.mark.timeout(600)
-def test_killed_rank_takes_the_site_job_down_and_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SLOW_ENV, str(SLOWDOWN))  # the trainer's ranks inherit it
+@pytest.mark.usefixtures("slow_steps")
+def test_killed_rank_takes_the_site_job_down_and_is_named(tmp_path: Path) -> None:
     error = asyncio.run(_train_then_kill(config(tmp_path / "tokens", 2), tmp_path / "w", signal.SIGKILL))
     assert re.search(r"trainer rank 1 \(pid \d+\) failed: signal SIGKILL", error), error
 
 
 @pytest.mark.timeout(600)
-def test_hung_rank_times_out_the_collective_and_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SLOW_ENV, str(SLOWDOWN))  # the trainer's ranks inherit it
+@pytest.mark.usefixtures("slow_steps")
+def test_hung_rank_times_out_the_collective_and_is_named(tmp_path: Path) -> None:
     cfg = config(tmp_path / "tokens", 2, timeout_s=5.0)
     error = asyncio.run(_train_then_kill(cfg, tmp_path / "w", signal.SIGSTOP))
     assert "rank 0/2" in error, error  # the rank that timed out names itself...
