@@ -165,6 +165,9 @@ class SiteTraining:
         self.applied_index = 0
         self._clients: dict[str, ExchangeClient] = {}
         self._cache: Outcome | None = None
+        # The last round's mean destination, written again by the next round: fresh memory for a
+        # model-sized mean every round cost more than the exchange itself (exchange-buffer-reuse.md).
+        self._spare_mean: dict[str, torch.Tensor] | None = None
         # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
         # outcome() and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
@@ -309,7 +312,7 @@ class SiteTraining:
         if contributors:
             sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
             await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
-            mean = {n: torch.empty_like(t) for n, t in self.weights.items()}
+            mean = self._take_mean()
             inputs: MeanInputs = tuple(sorted((s, a, root) for s, a, root, _ in contributors))
             report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
                                                my_shard=lambda: self._mean_shard(round_, inputs),
@@ -325,10 +328,21 @@ class SiteTraining:
         # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
         weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
                                                     lr=self.outer.lr, mu=self.outer.momentum)
+        if contributions:  # outer_step has read the mean and kept none of it: the next round writes it again
+            self._spare_mean = contributions[0][0]
         digest = await asyncio.to_thread(state_dict_hash, weights)
         self._book("outer", started)
         self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(digest))
         return self._cache
+
+    def _take_mean(self) -> dict[str, torch.Tensor]:
+        """A destination for a round's mean: the spare one if it still fits the weights (an outcome
+        running at the same time allocates its own), else fresh memory."""
+        spare, self._spare_mean = self._spare_mean, None
+        fits = spare is not None and spare.keys() == self.weights.keys() and all(
+            (spare[n].shape, spare[n].dtype, spare[n].device) == (t.shape, t.dtype, t.device)
+            for n, t in self.weights.items())  # fmt: skip
+        return spare if spare is not None and fits else {n: torch.empty_like(t) for n, t in self.weights.items()}
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
         """Makes the committed round this peer's state: verify the hash (I7), then persist, serve and

@@ -37,6 +37,7 @@ import grpc
 import torch
 
 from peer.exchange import codec
+from peer.exchange.buffers import ChunkBuffers
 from peer.exchange.service import Refusal, resolve_fetch
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
@@ -431,16 +432,22 @@ def receive(
     stall_s: float | None = None,
     deadline: float | None = None,
     reached: threading.Event | None = None,
+    buffers: ChunkBuffers | None = None,
 ) -> None:
     """Reads chunks [first, end) off `sock`, checks each (index, length, blake3) and hands it to
     `deliver`, in order: a coroutine function is run on `loop`, receiving chunk k+1 overlapping
     delivering k; a plain function is called here, in this thread. Each chunk must be in within
     `stall_s` of the one before, all of them by `deadline` (monotonic), however the bytes trickle:
-    else socket.timeout (None: no bound but the socket's own timeout). `reached` is set once the first frame's header is in. Raises Truncated,
+    else socket.timeout (None: no bound but the socket's own timeout). `reached` is set once the first frame's header is in.
+    Receive buffers: a plain function gets every chunk in one buffer, reused (it must not keep the
+    view); a coroutine gets a buffer of `buffers`, which it gives back when done, or a fresh one
+    per chunk without a pool (docs/decisions/exchange-buffer-reuse.md). Raises Truncated,
     Misplaced, codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is
     raised here too. Runs in its own thread."""
     on_loop = asyncio.iscoroutinefunction(deliver)
     header = memoryview(bytearray(HEADER.size))
+    if not on_loop:  # one buffer for the connection: the function is done with a chunk when it returns
+        buffers = ChunkBuffers(manifest.layout.wire.wire_bytes(manifest.chunk_size))
     pending: concurrent.futures.Future[None] | None = None
     try:
         for due in range(first, end):
@@ -463,8 +470,8 @@ def receive(
             if b != stop - start:  # checked before reading: a lying length cannot make us allocate
                 raise codec.ChunkError(f"{manifest.key}: chunk {due} announced {b} bytes, a "
                                        f"{manifest.layout.wire.name} chunk of this manifest has {stop - start}")
-            # A fresh buffer per chunk: the sink may hold it (the reducer's window) after we move on.
-            view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8))
+            # Without a pool, a fresh buffer per chunk: the sink may hold it (the reducer's window).
+            view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8)) if buffers is None else buffers.take(b)
             if not _recv_into(sock, view, by):
                 raise Truncated(f"connection ended inside chunk {due}")
             codec.verify_chunk(manifest, due, view)
@@ -474,6 +481,8 @@ def receive(
                 return
             if not on_loop:
                 deliver(due, view)
+                assert buffers is not None
+                buffers.give(view)
                 continue
             coro = deliver(due, view)
             assert coro is not None

@@ -29,6 +29,7 @@ import torch
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
 from peer.exchange import bulk, chunkwire, codec
+from peer.exchange.buffers import ChunkBuffers
 from peer.exchange.service import SERVICE
 from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
@@ -40,7 +41,8 @@ log = logging.getLogger("sitemesh.exchange")
 class InThread:
     """A sink run in whichever thread verified the chunk (the bulk plane's receiving thread, a worker
     thread for gRPC) instead of on the event loop: for work that needs no loop and writes memory no
-    one else writes, such as decoding into a destination. Saves two thread hops per chunk."""
+    one else writes, such as decoding into a destination. Saves two thread hops per chunk. The data
+    is valid only during the call: the bulk plane receives the next chunk into the same buffer."""
 
     fn: Callable[[int, memoryview], None]
 
@@ -268,8 +270,11 @@ async def fetch_chunks(
     end: int | None = None,
     policy: FetchPolicy = FetchPolicy(),
     stats: FetchStats | None = None,
+    buffers: ChunkBuffers | None = None,
 ) -> FetchStats:
-    """Delivers verified chunks [first, end) of `manifest` to `sink`, in order, each exactly once."""
+    """Delivers verified chunks [first, end) of `manifest` to `sink`, in order, each exactly once.
+    `buffers`: where the bulk plane receives chunks for a coroutine sink that gives each back when
+    done with it (bulk.receive); over gRPC the sink gets the message's bytes."""
     end = manifest.num_chunks if end is None else end
     if not sources:
         raise FetchError(f"{manifest.key}: no source to fetch from")
@@ -300,7 +305,7 @@ async def fetch_chunks(
                 remaining = policy.deadline_s - (time.monotonic() - started)
                 stats.attempts += 1
                 try:
-                    await _one_stream(manifest, source, sink, progress, end, remaining, policy, stats)
+                    await _one_stream(manifest, source, sink, progress, end, remaining, policy, stats, buffers)
                 except _Retry as err:
                     progress.last_fault = f"{source.address}: {err}"
                     raise
@@ -330,6 +335,7 @@ async def _one_stream(
     timeout_s: float,
     policy: FetchPolicy,
     stats: FetchStats,
+    buffers: ChunkBuffers | None = None,
 ) -> None:
     """Reads one stream from `progress.next` up to `end`, advancing it; raises _Retry with the fault."""
     if progress.next >= end:
@@ -341,7 +347,7 @@ async def _one_stream(
             stats.transport_errors += 1
             raise _Retry(f"OpenBulk: {err.code().name}: {err.details()}") from None
         if target is not None:
-            await _one_bulk_stream(manifest, target, source, sink, progress, end, timeout_s, policy, stats)
+            await _one_bulk_stream(manifest, target, source, sink, progress, end, timeout_s, policy, stats, buffers)
             return
     call = source.stream(manifest, progress.next, end, max(timeout_s, 0.001))
     try:
@@ -415,6 +421,7 @@ async def _one_bulk_stream(
     timeout_s: float,
     policy: FetchPolicy,
     stats: FetchStats,
+    buffers: ChunkBuffers | None = None,
 ) -> None:
     """_one_stream over the bulk plane: one connection, received and verified in its own thread
     (not the default executor: its few threads also decode and reduce what this one delivers).
@@ -469,7 +476,7 @@ async def _one_bulk_stream(
                 return
             bulk.receive(sock, manifest, progress.next, end, loop,
                          in_thread if isinstance(sink, InThread) else deliver, stopped,
-                         stall_s=policy.stall_s, deadline=deadline, reached=reached)
+                         stall_s=policy.stall_s, deadline=deadline, reached=reached, buffers=buffers)
         except BaseException as caught:  # noqa: BLE001 - handed to the loop, raised there
             err = caught
         finally:
