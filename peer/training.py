@@ -45,6 +45,7 @@ from peer.exchange import (
     publish_pseudo_gradient,
 )
 from peer.exchange.allreduce import reduce_scatter_mean, reduce_shard
+from peer.exchange.buffers import EncodeBuffers
 from peer.exchange.bulk import BulkConfig, BulkServer
 from peer.exchange.client import DEFAULT_PLANE
 from peer.exchange.feedback import ErrorFeedback
@@ -168,6 +169,7 @@ class SiteTraining:
         # The last round's mean destination, written again by the next round: fresh memory for a
         # model-sized mean every round cost more than the exchange itself (exchange-buffer-reuse.md).
         self._spare_mean: dict[str, torch.Tensor] | None = None
+        self._encode_buffers = EncodeBuffers()  # likewise for the pseudo-gradients this site encodes
         # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
         # outcome() and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
@@ -275,8 +277,10 @@ class SiteTraining:
         wire = codec.WireDtype.named(self.trainer_config.wire)
         if self._feedback is not None:  # int8/int4: last round's rounding error is sent now
             await asyncio.to_thread(self._feedback.add_to, delta)
+        buffer = self._encode_buffers.take(codec.encoded_nbytes(delta, wire))
         encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens,
-                                                wire=wire)
+                                                wire=wire, out=buffer)
+        self._encode_buffers.lend(buffer, encoded)
         if self._feedback is not None:
             await asyncio.to_thread(self._feedback.keep, delta, encoded)
         self.last_loss = out.mean_loss

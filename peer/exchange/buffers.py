@@ -1,4 +1,4 @@
-"""Receive buffers that a chunk sink hands back once it is done with them.
+"""Memory the exchange reuses: receive buffers a chunk sink hands back, and encode buffers.
 
 A fetch whose sink holds chunks after it returns (the reducer's window) cannot receive every chunk
 into one buffer, and a fresh buffer per chunk is fresh memory: on the VMs measured, faulting in
@@ -8,13 +8,19 @@ The sink gives each buffer back after use and the receiving threads take it agai
     pool = ChunkBuffers(chunk_bytes)
     view = pool.take(n)        # in a receiving thread: n <= chunk_bytes writable bytes
     pool.give(view)            # by the sink, once nothing reads `view` any more
+
+    buffers = EncodeBuffers()  # a site's pseudo-gradients, round after round
+    out = buffers.take(codec.encoded_nbytes(delta, wire)); encoded = codec.encode(delta, ..., out=out)
+    buffers.lend(out, encoded)  # free again once `encoded` is gone
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
+import torch
 
 
 class ChunkBuffers:
@@ -40,3 +46,26 @@ class ChunkBuffers:
         if isinstance(array, np.ndarray) and array.flags.owndata and array.nbytes == self.nbytes:
             with self._lock:
                 self._free.append(array)
+
+
+class EncodeBuffers:
+    """Buffers a site encodes its pseudo-gradients into, each used again once the object last
+    encoded into it is gone: dropped from the store and read by no fetch any more (every reader, the
+    bulk server, the gRPC servicer and the reducer, holds the Encoded object while it reads).
+    Encoding every round into fresh memory faulted in a model's bytes each round (exchange-buffer-reuse.md)."""
+
+    def __init__(self) -> None:
+        self._lent: list[tuple[torch.Tensor, weakref.ref[object]]] = []
+        self._free: list[torch.Tensor] = []
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A CPU uint8 buffer of >= nbytes that no live object was encoded into (free ones too small
+        for this layout are let go), else a new one."""
+        self._free += [b for b, owner in self._lent if owner() is None]
+        self._lent = [(b, owner) for b, owner in self._lent if owner() is not None]
+        self._free = [b for b in self._free if b.numel() >= nbytes]
+        return self._free.pop() if self._free else torch.empty(nbytes, dtype=torch.uint8)
+
+    def lend(self, buffer: torch.Tensor, owner: object) -> None:
+        """`owner` (the Encoded) now lives in `buffer`: it is free again when `owner` is collected."""
+        self._lent.append((buffer, weakref.ref(owner)))

@@ -489,6 +489,12 @@ def encode(
     return Encoded(manifest, data, sum(1 for e in exps if e))
 
 
+def encoded_nbytes(tensors: Mapping[str, torch.Tensor], wire: WireDtype, chunk_size: int = DEFAULT_CHUNK_BYTES) -> int:
+    """The bytes `encode` writes for `tensors` (what its `out` buffer must hold at least)."""
+    layout = Layout.of(tensors, wire)
+    return build_manifest(ObjectKey(0, ""), layout, 0, layout.total_bytes, chunk_size, [], [], 0).wire_nbytes
+
+
 def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> None:
     """Raises ChunkError unless `data` is exactly chunk `index` of `manifest`."""
     if not 0 <= index < manifest.num_chunks:

@@ -1,13 +1,16 @@
-"""ChunkBuffers: receive buffers a sink gives back are taken again, and nothing else enters the pool."""
+"""ChunkBuffers: receive buffers a sink gives back are taken again, and nothing else enters the pool;
+EncodeBuffers: an encode buffer is used again only once the object encoded into it is gone."""
 
 from __future__ import annotations
+
+import gc
 
 import numpy as np
 import pytest
 import torch
 
-from peer.exchange.buffers import ChunkBuffers
-from peer.exchange.codec import as_memoryview
+from peer.exchange.buffers import ChunkBuffers, EncodeBuffers
+from peer.exchange.codec import WireDtype, as_memoryview, encode, encoded_nbytes
 
 
 def test_a_given_back_buffer_is_taken_again_and_the_view_is_writable() -> None:
@@ -35,3 +38,36 @@ def test_foreign_memory_never_enters_the_pool() -> None:
 def test_a_chunk_larger_than_the_buffers_is_refused() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         ChunkBuffers(1024).take(1025)
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    return {"a": torch.randn(300, 7), "b": torch.randn(1000)}
+
+
+def test_encoded_nbytes_is_what_encode_writes() -> None:
+    for wire in WireDtype:
+        encoded = encode(_tensors(), round=1, site="s", tokens=1, wire=wire, chunk_size=1024)
+        assert encoded_nbytes(_tensors(), wire, 1024) == encoded.data.numel()
+
+
+def test_an_encode_buffer_is_reused_only_once_its_object_is_gone() -> None:
+    buffers = EncodeBuffers()
+    nbytes = encoded_nbytes(_tensors(), WireDtype.BF16)
+    first = buffers.take(nbytes)
+    encoded = encode(_tensors(), round=1, site="s", tokens=1, out=first)
+    buffers.lend(first, encoded)
+    second = buffers.take(nbytes)
+    assert second.data_ptr() != first.data_ptr()  # round 1's object is still held (the store, a fetch)
+    del encoded
+    gc.collect()
+    assert buffers.take(nbytes).data_ptr() == first.data_ptr()
+    assert buffers.take(nbytes).data_ptr() not in (first.data_ptr(), second.data_ptr())
+
+
+def test_a_free_encode_buffer_too_small_for_the_layout_is_not_used() -> None:
+    buffers = EncodeBuffers()
+    small = buffers.take(100)
+    encoded = encode({"a": torch.randn(10)}, round=1, site="s", tokens=1, out=small)
+    buffers.lend(small, encoded)
+    del encoded
+    assert buffers.take(1000).numel() == 1000
