@@ -410,7 +410,7 @@ async def reduce_scatter_mean(
                     reduced.manifest.tokens) != expected(owner):  # fmt: skip
                 raise codec.LayoutMismatch(f"{reduced.manifest.key}: my own shard is not this round's")
             report.phase_done["reduce"] = time.monotonic()
-            # Reduced, checked and encoded by this process (reduce_shard): only copied into dest.
+            # Reduced and encoded by this process (reduce_shard): decoded without a second hash.
             await asyncio.to_thread(codec.decode, reduced, dest, made_here=True)
             return
         key = codec.ObjectKey(round_, owner, codec.ObjectKind.MEAN_SHARD)

@@ -18,6 +18,7 @@ import torch
 from peer.exchange import codec
 from peer.exchange.bulk import BulkServer
 from peer.exchange.allreduce import (
+    REDUCE_BLOCK,
     MeanReport,
     all_to_all_mean,
     reduce_scatter_mean,
@@ -48,9 +49,9 @@ def _expected(encoded: dict[str, codec.Encoded]) -> dict[str, torch.Tensor]:
 
 
 def _encode(
-    models: dict[str, dict[str, torch.Tensor]], wire: codec.WireDtype = codec.WireDtype.BF16
+    models: dict[str, dict[str, torch.Tensor]], wire: codec.WireDtype = codec.WireDtype.BF16, chunk: int = CHUNK
 ) -> dict[str, codec.Encoded]:
-    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=CHUNK, wire=wire)
+    return {s: codec.encode(m, round=ROUND, site=s, tokens=TOKENS[s], chunk_size=chunk, wire=wire)
             for s, m in models.items()}
 
 
@@ -104,8 +105,8 @@ def _models(seed: int = 0, sizes: dict[str, tuple[int, ...]] = SIZES) -> dict[st
 def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: dict[str, codec.Encoded]) -> None:
     want = _expected(encoded)
     if scheme is reduce_scatter_mean:  # the shard owner rounds the mean to the wire dtype once
-        wire = next(iter(encoded.values())).manifest.layout.wire
-        want = decoded(codec.encode(want, round=ROUND, site="x", tokens=1, chunk_size=CHUNK, wire=wire))
+        m = next(iter(encoded.values())).manifest
+        want = decoded(codec.encode(want, round=ROUND, site="x", tokens=1, chunk_size=m.chunk_size, wire=m.layout.wire))
     for site, dest in dests.items():
         for name in want:
             assert torch.equal(dest[name], want[name]), (site, name)
@@ -124,6 +125,19 @@ def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme, wire: cod
     else:  # each peer receives 2(N-1)/N of the model: two shards of each other peer, in two phases
         assert sum(received.values()) == 2 * 2 * model_bytes
     assert all(r.tokens == TOKENS for r in reports.values())
+
+
+@pytest.mark.parametrize("wire", [codec.WireDtype.BF16, codec.WireDtype.FP16, codec.WireDtype.INT4])
+@pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
+def test_chunks_reduced_in_several_blocks_give_the_exact_mean(scheme: Scheme, wire: codec.WireDtype) -> None:
+    """Chunks of 2.5 reduction blocks: the block loop, its partial last block and the chunk's partial
+    last chunk all meet the element-by-element reference, bit for bit."""
+    chunk = int(2.5 * REDUCE_BLOCK) * wire.itemsize  # layout bytes of 2.5 blocks' elements
+    sizes = {"emb": (700, 500), "norm": (1000,)}  # 351,000 elements: ~2.1 chunks
+    encoded = _encode(_models(3, sizes), wire, chunk)
+    assert max(e.manifest.chunk_elements(0) for e in encoded.values()) > 2 * REDUCE_BLOCK
+    dests, _ = asyncio.run(_mesh(scheme, {}, encoded))
+    _check(scheme, dests, encoded)
 
 
 @pytest.mark.parametrize("plane", ["grpc", "bulk"])
