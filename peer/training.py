@@ -343,10 +343,12 @@ class SiteTraining:
         """A destination for a round's mean: the spare one if it still fits the weights (an outcome
         running at the same time allocates its own), else fresh memory."""
         spare, self._spare_mean = self._spare_mean, None
-        fits = spare is not None and spare.keys() == self.weights.keys() and all(
+        if spare is not None and spare.keys() == self.weights.keys() and all(
             (spare[n].shape, spare[n].dtype, spare[n].device) == (t.shape, t.dtype, t.device)
-            for n, t in self.weights.items())  # fmt: skip
-        return spare if spare is not None and fits else {n: torch.empty_like(t) for n, t in self.weights.items()}
+            for n, t in self.weights.items()
+        ):
+            return spare
+        return {n: torch.empty_like(t) for n, t in self.weights.items()}
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
         """Makes the committed round this peer's state: verify the hash (I7), then persist, serve and

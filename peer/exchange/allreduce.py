@@ -50,7 +50,7 @@ log = logging.getLogger("sitemesh.exchange")
 # 32 chunks of 1 MiB per remote site: enough to keep every stream busy while a chunk is reduced.
 DEFAULT_WINDOW = 32
 # Elements of a chunk reduced at a time: 64 Ki fp32 (256 KiB) keeps the sum and one site's term in
-# cache through every site's pass; a whole 1 MiB chunk at once was 20 % slower (exchange-buffer-reuse.md).
+# cache through every site's pass; a whole 1 MiB chunk at once was 26 % slower (exchange-buffer-reuse.md).
 REDUCE_BLOCK = 1 << 16
 
 # A contributor is fetched through its client, or held in the local store (None: our own).
