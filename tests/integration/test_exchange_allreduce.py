@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from peer.exchange import codec
+from peer.exchange.buffers import EncodeBuffers
 from peer.exchange.bulk import BulkServer
 from peer.exchange.allreduce import (
     REDUCE_BLOCK,
@@ -182,6 +183,49 @@ def test_a_peer_with_another_layout_is_refused() -> None:
     models["charlie"]["layer.0.b"] = torch.zeros(8)
     with pytest.raises(codec.LayoutMismatch, match="charlie"):
         asyncio.run(_mesh(all_to_all_mean, {}, _encode(models)))
+
+
+def test_mean_shards_reuse_memory_only_once_the_last_one_is_gone() -> None:
+    """With shard buffers (as the node runs), a peer's mean shard is encoded into the memory of an
+    earlier one only after that one left the store: while it is still served, its bytes stay intact."""
+    models = _models(seed=4)
+
+    async def run() -> None:
+        stores = {s: ExchangeStore() for s in models}
+        pools = {s: EncodeBuffers() for s in models}
+        async with contextlib.AsyncExitStack() as stack:
+            addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in models}
+            clients = {me: {o: (None if o == me else ExchangeClient(addresses[o])) for o in models} for me in models}
+            for c in (c for cs in clients.values() for c in cs.values() if c is not None):
+                stack.push_async_callback(c.close)
+
+            async def round_(r: int) -> dict[str, tuple[int, bytes]]:
+                encoded = {s: codec.encode(m, round=r, site=s, tokens=TOKENS[s], chunk_size=CHUNK)
+                           for s, m in models.items()}
+                for s, e in encoded.items():
+                    await stores[s].publish(e)
+                dests = {s: {n: torch.full(t.shape, float("nan")) for n, t in m.items()} for s, m in models.items()}
+                await asyncio.wait_for(asyncio.gather(*(
+                    reduce_scatter_mean(r, s, clients[s], stores[s], dests[s], policy=FetchPolicy.local_test(),
+                                        manifest_wait_s=10.0, shard_buffers=pools[s]) for s in models)), 30)
+                _check(reduce_scatter_mean, dests, encoded)
+                shards = {s: stores[s].get(codec.ObjectKey(r, s, codec.ObjectKind.MEAN_SHARD)) for s in models}
+                return {s: (e.data.data_ptr(), bytes(codec.as_memoryview(e.data))) for s, e in shards.items()
+                        if e is not None and e.data.numel()}
+
+            first = await round_(ROUND)
+            kept = await round_(ROUND + 1)  # round ROUND's shards are still in the stores
+            for s, (ptr, data) in first.items():
+                assert kept[s][0] != ptr, s
+                held = stores[s].get(codec.ObjectKey(ROUND, s, codec.ObjectKind.MEAN_SHARD))
+                assert held is not None and bytes(codec.as_memoryview(held.data)) == data, s
+            del held
+            for store in stores.values():
+                store.drop_rounds_before(ROUND + 1)
+            reused = await round_(ROUND + 2)
+            assert {s: reused[s][0] for s in first} == {s: ptr for s, (ptr, _) in first.items()}
+
+    asyncio.run(run())
 
 
 def test_shards_cover_every_chunk_once_and_balance() -> None:

@@ -88,6 +88,33 @@ def test_bf16_overflow_to_inf_is_refused() -> None:
         codec.encode({"w": torch.tensor([3.4e38])}, round=1, site="s", tokens=1)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64]),
+    size=st.integers(0, 3000),
+    specials=st.lists(st.tuples(st.integers(0, 2999), st.sampled_from(["nan", "inf", "-inf", "max", "-max"])),
+                      max_size=4),
+)
+def test_is_finite_agrees_with_an_element_by_element_check(dtype: torch.dtype, size: int,
+                                                           specials: list[tuple[int, str]]) -> None:
+    # The fast path sums: a sum of huge finite values overflows ("max") and must not read as Inf,
+    # and one NaN or Inf among thousands must never sum to something finite.
+    t = torch.randn(size, generator=torch.Generator().manual_seed(size)).to(dtype)
+    biggest = torch.finfo(dtype).max
+    for index, what in specials:
+        if index < size:
+            t[index] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "max": biggest, "-max": -biggest}[what]
+    assert codec.is_finite(t) == bool(torch.isfinite(t).all())
+
+
+def test_is_finite_of_finite_values_whose_sum_overflows() -> None:
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        huge = torch.full((4096,), torch.finfo(dtype).max, dtype=dtype)
+        assert codec.is_finite(huge)
+        huge[4000] = math.nan
+        assert not codec.is_finite(huge)
+
+
 def _malicious_nan_object() -> codec.Encoded:
     """What a broken sender could publish: correct hashes over a NaN."""
     enc = codec.encode({"w": torch.ones(4)}, round=1, site="s", tokens=1, chunk_size=4)
