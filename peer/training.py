@@ -45,7 +45,7 @@ from peer.exchange import (
     publish_pseudo_gradient,
 )
 from peer.exchange.allreduce import reduce_scatter_mean, reduce_shard
-from peer.exchange.buffers import EncodeBuffers
+from peer.exchange.buffers import EncodeBuffers, ExchangeMemory
 from peer.exchange.bulk import BulkConfig, BulkServer
 from peer.exchange.client import DEFAULT_PLANE
 from peer.exchange.feedback import ErrorFeedback
@@ -170,7 +170,7 @@ class SiteTraining:
         # model-sized mean every round cost more than the exchange itself (exchange-buffer-reuse.md).
         self._spare_mean: dict[str, torch.Tensor] | None = None
         self._encode_buffers = EncodeBuffers()  # likewise for the pseudo-gradients this site encodes
-        self._shard_buffers = EncodeBuffers()  # and for its mean shards (a third of the model each round)
+        self._memory = ExchangeMemory()  # and what its mean exchanges receive into and encode mean shards into
         # This site's mean-shard reductions, one per (round, contributors' sites and roots): shared by
         # outcome() and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
@@ -321,7 +321,7 @@ class SiteTraining:
             inputs: MeanInputs = tuple(sorted((s, a, root) for s, a, root, _ in contributors))
             report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
                                                my_shard=lambda: self._mean_shard(round_, inputs),
-                                               owner_wait_s=OWNER_WAIT_S)
+                                               owner_wait_s=OWNER_WAIT_S, memory=self._memory)
             if report.reduced_here:
                 log.warning("round %d: reduced the shards of %s here (all-to-all for them)", round_,
                             report.reduced_here)
@@ -547,7 +547,7 @@ class SiteTraining:
             # whether the reduction was started by this peer's own mean or by a peer's request.
             held = asyncio.ensure_future(reduce_shard(round_, self.site, sites, self.store,
                                                       roots={s: r for s, _, r in inputs}, fetched=self.fetched,
-                                                      buffers=self._shard_buffers))
+                                                      memory=self._memory))
             self._shards[key] = held
         return asyncio.shield(held)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from peer.exchange import codec
-from peer.exchange.buffers import ChunkBuffers, EncodeBuffers
+from peer.exchange.buffers import ChunkBuffers, ExchangeMemory
 from peer.exchange.client import (
     ExchangeClient,
     FetchError,
@@ -108,6 +108,7 @@ class WindowedReducer:
         end: int,
         emit: Emit,
         window: int = DEFAULT_WINDOW,
+        memory: ExchangeMemory | None = None,
     ) -> None:
         total = sum(m.tokens for m in manifests.values())
         if total <= 0:
@@ -122,7 +123,8 @@ class WindowedReducer:
         elements = any_manifest.chunk_size // any_manifest.layout.wire.itemsize
         self._acc, self._term = torch.empty(elements), torch.empty(min(elements, REDUCE_BLOCK))
         self._changed = asyncio.Condition()
-        self.buffers = ChunkBuffers(any_manifest.layout.wire.wire_bytes(any_manifest.chunk_size))
+        chunk_bytes = any_manifest.layout.wire.wire_bytes(any_manifest.chunk_size)
+        self.buffers = memory.chunks(chunk_bytes) if memory is not None else ChunkBuffers(chunk_bytes)
         """Where the fetchers receive chunks (given back once reduced): memory reused, not faulted in."""
 
     async def put(self, site: str, index: int, data: memoryview) -> None:
@@ -226,6 +228,7 @@ async def _reduce_range(
     report: MeanReport,
     policy: FetchPolicy,
     window: int,
+    memory: ExchangeMemory | None = None,
 ) -> None:
     local = {}
     for site, m in manifests.items():
@@ -234,7 +237,7 @@ async def _reduce_range(
             if encoded is None:  # _manifests saw it: only a concurrent drop_rounds_before gets here
                 raise codec.ManifestError(f"{m.key} was dropped from the local store during the exchange")
             local[site] = encoded
-    reducer = WindowedReducer(manifests, local, first, end, emit, window)
+    reducer = WindowedReducer(manifests, local, first, end, emit, window, memory)
 
     def fetch(site: str, client: ExchangeClient) -> Awaitable[FetchStats]:
         async def sink(index: int, data: memoryview) -> None:
@@ -300,14 +303,15 @@ async def reduce_shard(
     window: int = DEFAULT_WINDOW,
     report: MeanReport | None = None,
     fetched: dict[str, FetchStats] | None = None,
-    buffers: EncodeBuffers | None = None,
+    memory: ExchangeMemory | None = None,
 ) -> codec.Encoded:
     """Phase 1 of reduce-scatter: `me`'s shard of every contributor's pseudo-gradient, averaged,
     encoded in the wire dtype and published as `me`'s MEAN_SHARD (replacing one reduced over other
     contributors). `roots`: the root hash each contributor's object must have (else ManifestError).
     `report`, if given, counts the fetches; so does `fetched` (per site, added to), for a caller that
     reduces the shard apart from any mean (a peer's request) and still books what it pulled.
-    `buffers`: where the mean shard is encoded, round after round (else fresh memory each time)."""
+    `memory`: this peer's, reused round after round for receiving and for the encoded mean shard
+    (else fresh memory each time)."""
     if me not in sites or sites[me] is not None:
         raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
     manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
@@ -323,7 +327,7 @@ async def reduce_shard(
     chunk_wire = wire.wire_bytes(ref.chunk_size)
     last = wire.wire_bytes(end_byte - (end - 1) * ref.chunk_size) if end > first else 0
     nbytes = max(0, end - first - 1) * chunk_wire + last
-    buffer = buffers.take(nbytes) if buffers is not None else torch.empty(nbytes, dtype=torch.uint8)
+    buffer = memory.shards.take(nbytes) if memory is not None else torch.empty(nbytes, dtype=torch.uint8)
     mean_data = buffer[:nbytes]
     hashes: list[bytes] = [b""] * (end - first)
     exps = [0] * (end - first)
@@ -335,7 +339,7 @@ async def reduce_shard(
         hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
 
     report = report or MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
-    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window)
+    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window, memory)
     if fetched is not None:
         for site, stats in report.stats.items():
             fetched.setdefault(site, FetchStats()).add(stats)
@@ -347,8 +351,8 @@ async def reduce_shard(
         ),
         mean_data,
     )  # fmt: skip
-    if buffers is not None:
-        buffers.lend(buffer, mine)
+    if memory is not None:
+        memory.shards.lend(buffer, mine)
     await store.publish(mine, replace=True)
     return mine
 
@@ -366,7 +370,7 @@ async def reduce_scatter_mean(
     manifest_wait_s: float = 600.0,
     owner_wait_s: float | None = None,
     window: int = DEFAULT_WINDOW,
-    shard_buffers: EncodeBuffers | None = None,
+    memory: ExchangeMemory | None = None,
 ) -> MeanReport:
     """Like all_to_all_mean, but each contributor reduces one shard and serves it; every peer pulls
     the mean shards (its own, if `me` contributes, comes from reduce_shard or `my_shard`).
@@ -377,8 +381,8 @@ async def reduce_scatter_mean(
     Where an owner does not serve its shard (gone, or it failed), this peer reduces that shard
     itself from every pseudo-gradient (all-to-all for that shard), rounds it the same way and logs
     so: the bits are the owner's, whichever way they were made. `owner_wait_s` (default
-    `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here. `shard_buffers`:
-    where reduce_shard encodes our mean shard (see there).
+    `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here. `memory`:
+    this peer's, reused round after round (see reduce_shard).
     """
     if me in sites and sites[me] is not None:
         raise ValueError(f"{me} must be mapped to None: its objects are in the local store")
@@ -407,13 +411,13 @@ async def reduce_scatter_mean(
             values, multiplier = codec.chunk_values(out, wire, exp, mean.numel())
             codec.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
 
-        await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, window)
+        await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, window, memory)
 
     async def gather(owner: str, client: ExchangeClient | None) -> None:
         if client is None:
             reduced = await (my_shard() if my_shard is not None else reduce_shard(
                 round_, me, sites, store, policy=policy, manifest_wait_s=manifest_wait_s, window=window, report=report,
-                buffers=shard_buffers))
+                memory=memory))
             if (reduced.manifest.layout, reduced.manifest.range_start, reduced.manifest.range_end,
                     reduced.manifest.contributors, reduced.manifest.contributor_roots,
                     reduced.manifest.tokens) != expected(owner):  # fmt: skip

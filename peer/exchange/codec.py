@@ -16,7 +16,9 @@ e = codec.encode({'w': torch.randn(3, 5)}, round=1, site='a', tokens=10); print(
 
 from __future__ import annotations
 
+import bisect
 import enum
+import functools
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -163,16 +165,22 @@ class Layout:
             offset += math.prod(shape) * wire.itemsize
         return cls(wire, tuple(entries), offset)
 
+    @functools.cached_property
+    def _ends(self) -> list[int]:
+        """Layout byte where each tensor ends, in layout order (non-decreasing)."""
+        return [e.offset + e.numel * self.wire.itemsize for e in self.tensors]
+
     def pieces(self, start: int, end: int) -> Iterator[tuple[TensorEntry, int, int]]:
         """(tensor, first element, end element) of every tensor overlapping layout bytes [start, end)."""
-        size = self.wire.itemsize
-        for entry in self.tensors:  # a model has hundreds of tensors: a linear scan is cheap
-            lo, hi = entry.offset, entry.offset + entry.numel * size
-            if hi <= start or entry.numel == 0:
-                continue
-            if lo >= end:
+        size, ends = self.wire.itemsize, self._ends
+        # Bisect to the first tensor ending after `start`: a scan from the first tensor for every
+        # chunk was 15 % of encoding a 310-tensor model (1144 chunks).
+        for k in range(bisect.bisect_right(ends, start), len(ends)):
+            entry = self.tensors[k]
+            if entry.offset >= end:
                 break
-            yield entry, (max(lo, start) - lo) // size, (min(hi, end) - lo) // size
+            if entry.numel:
+                yield entry, (max(entry.offset, start) - entry.offset) // size, (min(ends[k], end) - entry.offset) // size
 
     def check_tensors(self, tensors: Mapping[str, torch.Tensor], what: str) -> None:
         """Raises LayoutMismatch unless `tensors` has exactly this layout's names and shapes."""

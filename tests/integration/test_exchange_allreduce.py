@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from peer.exchange import codec
-from peer.exchange.buffers import EncodeBuffers
+from peer.exchange.buffers import ExchangeMemory
 from peer.exchange.bulk import BulkServer
 from peer.exchange.allreduce import (
     REDUCE_BLOCK,
@@ -185,14 +185,16 @@ def test_a_peer_with_another_layout_is_refused() -> None:
         asyncio.run(_mesh(all_to_all_mean, {}, _encode(models)))
 
 
-def test_mean_shards_reuse_memory_only_once_the_last_one_is_gone() -> None:
-    """With shard buffers (as the node runs), a peer's mean shard is encoded into the memory of an
-    earlier one only after that one left the store: while it is still served, its bytes stay intact."""
+def test_exchanges_reuse_memory_and_mean_shards_only_once_the_last_one_is_gone() -> None:
+    """With an ExchangeMemory (as the node runs), later rounds receive into the buffers of earlier
+    ones, and a peer's mean shard is encoded into the memory of an earlier one only after that one
+    left the store: while it is still served, its bytes stay intact."""
     models = _models(seed=4)
+    window = 2
 
     async def run() -> None:
         stores = {s: ExchangeStore() for s in models}
-        pools = {s: EncodeBuffers() for s in models}
+        memories = {s: ExchangeMemory() for s in models}
         async with contextlib.AsyncExitStack() as stack:
             addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in models}
             clients = {me: {o: (None if o == me else ExchangeClient(addresses[o])) for o in models} for me in models}
@@ -207,7 +209,7 @@ def test_mean_shards_reuse_memory_only_once_the_last_one_is_gone() -> None:
                 dests = {s: {n: torch.full(t.shape, float("nan")) for n, t in m.items()} for s, m in models.items()}
                 await asyncio.wait_for(asyncio.gather(*(
                     reduce_scatter_mean(r, s, clients[s], stores[s], dests[s], policy=FetchPolicy.local_test(),
-                                        manifest_wait_s=10.0, shard_buffers=pools[s]) for s in models)), 30)
+                                        manifest_wait_s=10.0, window=window, memory=memories[s]) for s in models)), 30)
                 _check(reduce_scatter_mean, dests, encoded)
                 shards = {s: stores[s].get(codec.ObjectKey(r, s, codec.ObjectKind.MEAN_SHARD)) for s in models}
                 return {s: (e.data.data_ptr(), bytes(codec.as_memoryview(e.data))) for s, e in shards.items()
@@ -224,6 +226,11 @@ def test_mean_shards_reuse_memory_only_once_the_last_one_is_gone() -> None:
                 store.drop_rounds_before(ROUND + 1)
             reused = await round_(ROUND + 2)
             assert {s: reused[s][0] for s in first} == {s: ptr for s, (ptr, _) in first.items()}
+            # Three rounds received ~3 x 11 chunks per peer into buffers of one pool, which never held
+            # more than a reduction's window allows per remote site: the window, one chunk handed over
+            # and waiting for room in it, and one being received behind that.
+            made = {s: m.chunks(CHUNK).made for s, m in memories.items()}
+            assert all(0 < n <= (window + 2) * (len(models) - 1) for n in made.values()), made
 
     asyncio.run(run())
 
