@@ -189,39 +189,40 @@ def test_exchanges_reuse_memory_and_mean_shards_only_once_the_last_one_is_gone()
     """With an ExchangeMemory (as the node runs), later rounds receive into the buffers of earlier
     ones, and a peer's mean shard is encoded into the memory of an earlier one only after that one
     left the store: while it is still served, its bytes stay intact."""
-    models = _models(seed=4)
     window = 2
 
     async def run() -> None:
-        stores = {s: ExchangeStore() for s in models}
-        memories = {s: ExchangeMemory() for s in models}
+        stores = {s: ExchangeStore() for s in TOKENS}
+        memories = {s: ExchangeMemory() for s in TOKENS}
         async with contextlib.AsyncExitStack() as stack:
-            addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in models}
-            clients = {me: {o: (None if o == me else ExchangeClient(addresses[o])) for o in models} for me in models}
+            addresses = {s: await stack.enter_async_context(serving(stores[s])) for s in TOKENS}
+            clients = {me: {o: (None if o == me else ExchangeClient(addresses[o])) for o in TOKENS} for me in TOKENS}
             for c in (c for cs in clients.values() for c in cs.values() if c is not None):
                 stack.push_async_callback(c.close)
 
             async def round_(r: int) -> dict[str, tuple[int, bytes]]:
+                # Other pseudo-gradients every round: a shard written over would not keep its bytes.
                 encoded = {s: codec.encode(m, round=r, site=s, tokens=TOKENS[s], chunk_size=CHUNK)
-                           for s, m in models.items()}
+                           for s, m in _models(seed=r).items()}
                 for s, e in encoded.items():
                     await stores[s].publish(e)
-                dests = {s: {n: torch.full(t.shape, float("nan")) for n, t in m.items()} for s, m in models.items()}
+                dests = {s: {n: torch.full(shape, float("nan")) for n, shape in SIZES.items()} for s in TOKENS}
                 await asyncio.wait_for(asyncio.gather(*(
                     reduce_scatter_mean(r, s, clients[s], stores[s], dests[s], policy=FetchPolicy.local_test(),
-                                        manifest_wait_s=10.0, window=window, memory=memories[s]) for s in models)), 30)
+                                        manifest_wait_s=10.0, window=window, memory=memories[s]) for s in TOKENS)), 30)
                 _check(reduce_scatter_mean, dests, encoded)
-                shards = {s: stores[s].get(codec.ObjectKey(r, s, codec.ObjectKind.MEAN_SHARD)) for s in models}
+                shards = {s: stores[s].get(codec.ObjectKey(r, s, codec.ObjectKind.MEAN_SHARD)) for s in TOKENS}
                 return {s: (e.data.data_ptr(), bytes(codec.as_memoryview(e.data))) for s, e in shards.items()
                         if e is not None and e.data.numel()}
 
             first = await round_(ROUND)
+            assert sorted(first) == sorted(TOKENS)  # every peer owns a non-empty shard
             kept = await round_(ROUND + 1)  # round ROUND's shards are still in the stores
             for s, (ptr, data) in first.items():
-                assert kept[s][0] != ptr, s
+                assert kept[s][0] != ptr and kept[s][1] != data, s
                 held = stores[s].get(codec.ObjectKey(ROUND, s, codec.ObjectKind.MEAN_SHARD))
                 assert held is not None and bytes(codec.as_memoryview(held.data)) == data, s
-            del held
+                del held
             for store in stores.values():
                 store.drop_rounds_before(ROUND + 1)
             reused = await round_(ROUND + 2)
@@ -230,7 +231,7 @@ def test_exchanges_reuse_memory_and_mean_shards_only_once_the_last_one_is_gone()
             # more than a reduction's window allows per remote site: the window, one chunk handed over
             # and waiting for room in it, and one being received behind that.
             made = {s: m.chunks(CHUNK).made for s, m in memories.items()}
-            assert all(0 < n <= (window + 2) * (len(models) - 1) for n in made.values()), made
+            assert all(0 < n <= (window + 2) * (len(TOKENS) - 1) for n in made.values()), made
 
     asyncio.run(run())
 
