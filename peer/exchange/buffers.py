@@ -84,8 +84,8 @@ class ExchangeMemory:
     """What one peer's mean exchanges reuse from round to round: the receive buffers of the
     reducers' windows (a pool per chunk size) and the memory its mean shards are encoded into.
     A pool made per round was fresh memory every round: 16 % of the reduce phase went to zeroing
-    its pages at 1200 MB (exchange-buffer-reuse.md). The pools keep what was in use at the peak
-    (window x remote sites chunks per reduction running at once) for the life of the peer."""
+    its pages at 1200 MB (exchange-buffer-reuse.md). The pools keep what was in use at the peak for
+    the life of the peer: (window + 2) x remote sites chunks per reduction running at once."""
 
     def __init__(self) -> None:
         self.shards = EncodeBuffers()

@@ -322,8 +322,8 @@ def magnitude(t: torch.Tensor) -> float:
     return max(abs(float(lo)), abs(float(hi)), key=lambda v: (math.isnan(v), v))
 
 
-# Dtypes whose sum of finite values practically never overflows, so a finite sum is the proof: fp16
-# sums of a 1 MiB chunk overflow its 65504 in ordinary data and would always take the exact pass.
+# Dtypes checked by a sum first (a finite sum proves every element finite). Not fp16: the sum of a
+# 1 MiB chunk of ordinary values overflows its 65504, so nearly every chunk would need aminmax too.
 _SUM_CHECKED = frozenset({torch.bfloat16, torch.float32, torch.float64})
 
 
