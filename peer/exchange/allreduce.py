@@ -167,22 +167,30 @@ class WindowedReducer:
             # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling then
             # weighting.
             terms.append((values, self._weights[site] * multiplier))
-        # Block by block: a block's sum and term stay in cache through all the sites' passes. Then
-        # add_: two roundings (never an FMA), the same on every CPU.
-        for a in range(0, n, REDUCE_BLOCK):
-            b = min(n, a + REDUCE_BLOCK)
-            block, term = acc[a:b], self._term[: b - a]
-            for k, (values, factor) in enumerate(terms):
-                target = term if k else block
-                target.copy_(values[a:b])
-                target.mul_(factor)
-                if k:
-                    block.add_(term)
+        weighted_sum(terms, acc, self._term)
         if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
             bad = [s for s in self._order if not codec.is_finite(self._values(s, index, held)[0])]
             what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
             raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
         self._emit(index, acc)
+
+
+def weighted_sum(terms: Sequence[tuple[torch.Tensor, float]], acc: torch.Tensor, scratch: torch.Tensor) -> None:
+    """acc (fp32) = sum of values x factor over `terms` (values of acc's length, any float dtype), in
+    their order. `scratch`: fp32 of at least min(len(acc), REDUCE_BLOCK) elements.
+
+    Block by block: a block's sum and term stay in cache through all the terms' passes. Each term is
+    multiplied, then added: two roundings (never an FMA), the same on every CPU (invariant I7)."""
+    n = acc.numel()
+    for a in range(0, n, REDUCE_BLOCK):
+        b = min(n, a + REDUCE_BLOCK)
+        block, term = acc[a:b], scratch[: b - a]
+        for k, (values, factor) in enumerate(terms):
+            target = term if k else block
+            target.copy_(values[a:b])
+            target.mul_(factor)
+            if k:
+                block.add_(term)
 
 
 async def _manifests(
