@@ -53,7 +53,7 @@ from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
-from peer.trainer.process import TrainerError, TrainerProcess, read_state, write_state
+from peer.trainer.process import TrainerError, TrainerProcess, map_state, read_state, write_state
 from peer.transport.channels import PLAINTEXT, Credentials
 
 log = logging.getLogger("sitemesh.training")
@@ -270,7 +270,9 @@ class SiteTraining:
         # this site's own line, which no fold brought back to the committed θ: the next round starts
         # from the newest θ applied here instead (Δ is the same either way; the local line is not).
         self._model_of = process if not ahead or out.folded_at is not None else None
-        delta = await asyncio.to_thread(read_state, out.pseudo_gradient)
+        # Mapped, not read: the file's pages are touched once, by the encode (the mapping outlives
+        # the unlinked file for as long as the published object is served).
+        delta, handed = await asyncio.to_thread(map_state, out.pseudo_gradient)
         out.pseudo_gradient.unlink(missing_ok=True)
         # A round this site trained in an earlier process (restarted before the round was decided)
         # is trained again; the earlier, never-committed pseudo-gradient of the round is withdrawn.
@@ -278,10 +280,15 @@ class SiteTraining:
         wire = codec.WireDtype.named(self.trainer_config.wire)
         if self._feedback is not None:  # int8/int4: last round's rounding error is sent now
             await asyncio.to_thread(self._feedback.add_to, delta)
-        buffer = self._encode_buffers.take(codec.encoded_nbytes(delta, wire))
+        # bf16/fp32: the trainer handed Δ over in the wire layout (config.HANDOFF_DTYPES), so it is
+        # encoded where it lies; otherwise it is converted into a buffer reused round after round.
+        in_place = codec.laid_out_in(delta, handed, wire)
+        buffer = handed if in_place else self._encode_buffers.take(codec.encoded_nbytes(delta, wire))
         encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens,
-                                                wire=wire, out=buffer)
-        self._encode_buffers.lend(buffer, encoded)
+                                                wire=wire, out=buffer,
+                                                param_dtypes={n: t.dtype for n, t in self.weights.items()})
+        if not in_place:
+            self._encode_buffers.lend(buffer, encoded)
         if self._feedback is not None:
             await asyncio.to_thread(self._feedback.keep, delta, encoded)
         self.last_loss = out.mean_loss

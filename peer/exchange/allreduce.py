@@ -87,11 +87,13 @@ async def publish_pseudo_gradient(
     wire: codec.WireDtype = codec.WireDtype.BF16,
     chunk_size: int = codec.DEFAULT_CHUNK_BYTES,
     out: torch.Tensor | None = None,
+    param_dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> codec.Encoded:
     """Encodes (in a worker thread: the event loop keeps serving heartbeats) and publishes.
-    `out`: see codec.encode; it must not be reused while this round may still be fetched."""
+    `out`, `param_dtypes`: see codec.encode; `out` must not be reused while this round may still be fetched."""
     encoded = await asyncio.to_thread(
-        codec.encode, tensors, round=round, site=site, tokens=tokens, wire=wire, chunk_size=chunk_size, out=out
+        codec.encode, tensors, round=round, site=site, tokens=tokens, wire=wire, chunk_size=chunk_size, out=out,
+        param_dtypes=param_dtypes,
     )
     await store.publish(encoded)
     return encoded

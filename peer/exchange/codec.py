@@ -157,11 +157,17 @@ class Layout:
     total_bytes: int
 
     @classmethod
-    def of(cls, tensors: Mapping[str, torch.Tensor], wire: WireDtype) -> Layout:
+    def of(cls, tensors: Mapping[str, torch.Tensor], wire: WireDtype,
+           dtypes: Mapping[str, torch.dtype] | None = None) -> Layout:
+        """The layout of `tensors`; `dtypes`: the parameters' dtypes where the tensors are not in them
+        (a pseudo-gradient the trainer handed over in the wire dtype)."""
         entries, offset = [], 0
         for name in sorted(tensors):
             shape = tuple(int(d) for d in tensors[name].shape)
-            entries.append(TensorEntry(name, shape, offset, dtype_name(tensors[name].dtype)))
+            dtype = tensors[name].dtype if dtypes is None else dtypes.get(name)
+            if dtype is None:
+                raise LayoutMismatch(f"{name}: no parameter dtype given for it (the model has no such tensor)")
+            entries.append(TensorEntry(name, shape, offset, dtype_name(dtype)))
             offset += math.prod(shape) * wire.itemsize
         return cls(wire, tuple(entries), offset)
 
@@ -182,8 +188,9 @@ class Layout:
             if entry.numel:
                 yield entry, (max(entry.offset, start) - entry.offset) // size, (min(ends[k], end) - entry.offset) // size
 
-    def check_tensors(self, tensors: Mapping[str, torch.Tensor], what: str) -> None:
-        """Raises LayoutMismatch unless `tensors` has exactly this layout's names and shapes."""
+    def check_tensors(self, tensors: Mapping[str, torch.Tensor], what: str, *, dtypes: bool = True) -> None:
+        """Raises LayoutMismatch unless `tensors` has exactly this layout's names and shapes (and
+        dtypes, unless `dtypes` is False)."""
         names = sorted(tensors)
         expected = [e.name for e in self.tensors]
         if names != expected:
@@ -193,7 +200,7 @@ class Layout:
             t = tensors[entry.name]
             if tuple(t.shape) != entry.shape:
                 raise LayoutMismatch(f"{what}: {entry.name} has shape {tuple(t.shape)}, layout says {entry.shape}")
-            if dtype_name(t.dtype) != entry.dtype:
+            if dtypes and dtype_name(t.dtype) != entry.dtype:
                 raise LayoutMismatch(f"{what}: {entry.name} has dtype {dtype_name(t.dtype)}, layout says {entry.dtype}")
 
 
@@ -414,13 +421,50 @@ def encode_chunk(
     dst, pos = out.view(wire.torch_dtype), 0
     for p in pieces:
         n = p.numel()
-        dst[pos : pos + n].copy_(p if exp == 0 else p * 2.0**exp)
+        if exp or not _in_place(p, dst, pos):
+            dst[pos : pos + n].copy_(p if exp == 0 else p * 2.0**exp)
         pos += n
     # bf16 and fp32: check the output, which is smaller than an fp32 input and also catches bf16's
     # rounding of fp32 values near 3.4e38 up to Inf. Scaled fp16 cannot overflow.
     if wire is not WireDtype.FP16 and not known_finite and not is_finite(dst):
         raise NonFiniteError("NaN or Inf in the values to encode")
     return chunk_hash(as_memoryview(out)), exp
+
+
+def _in_place(piece: torch.Tensor, dst: torch.Tensor, pos: int) -> bool:
+    """`piece` already is elements [pos, ...) of `dst`: a source laid out in the wire format inside
+    the buffer it is encoded into (codec.encode's `out`), which needs no copy."""
+    return (piece.device.type == "cpu" and piece.dtype == dst.dtype
+            and piece.data_ptr() == dst.data_ptr() + pos * dst.element_size())
+
+
+def laid_out_in(tensors: Mapping[str, torch.Tensor], buffer: torch.Tensor, wire: WireDtype) -> bool:
+    """Every tensor already lies in `buffer` (CPU uint8) at its place in `wire`'s layout, in the wire
+    dtype: `encode(tensors, out=buffer)` then copies nothing (the trainer's file, mapped)."""
+    if wire.quantized or buffer.dtype != torch.uint8 or buffer.device.type != "cpu":
+        return False
+    layout = Layout.of(tensors, wire)
+    return all(
+        t.dtype == wire.torch_dtype and t.is_contiguous() and t.device.type == "cpu"
+        and (e.numel == 0 or t.data_ptr() == buffer.data_ptr() + e.offset)
+        for e in layout.tensors for t in [tensors[e.name]]
+    ) and layout.total_bytes <= buffer.numel()
+
+
+def _check_overlap(flat: Mapping[str, torch.Tensor], layout: Layout, data: torch.Tensor) -> None:
+    """LayoutMismatch for a source tensor inside the encode buffer anywhere but at its own place in
+    the layout in the wire dtype: encoding an earlier chunk would overwrite it before it is read."""
+    lo, hi = data.data_ptr(), data.data_ptr() + data.numel()
+    for entry in layout.tensors:
+        t = flat[entry.name]
+        if t.device.type != "cpu" or t.numel() == 0:
+            continue
+        start = t.data_ptr()
+        if start < hi and lo < start + t.numel() * t.element_size() and not (
+            not layout.wire.quantized and t.dtype == layout.wire.torch_dtype and start == lo + entry.offset
+        ):
+            raise LayoutMismatch(f"{entry.name} lies inside the encode buffer, not at its place in the "
+                                 f"{layout.wire.name} layout: encoding would overwrite it before reading it")
 
 
 @dataclass
@@ -474,15 +518,19 @@ def encode(
     chunk_size: int = DEFAULT_CHUNK_BYTES,
     out: torch.Tensor | None = None,
     kind: ObjectKind = ObjectKind.PSEUDO_GRADIENT,
+    param_dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> Encoded:
     """Encodes a pseudo-gradient (named float tensors on any device) into an Encoded object.
 
     `out`, if given, is a contiguous CPU uint8 buffer of at least the layout's bytes to encode into:
-    one reused across rounds (no page faults on fresh memory), or an mmapped file in /dev/shm that
-    the trainer process fills. Otherwise fresh memory is allocated.
+    one reused across rounds (no page faults on fresh memory). The tensors may already lie in it,
+    each at its place in the layout in the wire dtype (the trainer's file, mapped: see
+    trainer.process.map_state): those are hashed and checked where they are, not copied. Otherwise
+    fresh memory is allocated. `param_dtypes`: the parameters' dtypes, which the layout names, where
+    the tensors are in another one (the wire dtype).
     """
-    layout = Layout.of(tensors, wire)
-    layout.check_tensors(tensors, f"pseudo-gradient of {site}")
+    layout = Layout.of(tensors, wire, param_dtypes)
+    layout.check_tensors(tensors, f"pseudo-gradient of {site}", dtypes=param_dtypes is None)
     flat = flat_views(tensors, layout)
     key = ObjectKey(round, site, kind)
     probe = build_manifest(key, layout, 0, layout.total_bytes, chunk_size, [], [], tokens)
@@ -493,6 +541,7 @@ def encode(
         raise LayoutMismatch(f"encode buffer must be contiguous CPU uint8 of >= {nbytes} bytes")
     else:
         data = out[:nbytes]
+        _check_overlap(flat, layout, data)
     hashes, exps = [], []
     for i in range(probe.num_chunks):
         start, end = probe.chunk_bounds(i)

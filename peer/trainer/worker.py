@@ -4,8 +4,10 @@ The node (peer/node.py, through `peer.trainer.process.TrainerProcess`) must neve
 training, so it spawns this process and talks to it over pipes:
 
 - stdin: one JSON command per line; stdout: one JSON reply per line, in order; stderr: logs.
-- Tensors never go through the pipe: they are fp32 safetensors files in `--shm-dir` (the node puts
-  it in /dev/shm when the machine has one); commands and replies carry their paths.
+- Tensors never go through the pipe: they are safetensors files in `--shm-dir` (the node puts
+  it in /dev/shm when the machine has one); commands and replies carry their paths. Weights are in
+  the parameters' dtype; a pseudo-gradient is in the wire dtype where the wire is bf16 or fp32
+  (config.HANDOFF_DTYPES: the node then encodes it where it lies), else in the parameters' dtype.
 - Every command may carry an "id", echoed in its reply so the node can match them.
 
 Commands and replies (every reply has "ok"; on failure {"ok": false, "error": "..."} and the worker
@@ -71,7 +73,7 @@ import torch
 from peer.outer import state_dict_hash
 from peer.trainer.blocks import BlockIndex, SampleRange, merge_ranges
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
-from peer.trainer.config import TrainerConfig
+from peer.trainer.config import HANDOFF_DTYPES, TrainerConfig
 from peer.trainer.inner import Trainer
 from peer.trainer.model import count_parameters
 from peer.trainer.process import read_state, write_state
@@ -268,7 +270,9 @@ class Worker:
         fold = None if fold_path is None else self._fold_source(Path(fold_path))
         r = self._collective("train", lambda: self.trainer.train_round(theta, ranges, steps, start_step,
                                                                         budget_s=budget, fold=fold))
-        out = write_state(self.shm_dir / f"pseudo_gradient-r{rnd}.safetensors", r.pseudo_gradient)
+        handoff = HANDOFF_DTYPES.get(self.trainer.cfg.wire)
+        out = write_state(self.shm_dir / f"pseudo_gradient-r{rnd}.safetensors", r.pseudo_gradient,
+                          None if handoff is None else getattr(torch, handoff))
         log.info("round %d: %d steps, %d tokens, mean loss %.4f, %.1fs", rnd, r.steps, r.tokens,
                  r.mean_loss, r.seconds)
         return {

@@ -117,7 +117,8 @@ def test_two_steps_return_a_pseudo_gradient_of_what_was_trained(worker: Started)
     assert trained <= {(b, i) for b, s, e in given for i in range(s, e)}
     theta0, delta = read_state(worker.hello.weights), read_state(out.pseudo_gradient)
     assert delta.keys() == theta0.keys()
-    assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in delta.values())
+    # Handed over in the wire dtype (bf16 by default, config.HANDOFF_DTYPES): the node encodes it in place.
+    assert all(t.dtype == torch.bfloat16 and torch.isfinite(t).all() for t in delta.values())
     assert any(t.abs().max() > 0 for t in delta.values())
     # θ_local = θ_0 − Δ is the better model on held-out data than θ_0.
     local = write_state(worker.dir / "local.safetensors", {n: theta0[n] - delta[n] for n in theta0})
