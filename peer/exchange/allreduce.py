@@ -39,9 +39,9 @@ from peer.exchange.client import (
     FetchError,
     FetchPolicy,
     FetchStats,
-    InThread,
     fetch_chunks,
     fetch_manifest,
+    into_destination,
 )
 from peer.exchange.store import ExchangeStore, MeanInputs
 
@@ -446,10 +446,7 @@ async def reduce_scatter_mean(
             if got != expected(owner):
                 raise codec.LayoutMismatch(f"{key}: its shard, contributors or tokens differ from this peer's view")
 
-            def decode(index: int, data: memoryview) -> None:
-                codec.decode_verified_chunk(m, index, data, dest)
-
-            await fetch_chunks(m, [client], InThread(decode), policy=policy, stats=stats)
+            await fetch_chunks(m, [client], into_destination(m, dest), policy=policy, stats=stats)
         except (FetchError, codec.ManifestError, codec.LayoutMismatch) as err:
             log.warning("round %d: shard owner %s does not serve its mean shard (%s); reducing that shard "
                         "here from every pseudo-gradient (all-to-all for this shard)", round_, owner, err)

@@ -29,7 +29,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -433,6 +433,8 @@ def receive(
     deadline: float | None = None,
     reached: threading.Event | None = None,
     buffers: ChunkBuffers | None = None,
+    into: Callable[[int], Sequence[memoryview] | None] | None = None,
+    placed: Callable[[int, Sequence[memoryview]], None] | None = None,
 ) -> None:
     """Reads chunks [first, end) off `sock`, checks each (index, length, blake3) and hands it to
     `deliver`, in order: a coroutine function is run on `loop`, receiving chunk k+1 overlapping
@@ -443,7 +445,11 @@ def receive(
     view); a coroutine gets a buffer of `buffers`, which it gives back when done, or a fresh one
     per chunk without a pool (docs/decisions/exchange-buffer-reuse.md). Raises Truncated,
     Misplaced, codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is
-    raised here too. Runs in its own thread."""
+    raised here too. Runs in its own thread.
+    `into`, with a plain `deliver`: where chunk k's bytes belong when they can go there as they are
+    (codec.chunk_targets); such a chunk is received straight into that memory, verified there and
+    handed to `placed` instead of `deliver`. A corrupt one leaves garbage there until the retry
+    writes it again (the destination means nothing before the fetch returns)."""
     on_loop = asyncio.iscoroutinefunction(deliver)
     header = memoryview(bytearray(HEADER.size))
     if not on_loop:  # one buffer for the connection: the function is done with a chunk when it returns
@@ -470,6 +476,17 @@ def receive(
             if b != stop - start:  # checked before reading: a lying length cannot make us allocate
                 raise codec.ChunkError(f"{manifest.key}: chunk {due} announced {b} bytes, a "
                                        f"{manifest.layout.wire.name} chunk of this manifest has {stop - start}")
+            targets = None if into is None or on_loop else into(due)
+            if targets is not None:
+                assert placed is not None
+                for target in targets:
+                    if not _recv_into(sock, target, by):
+                        raise Truncated(f"connection ended inside chunk {due}")
+                codec.verify_placed(manifest, due, targets)
+                if stopped.is_set():
+                    return
+                placed(due, targets)
+                continue
             # Without a pool, a fresh buffer per chunk: the sink may hold it (the reducer's window).
             view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8)) if buffers is None else buffers.take(b)
             if not _recv_into(sock, view, by):

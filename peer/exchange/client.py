@@ -45,6 +45,11 @@ class InThread:
     is valid only during the call: the bulk plane receives the next chunk into the same buffer."""
 
     fn: Callable[[int, memoryview], None]
+    into: Callable[[int], Sequence[memoryview] | None] | None = None
+    """Where chunk k's bytes belong, if they can go there as they are (codec.chunk_targets: the
+    destination's own memory). The bulk plane receives such a chunk straight into it and hands
+    it to `placed` instead of `fn`: no receive buffer and no copy. Over gRPC every chunk goes to `fn`."""
+    placed: Callable[[int, Sequence[memoryview]], None] | None = None
 
 
 # Receives each verified chunk (index, data) in increasing index order.
@@ -437,9 +442,9 @@ async def _one_bulk_stream(
     delivering: set[asyncio.Task[object]] = set()
     moved = [0, 0]  # chunks, bytes: counted where delivered, added to `stats` on the loop at the end
 
-    def advanced(index: int, data: memoryview) -> None:
+    def advanced(index: int, nbytes: int) -> None:
         moved[0] += 1
-        moved[1] += len(data)
+        moved[1] += nbytes
         progress.next = index + 1
 
     async def deliver(index: int, data: memoryview) -> None:
@@ -453,7 +458,7 @@ async def _one_bulk_stream(
             await sink(index, data)
         finally:
             delivering.discard(task)
-        advanced(index, data)
+        advanced(index, len(data))
 
     def in_thread(index: int, data: memoryview) -> None:
         # The loop reads progress and `moved` only once this thread is done.
@@ -461,7 +466,14 @@ async def _one_bulk_stream(
         if stopped.is_set():
             return
         sink.fn(index, data)
-        advanced(index, data)
+        advanced(index, len(data))
+
+    def placed(index: int, targets: Sequence[memoryview]) -> None:
+        assert isinstance(sink, InThread) and sink.placed is not None
+        if stopped.is_set():
+            return
+        sink.placed(index, targets)
+        advanced(index, sum(len(t) for t in targets))
 
     def settle(err: BaseException | None) -> None:
         if not done.done():
@@ -476,7 +488,9 @@ async def _one_bulk_stream(
                 return
             bulk.receive(sock, manifest, progress.next, end, loop,
                          in_thread if isinstance(sink, InThread) else deliver, stopped,
-                         stall_s=policy.stall_s, deadline=deadline, reached=reached, buffers=buffers)
+                         stall_s=policy.stall_s, deadline=deadline, reached=reached, buffers=buffers,
+                         into=sink.into if isinstance(sink, InThread) and sink.placed is not None else None,
+                         placed=placed)
         except BaseException as caught:  # noqa: BLE001 - handed to the loop, raised there
             err = caught
         finally:
@@ -587,8 +601,17 @@ async def fetch_into(
     used. NonFiniteError (NaN/Inf in verified data: the sender's fault) is raised without retrying.
     """
     codec.check_destination(manifest.layout, dest)
+    return await fetch_chunks(manifest, sources, into_destination(manifest, dest), policy=policy)
+
+
+def into_destination(manifest: codec.Manifest, dest: Mapping[str, torch.Tensor]) -> InThread:
+    """The sink that decodes every chunk of `manifest` into `dest` (checked by check_destination);
+    where `dest` is in the wire dtype, the bulk plane receives chunks straight into it."""
 
     def decode(index: int, data: memoryview) -> None:
         codec.decode_verified_chunk(manifest, index, data, dest)
 
-    return await fetch_chunks(manifest, sources, InThread(decode), policy=policy)
+    def placed(index: int, targets: Sequence[memoryview]) -> None:
+        codec.check_placed(manifest, index, targets)
+
+    return InThread(decode, lambda index: codec.chunk_targets(manifest, index, dest), placed)

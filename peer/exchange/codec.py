@@ -593,10 +593,56 @@ def scatter_values(
 
 
 def check_destination(layout: Layout, dest: Mapping[str, torch.Tensor]) -> None:
-    layout.check_tensors(dest, "destination")
-    for name, t in dest.items():
+    """LayoutMismatch unless `dest` has the layout's names and shapes, contiguous, each tensor in the
+    parameter's dtype or, for a bf16/fp32 wire, in the wire dtype (which holds the wire's values
+    exactly: a mean that the bulk plane receives straight into place, see `chunk_targets`)."""
+    layout.check_tensors(dest, "destination", dtypes=False)
+    in_wire = dtype_name(layout.wire.torch_dtype) if layout.wire in PLACEABLE else None
+    for entry in layout.tensors:
+        t = dest[entry.name]
+        if dtype_name(t.dtype) not in (entry.dtype, in_wire):
+            raise LayoutMismatch(f"destination: {entry.name} has dtype {dtype_name(t.dtype)}, layout says {entry.dtype}"
+                                 + (f" (or the wire's {in_wire})" if in_wire else ""))
         if not t.is_contiguous():
-            raise LayoutMismatch(f"destination: {name} is not contiguous (decode writes into it in place)")
+            raise LayoutMismatch(f"destination: {entry.name} is not contiguous (decode writes into it in place)")
+
+
+# Wire formats whose chunks a destination in the wire dtype can receive as they are: fp16 chunks may
+# carry a scale that takes their values beyond fp16, int8/int4 must be dequantized.
+PLACEABLE = frozenset({WireDtype.BF16, WireDtype.FP32})
+
+
+def chunk_targets(manifest: Manifest, index: int, dest: Mapping[str, torch.Tensor]) -> list[memoryview] | None:
+    """The bytes of `dest` that chunk `index` fills, in order, where its wire bytes can go there as
+    they are (a bf16/fp32 wire, every tensor the chunk touches in the wire dtype on the CPU); else
+    None. The bulk plane receives such a chunk straight into them: no buffer, no copy."""
+    wire = manifest.layout.wire
+    if wire not in PLACEABLE:
+        return None
+    start, end = manifest.chunk_bounds(index)
+    targets = []
+    for entry, a, b in manifest.layout.pieces(start, end):
+        t = dest[entry.name]
+        if t.dtype != wire.torch_dtype or t.device.type != "cpu":
+            return None
+        targets.append(as_memoryview(t.view(-1)[a:b].view(torch.uint8)))
+    return targets
+
+
+def verify_placed(manifest: Manifest, index: int, targets: Sequence[memoryview]) -> None:
+    """verify_chunk for a chunk received into `targets` (chunk_targets): its bytes in order."""
+    h = blake3.blake3()
+    for t in targets:
+        h.update(t)
+    if h.digest() != manifest.chunk_hashes[index]:
+        raise ChunkError(f"{manifest.key}: chunk {index} hash mismatch")
+
+
+def check_placed(manifest: Manifest, index: int, targets: Sequence[memoryview]) -> None:
+    """The finite check decode_verified_chunk makes, for a verified chunk received into `targets`."""
+    dtype = manifest.layout.wire.torch_dtype
+    if not all(is_finite(wire_view(t, None).view(dtype)) for t in targets if len(t)):
+        raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
 
 
 def decode_verified_chunk(

@@ -310,7 +310,8 @@ def test_a_source_whose_bytes_never_match_ends_in_a_clear_error_and_nothing_is_d
     run(scenario)
 
 
-def test_non_finite_values_are_refused_over_the_bulk_plane_without_retrying() -> None:
+@pytest.mark.parametrize("dest_dtype", [torch.float32, torch.bfloat16])  # bf16: received in place
+def test_non_finite_values_are_refused_over_the_bulk_plane_without_retrying(dest_dtype: torch.dtype) -> None:
     async def scenario() -> None:
         enc = codec.encode({"w": torch.ones(64)}, round=1, site="a", tokens=1, chunk_size=32)
         enc.data.view(torch.bfloat16)[40] = float("inf")
@@ -319,7 +320,7 @@ def test_non_finite_values_are_refused_over_the_bulk_plane_without_retrying() ->
         async with serving(store) as address:
             client = ExchangeClient(address)
             with pytest.raises(codec.NonFiniteError, match="chunk 2"):
-                await fetch_into(enc.manifest, [client], {"w": torch.empty(64)}, POLICY)
+                await fetch_into(enc.manifest, [client], {"w": torch.empty(64, dtype=dest_dtype)}, POLICY)
             await client.close()
 
     run(scenario)

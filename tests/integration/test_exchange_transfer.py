@@ -63,14 +63,17 @@ def _published(
     return store, enc
 
 
-def _dest(enc: codec.Encoded) -> dict[str, torch.Tensor]:
-    return {e.name: torch.full(e.shape, float("nan")) for e in enc.manifest.layout.tensors}
+def _dest(enc: codec.Encoded, in_wire: bool = False) -> dict[str, torch.Tensor]:
+    """NaN-filled destination tensors, in the parameters' dtype or (`in_wire`) the wire's, which the
+    bulk plane receives straight into (codec.chunk_targets)."""
+    dtype = enc.manifest.layout.wire.torch_dtype if in_wire else torch.float32
+    return {e.name: torch.full(e.shape, float("nan"), dtype=dtype) for e in enc.manifest.layout.tensors}
 
 
 def _assert_exact(dest: dict[str, torch.Tensor], enc: codec.Encoded) -> None:
     want = decoded(enc)
     for name, t in want.items():
-        assert torch.equal(dest[name], t), name
+        assert torch.equal(dest[name].float(), t), name
 
 
 class RecordingServicer(ExchangeServicer):
@@ -102,6 +105,10 @@ class RecordingBulk(BulkServer):
 
 
 PLANES = ["grpc", "bulk"]
+# (wire, plane, destination in the wire dtype): every wire on both planes into fp32 (fp32 chunks go
+# straight into it on the bulk plane), and bf16 into bf16, received in place on the bulk plane and
+# decoded into it over gRPC.
+CASES = [(w, p, False) for w in WIRES for p in PLANES] + [(codec.WireDtype.BF16, p, True) for p in PLANES]
 
 
 async def _fetch_through(
@@ -109,9 +116,11 @@ async def _fetch_through(
     servicer_cls: type[ExchangeServicer] = RecordingServicer,
     wire: codec.WireDtype = codec.WireDtype.BF16,
     plane: str = "grpc",
+    in_wire: bool = False,
 ) -> Any:
     """Fetches one object with `faults` on the path its chunks take: the gRPC connection, or
-    (plane "bulk") the bulk connections, whose manifest and tickets go over gRPC directly."""
+    (plane "bulk") the bulk connections, whose manifest and tickets go over gRPC directly.
+    `in_wire`: into a destination in the wire dtype (received in place on the bulk plane)."""
     store, enc = _published(wire=wire)
     servicer = servicer_cls(store)
     bulk = RecordingBulk(store) if plane == "bulk" else None
@@ -123,7 +132,7 @@ async def _fetch_through(
                       else ExchangeClient(proxy.address, plane="grpc"))
             try:
                 manifest = await fetch_manifest(enc.manifest.key, [client], wait_s=5, policy=POLICY)
-                dest = _dest(enc)
+                dest = _dest(enc, in_wire)
                 stats = await fetch_into(manifest, [client], dest, POLICY)
                 stalls_sat_out = proxy.stalls_over  # read at once: the proxy's stall may end any moment
             finally:
@@ -134,24 +143,37 @@ async def _fetch_through(
     return stats, servicer, proxy, stalls_sat_out, requests
 
 
-@pytest.mark.parametrize("plane", PLANES)
-@pytest.mark.parametrize("wire", WIRES)
-def test_clean_transfer_is_exact_and_uses_one_stream(wire: codec.WireDtype, plane: str) -> None:
-    stats, servicer, proxy, _, requests = run(lambda: _fetch_through([], wire=wire, plane=plane))
+@pytest.mark.parametrize(("wire", "plane", "in_wire"), CASES)
+def test_clean_transfer_is_exact_and_uses_one_stream(wire: codec.WireDtype, plane: str, in_wire: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ways = {"decoded": 0, "placed": 0}  # how the chunks reached the destination
+
+    def counted(way: str, fn: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            ways[way] += 1
+            fn(*args)
+        return call
+
+    monkeypatch.setattr(codec, "decode_verified_chunk", counted("decoded", codec.decode_verified_chunk))
+    monkeypatch.setattr(codec, "check_placed", counted("placed", codec.check_placed))
+    stats, servicer, proxy, _, requests = run(lambda: _fetch_through([], wire=wire, plane=plane, in_wire=in_wire))
+    # Received in place exactly where the destination holds the wire's values and the bulk plane carries them.
+    placed = plane == "bulk" and (in_wire or wire is codec.WireDtype.FP32)
+    # (_fetch_through's own check decodes every chunk once more, from the published object.)
+    assert ways == {"decoded": stats.chunks * (1 if placed else 2), "placed": stats.chunks if placed else 0}
     assert requests == [0]
     assert (stats.attempts, stats.corrupt_chunks, stats.transport_errors) == (1, 0, 0)
     if plane == "bulk":
         assert servicer.requests == [], "the chunks came over gRPC, not the bulk plane"
 
 
-@pytest.mark.parametrize("plane", PLANES)
-@pytest.mark.parametrize("wire", WIRES)
-def test_dropped_connection_resumes_from_the_first_missing_chunk(wire: codec.WireDtype, plane: str) -> None:
+@pytest.mark.parametrize(("wire", "plane", "in_wire"), CASES)
+def test_dropped_connection_resumes_from_the_first_missing_chunk(wire: codec.WireDtype, plane: str, in_wire: bool) -> None:
     # The delay lets the client take the first chunks before the reset (gRPC discards what it
     # buffered but had not handed over when a connection dies).
     drop = 100_000
     stats, _, proxy, _, requests = run(
-        lambda: _fetch_through([Fault(drop_after=drop, delay_s=0.05)], wire=wire, plane=plane))
+        lambda: _fetch_through([Fault(drop_after=drop, delay_s=0.05)], wire=wire, plane=plane, in_wire=in_wire))
     assert proxy.faults_fired == [f"conn 1: dropped after {drop} bytes"]
     assert stats.transport_errors + stats.truncated_streams >= 1
     assert len(requests) >= 2 and requests[0] == 0
@@ -160,32 +182,29 @@ def test_dropped_connection_resumes_from_the_first_missing_chunk(wire: codec.Wir
     assert requests[1] >= 1
 
 
-@pytest.mark.parametrize("plane", PLANES)
-@pytest.mark.parametrize("wire", WIRES)
-def test_flipped_byte_is_detected_and_the_chunk_refetched(wire: codec.WireDtype, plane: str) -> None:
+@pytest.mark.parametrize(("wire", "plane", "in_wire"), CASES)
+def test_flipped_byte_is_detected_and_the_chunk_refetched(wire: codec.WireDtype, plane: str, in_wire: bool) -> None:
     # 60_000 bytes in: inside the payload of a chunk (neither HTTP/2 nor bulk frames carry a checksum).
     flip = 60_000
-    stats, _, proxy, _, requests = run(lambda: _fetch_through([Fault(flip_at=flip)], wire=wire, plane=plane))
+    stats, _, proxy, _, requests = run(lambda: _fetch_through([Fault(flip_at=flip)], wire=wire, plane=plane, in_wire=in_wire))
     assert proxy.faults_fired == [f"conn 1: flipped byte {flip}"]
     assert stats.corrupt_chunks + stats.transport_errors + stats.misplaced_chunks == 1
     assert requests[-1] > 0
 
 
-@pytest.mark.parametrize("plane", PLANES)
-@pytest.mark.parametrize("wire", WIRES)
-def test_stalled_sender_is_abandoned_after_the_stall_timeout(wire: codec.WireDtype, plane: str) -> None:
+@pytest.mark.parametrize(("wire", "plane", "in_wire"), CASES)
+def test_stalled_sender_is_abandoned_after_the_stall_timeout(wire: codec.WireDtype, plane: str, in_wire: bool) -> None:
     stall = 50_000
     stats, _, proxy, stalls_sat_out, _ = run(
-        lambda: _fetch_through([Fault(stall_after=stall, stall_s=5.0)], wire=wire, plane=plane))
+        lambda: _fetch_through([Fault(stall_after=stall, stall_s=5.0)], wire=wire, plane=plane, in_wire=in_wire))
     assert stats.stalls == 1 and proxy.faults_fired
     # An ordering, not a wall-clock window: the fetch finished while the proxy still held the stall.
     assert stalls_sat_out == 0, "the fetch waited for the stalled stream instead of abandoning it"
 
 
-@pytest.mark.parametrize("plane", PLANES)
-@pytest.mark.parametrize("wire", WIRES)
-def test_slow_link_completes(wire: codec.WireDtype, plane: str) -> None:
-    stats, *_ = run(lambda: _fetch_through([Fault(delay_s=0.002)], wire=wire, plane=plane))
+@pytest.mark.parametrize(("wire", "plane", "in_wire"), CASES)
+def test_slow_link_completes(wire: codec.WireDtype, plane: str, in_wire: bool) -> None:
+    stats, *_ = run(lambda: _fetch_through([Fault(delay_s=0.002)], wire=wire, plane=plane, in_wire=in_wire))
     assert stats.attempts == 1
 
 

@@ -147,6 +147,7 @@ def test_chunk_verification_catches_length_and_content() -> None:
         ({}, "missing"),
         ({"w": torch.empty(3, 4, dtype=torch.int32)}, "dtype int32, layout says float32"),
         ({"w": torch.empty(3, 4, dtype=torch.float64)}, "dtype float64, layout says float32"),
+        ({"w": torch.empty(3, 4, dtype=torch.float16)}, r"dtype float16, layout says float32 \(or the wire's bfloat16\)"),
         ({"w": torch.empty(4, 3).t()}, "contiguous"),
     ],
 )
@@ -154,6 +155,17 @@ def test_destination_must_match_the_layout(dest: dict[str, torch.Tensor], reason
     enc = codec.encode({"w": torch.randn(3, 4)}, round=1, site="s", tokens=1)
     with pytest.raises(codec.LayoutMismatch, match=reason):
         codec.decode(enc, dest)
+
+
+def test_a_destination_in_the_wire_dtype_holds_the_wire_values_exactly() -> None:
+    src = {"w": torch.randn(3, 4) * 1e3}
+    dest = {"w": torch.full((3, 4), float("nan"), dtype=torch.bfloat16)}
+    codec.decode(codec.encode(src, round=1, site="s", tokens=1), dest)
+    assert torch.equal(dest["w"], src["w"].bfloat16())
+    # fp16 chunks may carry a scale their values exceed fp16 by: decoded into the parameter's dtype only.
+    fp16 = codec.encode(src, round=1, site="s", tokens=1, wire=codec.WireDtype.FP16)
+    with pytest.raises(codec.LayoutMismatch, match="dtype float16, layout says float32$"):
+        codec.decode(fp16, {"w": torch.empty(3, 4, dtype=torch.float16)})
 
 
 def test_decode_writes_into_the_destination_in_place() -> None:

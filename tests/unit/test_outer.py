@@ -155,3 +155,16 @@ def test_bit_identical_across_processes() -> None:
         for t in (1, 2)
     }
     assert len(outs) == 1 and len(outs.pop().split()) == 2
+
+
+def test_a_bf16_mean_steps_exactly_as_the_same_values_in_fp32() -> None:
+    # The node receives the mean in the wire dtype (SiteTraining._take_mean): bf16 -> fp32 is exact,
+    # so θ and the momentum must be bit for bit those of an fp32 mean holding the same values.
+    g = torch.Generator().manual_seed(5)
+    params = {n: torch.randn(33, 7, generator=g) for n in ("a", "b")}
+    momentum = {n: torch.randn(33, 7, generator=g) for n in ("a", "b")}
+    mean = {n: torch.randn(33, 7, generator=g).bfloat16() for n in ("a", "b")}
+    got = outer_step(params, momentum, [(mean, 123)], lr=0.7, mu=0.9)
+    want = outer_step(params, momentum, [({n: t.float() for n, t in mean.items()}, 123)], lr=0.7, mu=0.9)
+    for side in (0, 1):
+        assert all(torch.equal(got[side][n], want[side][n]) and got[side][n].dtype == torch.float32 for n in params)
