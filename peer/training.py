@@ -283,6 +283,9 @@ class SiteTraining:
         # bf16/fp32: the trainer handed Δ over in the wire layout (config.HANDOFF_DTYPES), so it is
         # encoded where it lies; otherwise it is converted into a buffer reused round after round.
         in_place = codec.laid_out_in(delta, handed, wire)
+        if not in_place and wire in codec.PLACEABLE:  # the worker hands these over in the wire layout
+            log.warning("round %d: the trainer's pseudo-gradient is not in the %s wire layout; converting it "
+                        "into a buffer instead of encoding it where it lies", round_, wire.name)
         buffer = handed if in_place else self._encode_buffers.take(codec.encoded_nbytes(delta, wire))
         encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens,
                                                 wire=wire, out=buffer,

@@ -140,7 +140,7 @@ class TensorEntry:
     shape: tuple[int, ...]
     # First byte of the tensor in the flat layout.
     offset: int
-    # The parameter's dtype at the sender ("float32", ...); a destination must have the same.
+    # The parameter's dtype at the sender ("float32", ...): a destination's (check_destination).
     dtype: str = "float32"
 
     @property
@@ -592,12 +592,13 @@ def scatter_values(
         pos += b - a
 
 
-def check_destination(layout: Layout, dest: Mapping[str, torch.Tensor]) -> None:
+def check_destination(layout: Layout, dest: Mapping[str, torch.Tensor], *, wire_dtype: bool = True) -> None:
     """LayoutMismatch unless `dest` has the layout's names and shapes, contiguous, each tensor in the
-    parameter's dtype or, for a bf16/fp32 wire, in the wire dtype (which holds the wire's values
-    exactly: a mean that the bulk plane receives straight into place, see `chunk_targets`)."""
+    parameter's dtype or, for a bf16/fp32 wire and `wire_dtype`, in the wire dtype, which holds the
+    wire's values exactly (a mean that the bulk plane receives straight into place: `chunk_targets`).
+    `wire_dtype` False: for a caller that writes other values than the wire's (an fp32 mean)."""
     layout.check_tensors(dest, "destination", dtypes=False)
-    in_wire = dtype_name(layout.wire.torch_dtype) if layout.wire in PLACEABLE else None
+    in_wire = dtype_name(layout.wire.torch_dtype) if wire_dtype and layout.wire in PLACEABLE else None
     for entry in layout.tensors:
         t = dest[entry.name]
         if dtype_name(t.dtype) not in (entry.dtype, in_wire):

@@ -246,7 +246,7 @@ class RanksConfig:
         return self.launcher == "srun" or self.nproc_per_node > 1
 # exchange.proto's WireDtype names, spelled as configs spell them (peer.exchange.codec.WireDtype.named).
 WIRE_FORMATS = ("bf16", "fp16", "fp32", "int8", "int4")
-# The wire formats whose elements are a plain cast of the pseudo-gradient: the trainer hands Δ over
+# The wire formats whose elements are a plain cast of the pseudo-gradient: the worker hands Δ over
 # in that dtype, laid out as the wire is (safetensors sorts tensors by name and packs them), so the
 # node hashes and checks it where it lies instead of converting it into a wire buffer
 # (docs/decisions/exchange-pseudo-gradient-handoff.md). Not fp16: a chunk beyond 65504 must be

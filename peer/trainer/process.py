@@ -99,9 +99,9 @@ class TrainOutput:
 
 def write_state(path: str | Path, state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> Path:
     """Write a weight dict as safetensors, atomically: a reader sees the old file or the whole new one.
-    `dtype`: every tensor cast to it first, on its own device (a pseudo-gradient in the wire dtype:
-    on a GPU, half the bytes then cross to the host). safetensors packs tensors of one dtype sorted
-    by name, which is the exchange's wire layout (map_state).
+    `dtype`: every tensor cast to it first, where it is (a pseudo-gradient in the wire dtype; the
+    trainer computes Δ on the CPU). safetensors packs tensors of one dtype sorted by name, which is
+    the exchange's wire layout (map_state).
 
     No fsync: these files hand tensors between two live processes (usually in /dev/shm, RAM);
     durability across crashes is the checkpoint's job (checkpoint.py).
@@ -145,8 +145,10 @@ def map_state(path: str | Path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         raise ValueError(f"{path}: header of {header_bytes} bytes in a {size}-byte file; not a safetensors file")
     try:
         header = json.loads(mapped[8 : 8 + header_bytes])
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: the safetensors header is not JSON ({err})") from None
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}: the safetensors header is not JSON ({err!r})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the safetensors header is a JSON {type(header).__name__}, not an object")
     data = raw[8 + header_bytes :]
     tensors = {}
     for name, entry in header.items():
@@ -156,6 +158,8 @@ def map_state(path: str | Path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
             shape = [int(d) for d in entry["shape"]]
             start, end = (int(x) for x in entry["data_offsets"])
+            if min(shape, default=0) < 0:
+                raise ValueError("a negative dimension")
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: tensor {name!r} has a bad header entry {entry!r} ({err!r})") from None
         nbytes = math.prod(shape) * dtype.itemsize

@@ -59,9 +59,11 @@ def _encode(
 async def _mesh(
     scheme: Scheme, faults: dict[tuple[str, str], list[Fault]], encoded: dict[str, codec.Encoded],
     plane: str = "bulk",
+    dest_dtype: torch.dtype = torch.float32,
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, MeanReport]]:
     """Runs `scheme` on every peer at once; faults[(receiver, sender)] go on that one path (its
-    gRPC connection for plane "grpc", its bulk connections for "bulk")."""
+    gRPC connection for plane "grpc", its bulk connections for "bulk"). `dest_dtype`: of every
+    peer's mean (the node's is the wire dtype, received in place)."""
     models = encoded
     stores = {s: ExchangeStore() for s in models}
     async with contextlib.AsyncExitStack() as stack:
@@ -86,7 +88,8 @@ async def _mesh(
                     client = ExchangeClient(proxied or address, plane="grpc")
                 stack.push_async_callback(client.close)
                 clients[me][other] = client
-        dests = {s: {e.name: torch.full(e.shape, float("nan")) for e in encoded[s].manifest.layout.tensors} for s in models}
+        dests = {s: {e.name: torch.full(e.shape, float("nan"), dtype=dest_dtype)
+                     for e in encoded[s].manifest.layout.tensors} for s in models}
 
         async def peer(me: str) -> MeanReport:
             await stores[me].publish(encoded[me])
@@ -110,7 +113,7 @@ def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: d
         want = decoded(codec.encode(want, round=ROUND, site="x", tokens=1, chunk_size=m.chunk_size, wire=m.layout.wire))
     for site, dest in dests.items():
         for name in want:
-            assert torch.equal(dest[name], want[name]), (site, name)
+            assert torch.equal(dest[name].float(), want[name]), (site, name)
 
 
 @pytest.mark.parametrize("wire", list(codec.WireDtype))
@@ -159,6 +162,27 @@ def test_mean_is_exact_despite_drops_flips_and_stalls(scheme: Scheme, plane: str
         for s, r in reports.items()
     }
     assert all(faults_seen[receiver] >= 1 for receiver, _ in faults), faults_seen
+
+
+def test_a_mean_received_in_place_in_bf16_is_exact_despite_drops_flips_and_stalls() -> None:
+    # The node's case: bf16 wire, its mean in bf16, the mean shards received straight into it.
+    faults = {
+        ("alpha", "bravo"): [Fault(drop_after=20_000)],
+        ("bravo", "charlie"): [Fault(flip_at=10_000)],
+        ("charlie", "alpha"): [Fault(stall_after=15_000, stall_s=3.0)],
+    }
+    encoded = _encode(_models(seed=11))
+    dests, reports = asyncio.run(_mesh(reduce_scatter_mean, faults, encoded, "bulk", torch.bfloat16))
+    _check(reduce_scatter_mean, dests, encoded)
+    assert all(t.dtype == torch.bfloat16 for d in dests.values() for t in d.values())
+    assert all(sum(st.corrupt_chunks + st.transport_errors + st.stalls + st.truncated_streams
+                   for st in reports[receiver].stats.values()) >= 1 for receiver, _ in faults)
+
+
+def test_all_to_all_refuses_a_destination_in_the_wire_dtype() -> None:
+    # Its mean is fp32 arithmetic, not the wire's values: bf16 would round it where nobody asked.
+    with pytest.raises(codec.LayoutMismatch, match="dtype bfloat16, layout says float32$"):
+        asyncio.run(_mesh(all_to_all_mean, {}, _encode(_models()), "bulk", torch.bfloat16))
 
 
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])

@@ -43,9 +43,10 @@ def config(cache_dir: Path, ranks: int, timeout_s: float = 600.0, parallel: str 
     # Global batch 8 either way: one rank x 8, or two ranks x 2 micro-steps x 2 samples.
     inner = InnerConfig(lr=3e-3, warmup_steps=1, total_steps=10, batch_size=BATCH,
                         micro_batch_size=BATCH // (2 * ranks) if ranks > 1 else BATCH, device="cpu")
+    # wire="fp32": the worker hands Δ over in the wire dtype, and the ranks are compared at fp32 tolerance.
     return TrainerConfig(MODEL_PRESETS["micro"], data, inner, eval_samples=16,
                          ranks=RanksConfig(nproc_per_node=ranks, collective_timeout_s=timeout_s,
-                                           parallel=parallel))
+                                           parallel=parallel), wire="fp32")
 
 
 async def _round(cfg: TrainerConfig, workdir: Path) -> tuple[dict[str, torch.Tensor], object, object]:
