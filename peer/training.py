@@ -354,17 +354,15 @@ class SiteTraining:
         """A destination for a round's mean: the spare one if it still fits the weights (an outcome
         running at the same time allocates its own), else fresh memory."""
         spare, self._spare_mean = self._spare_mean, None
-        # In the wire dtype where it holds the wire's values exactly (bf16, fp32): the bulk plane then
-        # receives the mean shards straight into it (codec.chunk_targets), and the outer step reads
-        # the same values as from fp32 (bf16 -> fp32 is exact).
-        wire = codec.WireDtype.named(self.trainer_config.wire)
-        dtype = wire.torch_dtype if wire in codec.PLACEABLE else None
+        # In the parameters' dtype, not the wire's (which the bulk plane could receive into in place):
+        # with a bf16 mean, scripts/run.sh's perplexity ratio was 1.32 and 1.78 in two runs against
+        # 1.02 with fp32, cause not found (docs/decisions/exchange-mean-in-place.md).
         if spare is not None and spare.keys() == self.weights.keys() and all(
-            (spare[n].shape, spare[n].dtype, spare[n].device) == (t.shape, dtype or t.dtype, t.device)
+            (spare[n].shape, spare[n].dtype, spare[n].device) == (t.shape, t.dtype, t.device)
             for n, t in self.weights.items()
         ):
             return spare
-        return {n: torch.empty_like(t, dtype=dtype) for n, t in self.weights.items()}
+        return {n: torch.empty_like(t) for n, t in self.weights.items()}
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
         """Makes the committed round this peer's state: verify the hash (I7), then persist, serve and
