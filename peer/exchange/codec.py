@@ -438,17 +438,22 @@ def _in_place(piece: torch.Tensor, dst: torch.Tensor, pos: int) -> bool:
             and piece.data_ptr() == dst.data_ptr() + pos * dst.element_size())
 
 
+def _at_its_place(t: torch.Tensor, entry: TensorEntry, buffer: torch.Tensor, wire: WireDtype) -> bool:
+    """`t` is contiguous CPU memory of `buffer` at `entry`'s place in `wire`'s layout, in the wire
+    dtype (an empty tensor has no address: the dtype is all it can match)."""
+    return (not wire.quantized and t.dtype == wire.torch_dtype and t.device.type == "cpu" and t.is_contiguous()
+            and (t.numel() == 0 or t.data_ptr() == buffer.data_ptr() + entry.offset))
+
+
 def laid_out_in(tensors: Mapping[str, torch.Tensor], buffer: torch.Tensor, wire: WireDtype) -> bool:
     """Every tensor already lies in `buffer` (CPU uint8) at its place in `wire`'s layout, in the wire
     dtype: `encode(tensors, out=buffer)` then copies nothing (the trainer's file, mapped)."""
     if wire.quantized or buffer.dtype != torch.uint8 or buffer.device.type != "cpu":
         return False
     layout = Layout.of(tensors, wire)
-    return all(
-        t.dtype == wire.torch_dtype and t.is_contiguous() and t.device.type == "cpu"
-        and (e.numel == 0 or t.data_ptr() == buffer.data_ptr() + e.offset)
-        for e in layout.tensors for t in [tensors[e.name]]
-    ) and layout.total_bytes <= buffer.numel()
+    return layout.total_bytes <= buffer.numel() and all(
+        _at_its_place(tensors[e.name], e, buffer, wire) for e in layout.tensors
+    )
 
 
 def _check_overlap(flat: Mapping[str, torch.Tensor], layout: Layout, data: torch.Tensor) -> None:
@@ -460,9 +465,7 @@ def _check_overlap(flat: Mapping[str, torch.Tensor], layout: Layout, data: torch
         if t.device.type != "cpu" or t.numel() == 0:
             continue
         start = t.data_ptr()
-        if start < hi and lo < start + t.numel() * t.element_size() and not (
-            not layout.wire.quantized and t.dtype == layout.wire.torch_dtype and start == lo + entry.offset
-        ):
+        if start < hi and lo < start + t.numel() * t.element_size() and not _at_its_place(t, entry, data, layout.wire):
             raise LayoutMismatch(f"{entry.name} lies inside the encode buffer, not at its place in the "
                                  f"{layout.wire.name} layout: encoding would overwrite it before reading it")
 
