@@ -152,3 +152,13 @@ def test_a_file_not_in_the_wire_dtype_is_not_encoded_in_place(tmp_path: Path) ->
     assert not codec.laid_out_in(tensors, data, codec.WireDtype.BF16)
     assert not codec.laid_out_in(tensors, data, codec.WireDtype.INT4)
     assert not codec.laid_out_in(tensors, torch.empty_like(data), codec.WireDtype.FP32)
+
+
+def test_a_tensor_at_its_place_in_another_dtype_is_not_in_place(tmp_path: Path) -> None:
+    # One fp32 tensor lies at the bf16 layout's offset 0 too: only its dtype tells it apart.
+    tensors, data = map_state(write_state(tmp_path / "pg.safetensors", {"w": torch.randn(64)}))
+    assert not codec.laid_out_in(tensors, data, codec.WireDtype.BF16)
+    before = data.clone()
+    with pytest.raises(codec.LayoutMismatch, match="inside the encode buffer"):
+        codec.encode(tensors, round=1, site="s", tokens=1, out=data)
+    assert torch.equal(data, before)
