@@ -13,9 +13,10 @@ Two schemes over the same transfer service (see docs/decisions/exchange-mean-sch
 
 In both, chunk i is summed over sites in sorted site order with separate multiply and add kernels
 (never a fused multiply-add, whose rounding differs between CPUs), so every peer computes the same
-bits (invariant I7). Memory: the reduction holds at most `window` chunks per remote site beyond the
-destination tensors and the peer's own encoded object; fetchers that run ahead wait (gRPC flow
-control then pauses their senders).
+bits (invariant I7). The reduction runs in the streams' own threads, one chunk per remote site in
+hand (Reducer): beyond the destination tensors and the peer's own encoded object it holds one
+chunk per stream, and a stream that runs ahead waits (its socket buffers, then TCP or gRPC flow
+control, pause its sender).
 
     .venv/bin/python -m pytest tests/integration/test_exchange_allreduce.py -q
     scripts/bench_exchange --sizes-mb 64
@@ -25,21 +26,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from peer.exchange import codec
-from peer.exchange.buffers import ChunkBuffers, ExchangeMemory
+from peer.exchange.buffers import ExchangeMemory
 from peer.exchange.client import (
     ExchangeClient,
     FetchError,
     FetchPolicy,
     FetchStats,
     fetch_chunks,
+    InThread,
     fetch_manifest,
     into_destination,
 )
@@ -47,8 +49,6 @@ from peer.exchange.store import ExchangeStore, MeanInputs
 
 log = logging.getLogger("sitemesh.exchange")
 
-# 32 chunks of 1 MiB per remote site: enough to keep every stream busy while a chunk is reduced.
-DEFAULT_WINDOW = 32
 # Elements of a chunk reduced at a time: 64 Ki fp32 (256 KiB) keeps the sum and one site's term in
 # cache through every site's pass; a whole 1 MiB chunk at once was 26 % slower (exchange-buffer-reuse.md).
 REDUCE_BLOCK = 1 << 16
@@ -99,8 +99,22 @@ async def publish_pseudo_gradient(
     return encoded
 
 
-class WindowedReducer:
-    """Sums chunks [first, end) over all sites in sorted order once every site's chunk is held."""
+class ReductionStopped(RuntimeError):
+    """The reduction was stopped (it failed in another stream's thread, another contributor's fetch
+    failed, or the exchange was cancelled): a stream waiting to hand over its chunk ends with this
+    instead of waiting for ever. Not retried."""
+
+
+class Reducer:
+    """Sums chunks [first, end) over all sites in sorted order, in the threads that receive them.
+
+    Each remote site's stream hands over its chunks in order (`put`, a blocking call) and waits
+    until that chunk is reduced; the stream whose chunk completes the set reduces it right there.
+    So the remote streams move in lockstep, one chunk each in hand (what the kernel's socket buffers
+    and gRPC's flow-control windows hold keeps their senders going meanwhile), exactly one chunk is
+    reduced at a time, and no chunk is handed to the event loop or another thread: the hand-offs of
+    each chunk (a receiving thread to the loop, the loop to a worker and back) cost more CPU than
+    they saved on this 2-core machine (docs/decisions/exchange-reduce-in-receiving-threads.md)."""
 
     def __init__(
         self,
@@ -109,8 +123,6 @@ class WindowedReducer:
         first: int,
         end: int,
         emit: Emit,
-        window: int = DEFAULT_WINDOW,
-        memory: ExchangeMemory | None = None,
     ) -> None:
         total = sum(m.tokens for m in manifests.values())
         if total <= 0:
@@ -119,36 +131,62 @@ class WindowedReducer:
         self._manifests, self._local = manifests, local
         self._weights = {s: m.tokens / total for s, m in manifests.items()}
         self._remote = len(manifests) - len(local)
-        self._frontier, self._end, self._window, self._emit = first, end, window, emit
-        self._pending: dict[int, dict[str, memoryview]] = defaultdict(dict)
+        self._next, self._end, self._emit = first, end, emit
+        self._held: dict[str, memoryview] = {}  # the remote sites' chunk `_next`, as handed over
+        self._stopped = self._reducing = False
+        self.failure: BaseException | None = None
+        """What a reduction raised, in whichever stream's thread it ran (the others raise ReductionStopped)."""
+        self._changed = threading.Condition()
         any_manifest = next(iter(manifests.values()))
         elements = any_manifest.chunk_size // any_manifest.layout.wire.itemsize
+        # Scratch buffers, reused: one chunk is reduced at a time.
         self._acc, self._term = torch.empty(elements), torch.empty(min(elements, REDUCE_BLOCK))
-        self._changed = asyncio.Condition()
-        chunk_bytes = any_manifest.layout.wire.wire_bytes(any_manifest.chunk_size)
-        self.buffers = memory.chunks(chunk_bytes) if memory is not None else ChunkBuffers(chunk_bytes)
-        """Where the fetchers receive chunks (given back once reduced): memory reused, not faulted in."""
 
-    async def put(self, site: str, index: int, data: memoryview) -> None:
-        """Hands over a verified chunk; waits while `index` is a window or more ahead of the reduction."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: index < self._frontier + self._window)
-            self._pending[index][site] = data
+    def put(self, site: str, index: int, data: memoryview) -> None:
+        """Hands over `site`'s verified chunk `index` (the next one due: streams deliver in order) and
+        returns once it is reduced; `data` is read until then, never after. Raises what the
+        reduction raised, or ReductionStopped once `stop` was called."""
+        with self._changed:
+            if self._stopped:
+                raise ReductionStopped("the reduction was stopped")
+            if index != self._next or site in self._held:  # a stream's order, or this class, is broken
+                raise RuntimeError(f"{site} handed over chunk {index} while chunk {self._next} is reduced")
+            self._held[site] = data
+            if len(self._held) < self._remote:
+                # Stopped, a stream still leaves only once no reduction reads its chunk any more.
+                self._changed.wait_for(lambda: self._next > index or (self._stopped and not self._reducing))
+                if self._next > index:
+                    return
+                raise ReductionStopped("the reduction was stopped")
+            held, self._held, self._reducing = self._held, {}, True
+        reduced = False
+        try:
+            self._reduce(index, held)  # torch and blake3 release the GIL: other streams go on
+            reduced = True
+        except BaseException as err:
+            self.failure = err
+            raise
+        finally:
+            with self._changed:
+                self._reducing = False
+                if reduced:
+                    self._next = index + 1
+                else:
+                    self._stopped = True
+                self._changed.notify_all()
+
+    def stop(self) -> None:
+        """Wakes every stream waiting in `put` (they raise ReductionStopped); for a failed exchange."""
+        with self._changed:
+            self._stopped = True
             self._changed.notify_all()
 
-    async def run(self) -> None:
-        while self._frontier < self._end:
-            index = self._frontier
-            async with self._changed:
-                await self._changed.wait_for(lambda i=index: len(self._pending[i]) == self._remote)
-                held = self._pending.pop(index)
-            # torch releases the GIL: the event loop keeps streaming while the chunk is reduced.
-            await asyncio.to_thread(self._reduce, index, held)
-            for data in held.values():
-                self.buffers.give(data)
-            async with self._changed:
-                self._frontier += 1
-                self._changed.notify_all()
+    def reduce_local(self) -> None:
+        """Every chunk, when all contributors are local (no stream hands anything over)."""
+        assert self._remote == 0
+        for index in range(self._next, self._end):
+            self._reduce(index, {})
+        self._next = self._end
 
     def _values(self, site: str, index: int, held: Mapping[str, memoryview]) -> tuple[torch.Tensor, float]:
         data = self._local[site].chunk(index) if site in self._local else held[site]
@@ -156,7 +194,6 @@ class WindowedReducer:
         return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index))
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
-        # Scratch buffers, reused: the reduction runs one chunk at a time.
         n = self._manifests[self._order[0]].chunk_elements(index)
         acc = self._acc[:n]
         terms: list[tuple[torch.Tensor, float]] = []  # (values, weight x fp16 scale) per site, in order
@@ -216,14 +253,17 @@ async def _manifests(
     return manifests
 
 
-async def _all(tasks: Sequence[Awaitable[object]]) -> None:
-    """Runs coroutines together; the first failure cancels the rest and is raised."""
+async def _all(tasks: Sequence[Awaitable[object]], stop: Callable[[], None] | None = None) -> None:
+    """Runs coroutines together; the first failure cancels the rest and is raised. `stop` is called
+    before waiting for the cancelled ones: it wakes their threads where those wait on each other."""
     futures = [asyncio.ensure_future(t) for t in tasks]
     try:
         await asyncio.gather(*futures)
     except BaseException:
         for f in futures:
             f.cancel()
+        if stop is not None:
+            stop()
         await asyncio.gather(*futures, return_exceptions=True)
         raise
 
@@ -237,7 +277,6 @@ async def _reduce_range(
     emit: Emit,
     report: MeanReport,
     policy: FetchPolicy,
-    window: int,
     memory: ExchangeMemory | None = None,
 ) -> None:
     local = {}
@@ -247,17 +286,29 @@ async def _reduce_range(
             if encoded is None:  # _manifests saw it: only a concurrent drop_rounds_before gets here
                 raise codec.ManifestError(f"{m.key} was dropped from the local store during the exchange")
             local[site] = encoded
-    reducer = WindowedReducer(manifests, local, first, end, emit, window, memory)
+    reducer = Reducer(manifests, local, first, end, emit)
+    if len(local) == len(manifests):
+        await asyncio.to_thread(reducer.reduce_local)
+        return
+    # Each stream receives into one buffer of its own, from the peer's pool when it has one.
+    ref = next(iter(manifests.values()))
+    buffers = memory.chunks(ref.layout.wire.wire_bytes(ref.chunk_size)) if memory is not None else None
 
     def fetch(site: str, client: ExchangeClient) -> Awaitable[FetchStats]:
-        async def sink(index: int, data: memoryview) -> None:
-            await reducer.put(site, index, data)
+        def put(index: int, data: memoryview) -> None:
+            reducer.put(site, index, data)
 
         stats = report.stats.setdefault(site, FetchStats())
-        return fetch_chunks(manifests[site], [client], sink, first=first, end=end, policy=policy, stats=stats,
-                            buffers=reducer.buffers)
+        return fetch_chunks(manifests[site], [client], InThread(put), first=first, end=end, policy=policy,
+                            stats=stats, buffers=buffers)
 
-    await _all([reducer.run(), *(fetch(s, c) for s, c in sites.items() if c is not None)])
+    try:
+        await _all([fetch(s, c) for s, c in sites.items() if c is not None], stop=reducer.stop)
+    except ReductionStopped:
+        # A stream woken by a failed reduction can finish before the one that ran it: raise the cause.
+        if reducer.failure is not None:
+            raise reducer.failure from None
+        raise
 
 
 async def all_to_all_mean(
@@ -268,7 +319,6 @@ async def all_to_all_mean(
     *,
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
-    window: int = DEFAULT_WINDOW,
 ) -> MeanReport:
     """Writes the token-weighted mean of the pseudo-gradients of `sites` for `round_` into `dest`.
 
@@ -285,7 +335,7 @@ async def all_to_all_mean(
     def emit(index: int, mean: torch.Tensor) -> None:
         codec.scatter_values(layout, any_manifest.chunk_bounds(index)[0], mean, dest)
 
-    await _reduce_range(manifests, sites, store, 0, any_manifest.num_chunks, emit, report, policy, window)
+    await _reduce_range(manifests, sites, store, 0, any_manifest.num_chunks, emit, report, policy)
     report.phase_done["reduce"] = time.monotonic()
     return report
 
@@ -310,7 +360,6 @@ async def reduce_shard(
     roots: Mapping[str, bytes] | None = None,
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
-    window: int = DEFAULT_WINDOW,
     report: MeanReport | None = None,
     fetched: dict[str, FetchStats] | None = None,
     memory: ExchangeMemory | None = None,
@@ -349,7 +398,7 @@ async def reduce_shard(
         hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
 
     report = report or MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
-    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, window, memory)
+    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, memory)
     if fetched is not None:
         for site, stats in report.stats.items():
             fetched.setdefault(site, FetchStats()).add(stats)
@@ -379,7 +428,6 @@ async def reduce_scatter_mean(
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
     owner_wait_s: float | None = None,
-    window: int = DEFAULT_WINDOW,
     memory: ExchangeMemory | None = None,
 ) -> MeanReport:
     """Like all_to_all_mean, but each contributor reduces one shard and serves it; every peer pulls
@@ -421,12 +469,12 @@ async def reduce_scatter_mean(
             values, multiplier = codec.chunk_values(out, wire, exp, mean.numel())
             codec.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
 
-        await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, window, memory)
+        await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, memory)
 
     async def gather(owner: str, client: ExchangeClient | None) -> None:
         if client is None:
             reduced = await (my_shard() if my_shard is not None else reduce_shard(
-                round_, me, sites, store, policy=policy, manifest_wait_s=manifest_wait_s, window=window, report=report,
+                round_, me, sites, store, policy=policy, manifest_wait_s=manifest_wait_s, report=report,
                 memory=memory))
             if (reduced.manifest.layout, reduced.manifest.range_start, reduced.manifest.range_end,
                     reduced.manifest.contributors, reduced.manifest.contributor_roots,

@@ -1,9 +1,10 @@
 """Memory the exchange reuses: receive buffers a chunk sink hands back, and encode buffers.
 
-A fetch whose sink holds chunks after it returns (the reducer's window) cannot receive every chunk
-into one buffer, and a fresh buffer per chunk is fresh memory: on the VMs measured, faulting in
-and zeroing those pages cost more than the exchange's hashing (docs/decisions/exchange-buffer-reuse.md).
-The sink gives each buffer back after use and the receiving threads take it again.
+A stream whose sink runs in its thread (the reducer, decoding into a destination) receives every
+chunk into one buffer, taken from a pool for the connection and given back at its end; a sink on
+the event loop may hold a chunk after the stream moved on, so it gets a buffer of the pool per
+chunk and gives it back after use. Fresh memory instead: on the VMs measured, faulting in and
+zeroing those pages cost more than the exchange's hashing (docs/decisions/exchange-buffer-reuse.md).
 
     pool = ChunkBuffers(chunk_bytes)
     view = pool.take(n)        # in a receiving thread: n <= chunk_bytes writable bytes
@@ -82,10 +83,10 @@ class EncodeBuffers:
 
 class ExchangeMemory:
     """What one peer's mean exchanges reuse from round to round: the receive buffers of the
-    reducers' windows (a pool per chunk size) and the memory its mean shards are encoded into.
+    reductions' streams (a pool per chunk size) and the memory its mean shards are encoded into.
     A pool made per round was fresh memory every round: 16 % of the reduce phase went to zeroing
     its pages at 1200 MB (exchange-buffer-reuse.md). The pools keep what was in use at the peak for
-    the life of the peer: (window + 2) x remote sites chunks per reduction running at once."""
+    the life of the peer: one chunk per stream of the reductions running at once."""
 
     def __init__(self) -> None:
         self.shards = EncodeBuffers()

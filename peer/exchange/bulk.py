@@ -442,8 +442,9 @@ def receive(
     `stall_s` of the one before, all of them by `deadline` (monotonic), however the bytes trickle:
     else socket.timeout (None: no bound but the socket's own timeout). `reached` is set once the first frame's header is in.
     Receive buffers: a plain function gets every chunk in one buffer, reused (it must not keep the
-    view); a coroutine gets a buffer of `buffers`, which it gives back when done, or a fresh one
-    per chunk without a pool (docs/decisions/exchange-buffer-reuse.md). Raises Truncated,
+    view), taken from `buffers` and given back at the end (a fresh one without a pool); a coroutine
+    gets a buffer of `buffers` per chunk, which it gives back when done, or a fresh one per chunk
+    without a pool (docs/decisions/exchange-buffer-reuse.md). Raises Truncated,
     Misplaced, codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is
     raised here too. Runs in its own thread.
     `into`, with a plain `deliver`: where chunk k's bytes belong when they can go there as they are
@@ -452,9 +453,11 @@ def receive(
     writes it again (the destination means nothing before the fetch returns)."""
     on_loop = asyncio.iscoroutinefunction(deliver)
     header = memoryview(bytearray(HEADER.size))
-    if not on_loop:  # one buffer for the connection: the function is done with a chunk when it returns
-        buffers = ChunkBuffers(manifest.layout.wire.wire_bytes(manifest.chunk_size))
     pending: concurrent.futures.Future[None] | None = None
+    own: memoryview | None = None  # a plain function's one buffer
+    if not on_loop:
+        own = (buffers or ChunkBuffers(manifest.layout.wire.wire_bytes(manifest.chunk_size))).take(
+            manifest.layout.wire.wire_bytes(manifest.chunk_size))
     try:
         for due in range(first, end):
             limits = [t for t in (None if stall_s is None else time.monotonic() + stall_s, deadline) if t is not None]
@@ -487,8 +490,12 @@ def receive(
                     return
                 placed(due, targets)
                 continue
-            # Without a pool, a fresh buffer per chunk: the sink may hold it (the reducer's window).
-            view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8)) if buffers is None else buffers.take(b)
+            # A coroutine may hold its chunk after this thread moved on: a buffer of its own (fresh
+            # without a pool); a plain function is done with it when it returns.
+            if own is not None:
+                view = own[:b]
+            else:
+                view = codec.as_memoryview(torch.empty(b, dtype=torch.uint8)) if buffers is None else buffers.take(b)
             if not _recv_into(sock, view, by):
                 raise Truncated(f"connection ended inside chunk {due}")
             codec.verify_chunk(manifest, due, view)
@@ -498,8 +505,6 @@ def receive(
                 return
             if not on_loop:
                 deliver(due, view)
-                assert buffers is not None
-                buffers.give(view)
                 continue
             coro = deliver(due, view)
             assert coro is not None
@@ -509,3 +514,5 @@ def receive(
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
+        if own is not None and buffers is not None:
+            buffers.give(own)

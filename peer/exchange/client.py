@@ -39,10 +39,11 @@ log = logging.getLogger("sitemesh.exchange")
 
 @dataclass(frozen=True)
 class InThread:
-    """A sink run in whichever thread verified the chunk (the bulk plane's receiving thread, a worker
-    thread for gRPC) instead of on the event loop: for work that needs no loop and writes memory no
-    one else writes, such as decoding into a destination. Saves two thread hops per chunk. The data
-    is valid only during the call: the bulk plane receives the next chunk into the same buffer."""
+    """A sink run in the thread of the stream that verified the chunk (each stream has one, on either
+    plane) instead of on the event loop: for work that needs no loop, such as decoding into a
+    destination or the reducer's lockstep (it may block until other streams deliver). Saves the
+    thread hops of each chunk. The data is valid only during the call: the bulk plane receives the
+    next chunk into the same buffer."""
 
     fn: Callable[[int, memoryview], None]
     into: Callable[[int], Sequence[memoryview] | None] | None = None
@@ -355,6 +356,12 @@ async def _one_stream(
             await _one_bulk_stream(manifest, target, source, sink, progress, end, timeout_s, policy, stats, buffers)
             return
     call = source.stream(manifest, progress.next, end, max(timeout_s, 0.001))
+    # Verified (and sunk, for an InThread sink) in a thread of this stream's own, as the bulk plane
+    # does: an InThread sink may wait for other streams (the reducer takes chunks in lockstep), and
+    # in the shared executor all its few threads could be waiting while the chunk they wait for
+    # queues behind them.
+    thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"grpc-fetch-{manifest.key}")
+    loop = asyncio.get_running_loop()
     try:
         while progress.next < end:
             due = progress.next
@@ -385,7 +392,7 @@ async def _one_stream(
                 raise _Retry(f"got chunk {msg.index} when chunk {due} was due (duplicate or reordered)")
             try:
                 # blake3 releases the GIL: hashing in a thread overlaps with the event loop's I/O.
-                await asyncio.to_thread(_verified, manifest, msg.index, msg.data, sink)
+                await loop.run_in_executor(thread, _verified, manifest, msg.index, msg.data, sink)
             except codec.ChunkError as err:
                 stats.corrupt_chunks += 1
                 raise _Retry(str(err)) from None
@@ -396,6 +403,7 @@ async def _one_stream(
             progress.next = due + 1
     finally:
         call.cancel()
+        thread.shutdown(wait=False)
 
 
 def _verified(manifest: codec.Manifest, index: int, data: memoryview, sink: ChunkSink) -> None:
