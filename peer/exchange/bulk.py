@@ -485,7 +485,7 @@ def receive(
                 for target in targets:
                     if not _recv_into(sock, target, by):
                         raise Truncated(f"connection ended inside chunk {due}")
-                codec.verify_placed(manifest, due, targets)
+                codec.verify_chunk(manifest, due, targets)
                 if stopped.is_set():
                     return
                 placed(due, targets)

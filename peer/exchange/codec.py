@@ -569,15 +569,20 @@ def encoded_nbytes(tensors: Mapping[str, torch.Tensor], wire: WireDtype, chunk_s
     return build_manifest(ObjectKey(0, ""), layout, 0, layout.total_bytes, chunk_size, [], [], 0).wire_nbytes
 
 
-def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> None:
-    """Raises ChunkError unless `data` is exactly chunk `index` of `manifest`."""
+def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview | Sequence[memoryview]) -> None:
+    """Raises ChunkError unless `data` is exactly chunk `index` of `manifest`: its bytes, or the
+    pieces they were received into, in order (chunk_targets)."""
     if not 0 <= index < manifest.num_chunks:
         raise ChunkError(f"{manifest.key}: chunk index {index} outside [0, {manifest.num_chunks})")
+    pieces = data if isinstance(data, Sequence) and not isinstance(data, (bytes, memoryview)) else (data,)
     start, end = manifest.wire_bounds(index)
-    if len(data) != end - start:
-        raise ChunkError(f"{manifest.key}: chunk {index} has {len(data)} bytes, a {manifest.layout.wire.name} "
+    if (nbytes := sum(len(p) for p in pieces)) != end - start:
+        raise ChunkError(f"{manifest.key}: chunk {index} has {nbytes} bytes, a {manifest.layout.wire.name} "
                          f"chunk of this manifest has {end - start} (a chunk of another wire format?)")
-    if chunk_hash(data) != manifest.chunk_hashes[index]:
+    h = blake3.blake3()
+    for p in pieces:
+        h.update(p)
+    if h.digest() != manifest.chunk_hashes[index]:
         raise ChunkError(f"{manifest.key}: chunk {index} hash mismatch")
 
 
@@ -631,15 +636,6 @@ def chunk_targets(manifest: Manifest, index: int, dest: Mapping[str, torch.Tenso
             return None
         targets.append(as_memoryview(t.view(-1)[a:b].view(torch.uint8)))
     return targets
-
-
-def verify_placed(manifest: Manifest, index: int, targets: Sequence[memoryview]) -> None:
-    """verify_chunk for a chunk received into `targets` (chunk_targets): its bytes in order."""
-    h = blake3.blake3()
-    for t in targets:
-        h.update(t)
-    if h.digest() != manifest.chunk_hashes[index]:
-        raise ChunkError(f"{manifest.key}: chunk {index} hash mismatch")
 
 
 def check_placed(manifest: Manifest, index: int, targets: Sequence[memoryview]) -> None:

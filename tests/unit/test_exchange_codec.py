@@ -139,6 +139,18 @@ def test_chunk_verification_catches_length_and_content() -> None:
             codec.verify_chunk(enc.manifest, index, data)
 
 
+def test_chunk_verification_of_the_pieces_a_chunk_was_received_into() -> None:
+    # The bulk plane receives a chunk straight into the destination tensors it spans (chunk_targets).
+    enc = codec.encode({"w": torch.randn(10)}, round=1, site="s", tokens=1, chunk_size=16)
+    good = bytes(codec.as_memoryview(enc.chunk(0)))
+    pieces = [memoryview(good[:3]), memoryview(good[3:5]), memoryview(good[5:])]
+    codec.verify_chunk(enc.manifest, 0, pieces)
+    flipped = [memoryview(bytes([good[0] ^ 1]) + good[1:3]), *pieces[1:]]
+    for data, reason in [(flipped, "hash"), (pieces[:2], "bytes"), ([*pieces[1:], pieces[0]], "hash")]:
+        with pytest.raises(codec.ChunkError, match=reason):
+            codec.verify_chunk(enc.manifest, 0, data)
+
+
 @pytest.mark.parametrize(
     "dest, reason",
     [
