@@ -5,7 +5,8 @@ checked against the manifest (index, length, blake3) before the sink sees it; a 
 stalls, ends early or sends a bad or misplaced chunk is abandoned and re-opened from the first chunk
 not yet held, on the next source in turn, with exponential backoff (tenacity). It gives up with
 FetchError after `FetchPolicy.max_failures` consecutive failures without progress or after the
-deadline. Each stream waits only on its own peer, so a stalled sender never blocks the others.
+deadline. Each stream waits only on its own peer and its own sink: a stalled sender blocks no
+other stream, except through a sink that waits for other streams by design (the reducer's lockstep).
 
     .venv/bin/python -m pytest tests/integration/test_exchange_transfer.py -q
 """
@@ -43,7 +44,8 @@ class InThread:
     plane) instead of on the event loop: for work that needs no loop, such as decoding into a
     destination or the reducer's lockstep (it may block until other streams deliver). Saves the
     thread hops of each chunk. The data is valid only during the call: the bulk plane receives the
-    next chunk into the same buffer."""
+    next chunk into the same buffer. A cancelled fetch ends once its thread is out of the sink, so
+    a sink that waits for other streams must be woken by its owner then (Reducer.stop)."""
 
     fn: Callable[[int, memoryview], None]
     into: Callable[[int], Sequence[memoryview] | None] | None = None
@@ -279,8 +281,9 @@ async def fetch_chunks(
     buffers: ChunkBuffers | None = None,
 ) -> FetchStats:
     """Delivers verified chunks [first, end) of `manifest` to `sink`, in order, each exactly once.
-    `buffers`: where the bulk plane receives chunks for a coroutine sink that gives each back when
-    done with it (bulk.receive); over gRPC the sink gets the message's bytes."""
+    `buffers`: the pool the bulk plane receives into (bulk.receive): one buffer per connection for
+    an InThread sink, one per chunk for a coroutine sink, which gives it back when done with it;
+    over gRPC the sink gets the message's bytes."""
     end = manifest.num_chunks if end is None else end
     if not sources:
         raise FetchError(f"{manifest.key}: no source to fetch from")
@@ -362,6 +365,7 @@ async def _one_stream(
     # queues behind them.
     thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"grpc-fetch-{manifest.key}")
     loop = asyncio.get_running_loop()
+    sinking: asyncio.Future[None] | None = None
     try:
         while progress.next < end:
             due = progress.next
@@ -392,7 +396,8 @@ async def _one_stream(
                 raise _Retry(f"got chunk {msg.index} when chunk {due} was due (duplicate or reordered)")
             try:
                 # blake3 releases the GIL: hashing in a thread overlaps with the event loop's I/O.
-                await loop.run_in_executor(thread, _verified, manifest, msg.index, msg.data, sink)
+                sinking = loop.run_in_executor(thread, _verified, manifest, msg.index, msg.data, sink)
+                await asyncio.shield(sinking)
             except codec.ChunkError as err:
                 stats.corrupt_chunks += 1
                 raise _Retry(str(err)) from None
@@ -401,6 +406,13 @@ async def _one_stream(
             stats.chunks += 1
             stats.bytes += len(msg.data)
             progress.next = due + 1
+    except asyncio.CancelledError:
+        # As on the bulk plane, the fetch is over when its thread is out of the sink (which may
+        # still write the destination): short, since a waiting sink's owner wakes it (_all's stop).
+        while sinking is not None and not sinking.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(sinking)
+        raise
     finally:
         call.cancel()
         thread.shutdown(wait=False)
@@ -437,7 +449,7 @@ async def _one_bulk_stream(
     buffers: ChunkBuffers | None = None,
 ) -> None:
     """_one_stream over the bulk plane: one connection, received and verified in its own thread
-    (not the default executor: its few threads also decode and reduce what this one delivers).
+    (not the default executor: an InThread sink may wait there for other streams, the reducer's lockstep).
     Each chunk must arrive within policy.stall_s and the whole attempt within `timeout_s`."""
     loop = asyncio.get_running_loop()
     request = exchange_pb2.FetchRequest(key=codec.key_to_proto(manifest.key), root_hash=manifest.root_hash,
@@ -523,7 +535,8 @@ async def _one_bulk_stream(
             bulk.shutdown(sock)
         # The thread may be inside the sink still: the fetch is over when it is, however often it is
         # cancelled meanwhile (a stopping node cancels again). Bounded: its socket is shut and the
-        # sink's task cancelled, so the thread ends within one sink call.
+        # sink's task cancelled, so the thread ends within one sink call, provided a sink that waits
+        # for other streams is woken by its owner (the reducer's stop, called by allreduce._all).
         while held and not done.done():
             with contextlib.suppress(BaseException):
                 await asyncio.shield(done)

@@ -569,12 +569,12 @@ def encoded_nbytes(tensors: Mapping[str, torch.Tensor], wire: WireDtype, chunk_s
     return build_manifest(ObjectKey(0, ""), layout, 0, layout.total_bytes, chunk_size, [], [], 0).wire_nbytes
 
 
-def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview | Sequence[memoryview]) -> None:
+def verify_chunk(manifest: Manifest, index: int, data: bytes | bytearray | memoryview | Sequence[memoryview]) -> None:
     """Raises ChunkError unless `data` is exactly chunk `index` of `manifest`: its bytes, or the
     pieces they were received into, in order (chunk_targets)."""
     if not 0 <= index < manifest.num_chunks:
         raise ChunkError(f"{manifest.key}: chunk index {index} outside [0, {manifest.num_chunks})")
-    pieces = data if isinstance(data, Sequence) and not isinstance(data, (bytes, memoryview)) else (data,)
+    pieces = data if isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray, memoryview)) else (data,)
     start, end = manifest.wire_bounds(index)
     if (nbytes := sum(len(p) for p in pieces)) != end - start:
         raise ChunkError(f"{manifest.key}: chunk {index} has {nbytes} bytes, a {manifest.layout.wire.name} "

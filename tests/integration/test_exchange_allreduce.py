@@ -27,7 +27,7 @@ from peer.exchange.allreduce import (
     reduce_shard,
     shard_chunks,
 )
-from peer.exchange.client import ExchangeClient, FetchPolicy, FetchStats
+from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, FetchStats
 from peer.exchange.store import ExchangeStore
 from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 from tests.support.faultproxy import Fault, FaultProxy
@@ -224,13 +224,25 @@ def test_tiny_layout_where_some_shards_are_empty(scheme: Scheme) -> None:
     _check(scheme, dests, encoded)
 
 
+@pytest.mark.parametrize("plane", ["grpc", "bulk"])
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
-def test_a_non_finite_contribution_is_refused_and_named(scheme: Scheme) -> None:
+def test_a_non_finite_contribution_is_refused_and_named(scheme: Scheme, plane: str) -> None:
     encoded = _encode(_models())
     encoded["bravo"].data.view(torch.bfloat16)[-1] = float("nan")  # in the last shard (charlie's)
     encoded["bravo"] = rehashed(encoded["bravo"])
     with pytest.raises(codec.NonFiniteError, match=r"NaN or Inf from \['bravo'\]"):
-        asyncio.run(_mesh(scheme, {}, encoded))
+        asyncio.run(_mesh(scheme, {}, encoded, plane))
+
+
+@pytest.mark.parametrize("plane", ["grpc", "bulk"])
+def test_a_source_that_is_lost_for_good_ends_the_exchange_while_another_stream_waits(plane: str) -> None:
+    """alpha's stream from charlie dies after a few chunks and never comes back, while its stream
+    from bravo holds the next chunk and waits for charlie's (the reducer's lockstep): the exchange
+    must end with FetchError, not wait for ever (the reducer is stopped before the fetches it
+    cancelled are awaited)."""
+    faults = {("alpha", "charlie"): [Fault(drop_after=20_000)] + [Fault(drop_after=100)] * 20}
+    with pytest.raises(FetchError, match="gave up"):
+        asyncio.run(_mesh(all_to_all_mean, faults, _encode(_models(seed=12)), plane))
 
 
 def test_a_peer_with_another_layout_is_refused() -> None:

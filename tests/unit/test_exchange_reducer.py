@@ -7,6 +7,7 @@ lockstep hand-over, the exact sum, and how a stop or a failed reduction ends eve
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -27,14 +28,13 @@ def _encoded() -> dict[str, codec.Encoded]:
             for i, s in enumerate(TOKENS)}
 
 
-def _stream(reducer: Reducer, site: str, encoded: codec.Encoded, errors: dict[str, BaseException],
-            first: int = 0) -> threading.Thread:
+def _stream(reducer: Reducer, site: str, encoded: codec.Encoded, errors: dict[str, BaseException]) -> threading.Thread:
     """A remote site's receiving thread: hands over its chunks in order, each a copy that it spoils
     once `put` returns (as the bulk plane receives the next chunk into the same buffer)."""
 
     def run() -> None:
         try:
-            for index in range(first, encoded.manifest.num_chunks):
+            for index in range(encoded.manifest.num_chunks):
                 buf = bytearray(encoded.chunk(index))
                 reducer.put(site, index, memoryview(buf))
                 buf[:] = b"\xff" * len(buf)  # NaN in bf16: a reduction still reading it would see NaN
@@ -108,7 +108,7 @@ def test_a_failed_reduction_stops_the_others_only_once_it_no_longer_reads_their_
     reducer = _reducer(encoded, emit)
     errors: dict[str, BaseException] = {}
     first = _stream(reducer, "bravo", encoded["bravo"], errors)
-    first.join(0.1)
+    _until(lambda: "bravo" in reducer._held)  # bravo holds chunk 0 and waits
     second = _stream(reducer, "charlie", encoded["charlie"], errors)  # completes chunk 0, reduces it
     assert inside.wait(JOIN_S)
     reducer.stop()
@@ -126,6 +126,20 @@ def test_a_failed_reduction_stops_the_others_only_once_it_no_longer_reads_their_
 def test_all_contributors_local_are_reduced_without_streams() -> None:
     encoded = _encoded()
     manifests = {s: e.manifest for s, e in encoded.items()}
-    seen: list[int] = []
-    Reducer(manifests, encoded, 0, manifests["alpha"].num_chunks, lambda i, acc: seen.append(i)).reduce_local()
-    assert seen == list(range(manifests["alpha"].num_chunks))
+    local: dict[int, torch.Tensor] = {}
+    Reducer(manifests, encoded, 0, manifests["alpha"].num_chunks,
+            lambda i, acc: local.__setitem__(i, acc.clone())).reduce_local()
+    streamed: dict[int, torch.Tensor] = {}
+    reducer = _reducer(encoded, lambda i, acc: streamed.__setitem__(i, acc.clone()))
+    errors: dict[str, BaseException] = {}
+    for t in [_stream(reducer, s, encoded[s], errors) for s in ("bravo", "charlie")]:
+        t.join(JOIN_S)
+    assert not errors and sorted(local) == list(range(manifests["alpha"].num_chunks))
+    assert all(torch.equal(local[i], streamed[i]) for i in local)
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + JOIN_S
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
