@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peer.exchange import codec
+from peer.exchange import codec, kernels
 from peer.exchange.buffers import ExchangeMemory
 from peer.exchange.client import (
     ExchangeClient,
@@ -57,6 +57,17 @@ REDUCE_BLOCK = 1 << 16
 Sites = Mapping[str, ExchangeClient | None]
 # Receives the fp32 mean of layout chunk i (a scratch buffer: copy it out before returning).
 Emit = Callable[[int, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class WireSink:
+    """Where a reduction puts each chunk's mean rounded to the wire dtype, as an owner publishes its
+    mean shard (rounding there is part of the reduction: for bf16, one compiled pass, kernels.py)."""
+
+    into: Callable[[int], torch.Tensor]
+    """The uint8 buffer chunk `index`'s wire bytes go into (wire_bytes of its elements)."""
+    done: Callable[[int, torch.Tensor, bytes, int], None]
+    """Called with (index, that buffer, its blake3, its fp16 scale exponent) once it holds the mean."""
 
 
 @dataclass
@@ -122,8 +133,9 @@ class Reducer:
         local: Mapping[str, codec.Encoded],
         first: int,
         end: int,
-        emit: Emit,
+        emit: Emit | WireSink,
     ) -> None:
+        """`emit`: an Emit receives each chunk's fp32 mean; a WireSink its mean in the wire dtype."""
         total = sum(m.tokens for m in manifests.values())
         if total <= 0:
             raise ValueError("contributors trained zero tokens: there is no mean")
@@ -138,6 +150,7 @@ class Reducer:
         """What a reduction raised, in whichever stream's thread it ran (the others raise ReductionStopped)."""
         self._changed = threading.Condition()
         any_manifest = next(iter(manifests.values()))
+        self._wire = any_manifest.layout.wire
         elements = any_manifest.chunk_size // any_manifest.layout.wire.itemsize
         # Scratch buffers, reused: one chunk is reduced at a time.
         self._acc, self._term = torch.empty(elements), torch.empty(min(elements, REDUCE_BLOCK))
@@ -195,7 +208,6 @@ class Reducer:
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
         n = self._manifests[self._order[0]].chunk_elements(index)
-        acc = self._acc[:n]
         terms: list[tuple[torch.Tensor, float]] = []  # (values, weight x fp16 scale) per site, in order
         for site in self._order:
             try:
@@ -206,12 +218,28 @@ class Reducer:
             # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling then
             # weighting.
             terms.append((values, self._weights[site] * multiplier))
+        sink = self._emit
+        if isinstance(sink, WireSink) and all(v.dtype == torch.bfloat16 for v, _ in terms):
+            out = sink.into(index)
+            if not kernels.bf16_weighted_sum([v for v, _ in terms], [f for _, f in terms], out.view(torch.bfloat16)):
+                self._refuse(index, held)
+            sink.done(index, out, codec.chunk_hash(codec.as_memoryview(out)), 0)
+            return
+        acc = self._acc[:n]
         weighted_sum(terms, acc, self._term)
         if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
-            bad = [s for s in self._order if not codec.is_finite(self._values(s, index, held)[0])]
-            what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
-            raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
-        self._emit(index, acc)
+            self._refuse(index, held)
+        if isinstance(sink, WireSink):
+            out = sink.into(index)
+            sink.done(index, out, *codec.encode_chunk([acc], out, self._wire, known_finite=True))
+        else:
+            sink(index, acc)
+
+    def _refuse(self, index: int, held: Mapping[str, memoryview]) -> None:
+        """Raises for chunk `index`, whose mean is not finite: names the sites that sent NaN or Inf."""
+        bad = [s for s in self._order if not codec.is_finite(self._values(s, index, held)[0])]
+        what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
+        raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
 
 
 def weighted_sum(terms: Sequence[tuple[torch.Tensor, float]], acc: torch.Tensor, scratch: torch.Tensor) -> None:
@@ -274,7 +302,7 @@ async def _reduce_range(
     store: ExchangeStore,
     first: int,
     end: int,
-    emit: Emit,
+    emit: Emit | WireSink,
     report: MeanReport,
     policy: FetchPolicy,
     memory: ExchangeMemory | None = None,
@@ -391,14 +419,16 @@ async def reduce_shard(
     hashes: list[bytes] = [b""] * (end - first)
     exps = [0] * (end - first)
 
-    def emit(index: int, mean: torch.Tensor) -> None:
+    def into(index: int) -> torch.Tensor:
         # The mean shard's own chunk k is layout chunk first + k: its wire bytes start at k * chunk_wire.
         a = (index - first) * chunk_wire
-        out = mean_data[a : a + wire.wire_bytes(mean.numel() * wire.itemsize)]
-        hashes[index - first], exps[index - first] = codec.encode_chunk([mean], out, wire, known_finite=True)
+        return mean_data[a : a + wire.wire_bytes(ref.chunk_elements(index) * wire.itemsize)]
+
+    def done(index: int, out: torch.Tensor, digest: bytes, exp: int) -> None:
+        hashes[index - first], exps[index - first] = digest, exp
 
     report = report or MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
-    await _reduce_range(manifests, sites, store, first, end, emit, report, policy, memory)
+    await _reduce_range(manifests, sites, store, first, end, WireSink(into, done), report, policy, memory)
     if fetched is not None:
         for site, stats in report.stats.items():
             fetched.setdefault(site, FetchStats()).add(stats)
@@ -462,14 +492,15 @@ async def reduce_scatter_mean(
     async def reduce_here(owner: str) -> None:
         scratch = torch.empty(wire.wire_bytes(ref.chunk_size), dtype=torch.uint8)
 
-        def emit(index: int, mean: torch.Tensor) -> None:
-            # Exactly what the owner does (encode) and then every receiver (decode).
-            out = scratch[: wire.wire_bytes(mean.numel() * wire.itemsize)]
-            _, exp = codec.encode_chunk([mean], out, wire, known_finite=True)
-            values, multiplier = codec.chunk_values(out, wire, exp, mean.numel())
+        def into(index: int) -> torch.Tensor:
+            return scratch[: wire.wire_bytes(ref.chunk_elements(index) * wire.itemsize)]
+
+        def done(index: int, out: torch.Tensor, digest: bytes, exp: int) -> None:
+            # Exactly what the owner does (round to the wire) and then every receiver (decode).
+            values, multiplier = codec.chunk_values(out, wire, exp, ref.chunk_elements(index))
             codec.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
 
-        await _reduce_range(manifests, sites, store, *shards[owner], emit, report, policy, memory)
+        await _reduce_range(manifests, sites, store, *shards[owner], WireSink(into, done), report, policy, memory)
 
     async def gather(owner: str, client: ExchangeClient | None) -> None:
         if client is None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from peer.exchange import codec
-from peer.exchange.allreduce import Reducer, ReductionStopped
+from peer.exchange.allreduce import Reducer, ReductionStopped, WireSink
 from tests.support.exchange import random_model
 
 SIZES = {"w": (40, 30), "b": (7,)}
@@ -143,3 +143,31 @@ def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.001)
+
+
+def test_a_wire_sink_gets_the_torch_sum_rounded_to_the_wire_and_its_hash() -> None:
+    """For bf16 the reduction rounds in the compiled kernel (kernels.py): the bytes, hash and
+    exponent are those of encoding torch's fp32 sum, which all_to_all's Emit receives."""
+    encoded = _encoded()
+    manifests = {s: e.manifest for s, e in encoded.items()}
+    m = manifests["alpha"]
+    sums: dict[int, torch.Tensor] = {}
+    Reducer(manifests, encoded, 0, m.num_chunks, lambda i, acc: sums.__setitem__(i, acc.clone())).reduce_local()
+    got: dict[int, tuple[bytes, bytes, int]] = {}
+
+    def into(index: int) -> torch.Tensor:
+        return torch.full((m.layout.wire.wire_bytes(m.chunk_elements(index) * m.layout.wire.itemsize),), 0xFF,
+                          dtype=torch.uint8)
+
+    def done(index: int, out: torch.Tensor, digest: bytes, exp: int) -> None:
+        got[index] = (bytes(out.numpy()), digest, exp)
+
+    reducer = Reducer(manifests, {"alpha": encoded["alpha"]}, 0, m.num_chunks, WireSink(into, done))
+    errors: dict[str, BaseException] = {}
+    for t in [_stream(reducer, s, encoded[s], errors) for s in ("bravo", "charlie")]:
+        t.join(JOIN_S)
+    assert not errors and sorted(got) == list(range(m.num_chunks))
+    for index, acc in sums.items():
+        want = torch.empty_like(into(index))
+        digest, exp = codec.encode_chunk([acc], want, m.layout.wire)
+        assert got[index] == (bytes(want.numpy()), digest, exp), index
