@@ -207,6 +207,10 @@ class Reducer:
         return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index))
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
+        sink = self._emit
+        if isinstance(sink, WireSink) and self._wire is codec.WireDtype.BF16:
+            self._reduce_bf16(index, held, sink)
+            return
         n = self._manifests[self._order[0]].chunk_elements(index)
         terms: list[tuple[torch.Tensor, float]] = []  # (values, weight x fp16 scale) per site, in order
         for site in self._order:
@@ -218,13 +222,6 @@ class Reducer:
             # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling then
             # weighting.
             terms.append((values, self._weights[site] * multiplier))
-        sink = self._emit
-        if isinstance(sink, WireSink) and all(v.dtype == torch.bfloat16 for v, _ in terms):
-            out = sink.into(index)
-            if not kernels.bf16_weighted_sum([v for v, _ in terms], [f for _, f in terms], out.view(torch.bfloat16)):
-                self._refuse(index, held)
-            sink.done(index, out, codec.chunk_hash(codec.as_memoryview(out)), 0)
-            return
         acc = self._acc[:n]
         weighted_sum(terms, acc, self._term)
         if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
@@ -234,6 +231,16 @@ class Reducer:
             sink.done(index, out, *codec.encode_chunk([acc], out, self._wire, known_finite=True))
         else:
             sink(index, acc)
+
+    def _reduce_bf16(self, index: int, held: Mapping[str, memoryview], sink: WireSink) -> None:
+        """The bf16 wire's reduction and rounding in one compiled pass over the chunks' bytes as they
+        lie (kernels.py: no tensor per chunk); the same bits as the torch path above."""
+        data = [self._local[s].chunk(index) if s in self._local else held[s] for s in self._order]
+        factors = [self._weights[s] * 2.0 ** -self._manifests[s].scale_exps[index] for s in self._order]
+        out = sink.into(index)
+        if not kernels.bf16_weighted_sum(data, factors, out):
+            self._refuse(index, held)
+        sink.done(index, out, codec.chunk_hash(codec.as_memoryview(out)), 0)
 
     def _refuse(self, index: int, held: Mapping[str, memoryview]) -> None:
         """Raises for chunk `index`, whose mean is not finite: names the sites that sent NaN or Inf."""

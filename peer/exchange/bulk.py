@@ -295,9 +295,11 @@ class BulkServer:
     def _stream(self, sock: socket.socket, encoded: codec.Encoded, first: int, end: int) -> None:
         plain = not isinstance(sock, ssl.SSLSocket)  # SSLSocket has no sendmsg
         sent = 0
+        whole = codec.as_memoryview(encoded.data)  # sliced per chunk: no tensor per chunk
         try:
             for index in range(first, end):
-                view = codec.as_memoryview(encoded.chunk(index))
+                start, stop = encoded.manifest.wire_bounds(index)
+                view = whole[start:stop]
                 header = HEADER.pack(FRAME_CHUNK, index, view.nbytes)
                 if plain:
                     _sendmsg_all(sock, header, view)

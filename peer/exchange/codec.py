@@ -82,22 +82,28 @@ class WireDtype(enum.Enum):
         except KeyError:
             raise CodecError(f"unknown wire format {name!r}; one of {[w.name.lower() for w in cls]}") from None
 
+    # The properties below read attributes set once per member (after the class): a dict keyed by
+    # the member would run Enum.__hash__, a Python function, several times per chunk.
+    _quantized: bool
+    _torch_dtype: torch.dtype | None
+    _itemsize: int
+
     @property
     def quantized(self) -> bool:
         """Integer codes with a scale per group of QUANT_GROUP elements (exchange.proto, "Quantized chunks")."""
-        return self in (WireDtype.INT8, WireDtype.INT4)
+        return self._quantized
 
     @property
     def torch_dtype(self) -> torch.dtype:
         """The float dtype of the elements on the wire (not for quantized formats)."""
-        return {WireDtype.BF16: torch.bfloat16, WireDtype.FP16: torch.float16, WireDtype.FP32: torch.float32}[
-            self
-        ]
+        if self._torch_dtype is None:
+            raise KeyError(self)
+        return self._torch_dtype
 
     @property
     def itemsize(self) -> int:
         """Layout bytes per element (addressing); a quantized chunk's wire bytes: `wire_bytes`."""
-        return {WireDtype.FP32: 4, WireDtype.INT8: 1, WireDtype.INT4: 1}.get(self, 2)
+        return self._itemsize
 
     @property
     def qmax(self) -> int:
@@ -109,6 +115,14 @@ class WireDtype(enum.Enum):
             return layout_bytes
         groups = -(-layout_bytes // QUANT_GROUP)
         return 4 * groups + (layout_bytes if self is WireDtype.INT8 else (layout_bytes + 1) // 2)
+
+
+for _wire, (_q, _dtype, _size) in {
+    WireDtype.BF16: (False, torch.bfloat16, 2), WireDtype.FP16: (False, torch.float16, 2),
+    WireDtype.FP32: (False, torch.float32, 4), WireDtype.INT8: (True, None, 1), WireDtype.INT4: (True, None, 1),
+}.items():
+    _wire._quantized, _wire._torch_dtype, _wire._itemsize = _q, _dtype, _size
+del _wire, _q, _dtype, _size
 
 
 class ObjectKind(enum.Enum):
@@ -645,8 +659,12 @@ def chunk_targets(manifest: Manifest, index: int, dest: Mapping[str, torch.Tenso
 
 def check_placed(manifest: Manifest, index: int, targets: Sequence[memoryview]) -> None:
     """The finite check decode_verified_chunk makes, for a verified chunk received into `targets`."""
-    dtype = manifest.layout.wire.torch_dtype
-    if not all(is_finite(wire_view(t, None).view(dtype)) for t in targets if len(t)):
+    wire = manifest.layout.wire
+    if wire is WireDtype.BF16:  # the bits straight from the buffers (no tensor per piece)
+        finite = all(kernels.bf16_finite(t) for t in targets)
+    else:
+        finite = all(is_finite(wire_view(t, None).view(wire.torch_dtype)) for t in targets if len(t))
+    if not finite:
         raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
 
 

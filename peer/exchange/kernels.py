@@ -89,26 +89,43 @@ def _finite(x):
     return top < _EXPONENT
 
 
-def bits(t: torch.Tensor) -> np.ndarray:
-    """The uint16 bits of a 1-D contiguous bf16 CPU tensor, shared (no copy)."""
-    if t.dtype != torch.bfloat16 or t.dim() != 1 or not t.is_contiguous() or t.device.type != "cpu":
-        raise ValueError(f"expected a 1-D contiguous bf16 CPU tensor, got {t.dtype} {tuple(t.shape)} on {t.device}")
-    return t.view(torch.int16).numpy().view(np.uint16)
+Bf16 = torch.Tensor | memoryview | bytes | bytearray
+"""bf16 values: a 1-D contiguous CPU tensor of them (or of their bytes, uint8), or a buffer of their bytes."""
 
 
-def bf16_weighted_sum(values: Sequence[torch.Tensor], factors: Sequence[float], out: torch.Tensor) -> bool:
+def bits(data: Bf16) -> np.ndarray:
+    """The uint16 bits of bf16 values, shared with `data` (no copy)."""
+    if not isinstance(data, torch.Tensor):
+        return np.frombuffer(data, np.uint16)
+    if data.dtype not in (torch.bfloat16, torch.uint8) or data.dim() != 1 or not data.is_contiguous() \
+            or data.device.type != "cpu":
+        raise ValueError(f"expected a 1-D contiguous bf16 CPU tensor, got {data.dtype} {tuple(data.shape)} "
+                         f"on {data.device}")
+    return data.numpy().view(np.uint16) if data.dtype == torch.uint8 else data.view(torch.int16).numpy().view(np.uint16)
+
+
+def bf16_weighted_sum(values: Sequence[Bf16], factors: Sequence[float], out: Bf16) -> bool:
     """out (bf16) = sum over k of values[k] x factors[k], computed in fp32 in this order and rounded
-    once to bf16; all tensors 1-D bf16 of one length. Returns whether every result is finite (a NaN
-    or Inf term, or a sum that overflows bf16, makes it False; `out` then holds no defined values)."""
+    once to bf16; all of one length. Returns whether every result is finite (a NaN or Inf term, or
+    a sum that overflows bf16, makes it False; `out` then holds no defined values)."""
     if not values:
         raise ValueError("a weighted sum needs at least one term")
-    n = out.numel()
-    if any(v.numel() != n for v in values) or len(factors) != len(values):
-        raise ValueError(f"{len(values)} terms of lengths {[v.numel() for v in values]} and {len(factors)} "
+    terms, into = tuple(_read_only(bits(v)) for v in values), bits(out)
+    n = into.shape[0]
+    if any(t.shape[0] != n for t in terms) or len(factors) != len(terms):
+        raise ValueError(f"{len(terms)} terms of lengths {[t.shape[0] for t in terms]} and {len(factors)} "
                          f"factors for an output of {n}")
-    return bool(_weighted_sum(tuple(bits(v) for v in values), np.asarray(factors, dtype=np.float32), bits(out)))
+    return bool(_weighted_sum(terms, np.asarray(factors, dtype=np.float32), into))
 
 
-def bf16_finite(t: torch.Tensor) -> bool:
-    """No NaN or Inf in the 1-D contiguous bf16 tensor `t`: an exact test, in one pass over its bits."""
-    return bool(_finite(bits(t)))
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view: numba types the terms as one tuple type only if they agree on this (bytes
+    received over gRPC are read-only, buffers of the bulk plane and local chunks are not)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+def bf16_finite(data: Bf16) -> bool:
+    """No NaN or Inf among the bf16 values `data`: an exact test, in one pass over their bits."""
+    return bool(_finite(bits(data)))

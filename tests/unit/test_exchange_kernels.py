@@ -87,3 +87,17 @@ def test_bad_arguments_are_refused_with_what_is_wrong() -> None:
         kernels.bf16_weighted_sum([bf, torch.zeros(5, dtype=torch.bfloat16)], [1.0, 1.0], bf)
     with pytest.raises(ValueError, match="at least one"):
         kernels.bf16_weighted_sum([], [], bf)
+
+
+def test_terms_from_any_buffer_mix_read_only_bytes_with_tensors() -> None:
+    """A chunk received over gRPC is read-only bytes, one received on the bulk plane a writable
+    buffer, a local one a uint8 tensor: one sum takes them together, with the tensors' bits."""
+    g = torch.Generator().manual_seed(5)
+    values = [torch.randn(3000, generator=g).to(torch.bfloat16) for _ in range(3)]
+    as_bytes = bytes(values[0].view(torch.uint8).numpy())
+    as_buffer = memoryview(bytearray(values[1].view(torch.uint8).numpy()))
+    out = torch.empty(6000, dtype=torch.uint8)
+    assert kernels.bf16_weighted_sum([as_bytes, as_buffer, values[2].view(torch.uint8)], [0.2, 0.3, 0.5], out)
+    want = _torch_mean(values, [0.2, 0.3, 0.5])
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert kernels.bf16_finite(as_bytes) and kernels.bf16_finite(as_buffer)
