@@ -492,7 +492,8 @@ class Node:
                     self.coordinator.on_leader_changed(effect.leader, effect.epoch)
             elif isinstance(effect, c.Rejected):
                 # Fencing a stale epoch is an event operators want to see; log repair is routine.
-                level = logging.INFO if effect.reason.startswith(("stale epoch", "implausible")) else logging.DEBUG
+                level = (logging.WARNING if effect.reason.startswith(c.TWO_LEADERS)  # forged, or a bug
+                         else logging.INFO if effect.reason.startswith(("stale epoch", "implausible")) else logging.DEBUG)
                 log.log(level, "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
         if committed:
             # Durable before anything acts on it: `ops audit` trusts entries up to this index only.

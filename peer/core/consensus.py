@@ -89,6 +89,10 @@ class LeaderChanged:
     epoch: Epoch
 
 
+TWO_LEADERS = "two leaders in epoch"
+"""The start of a Rejected reason for a leader's message at the epoch this peer leads itself."""
+
+
 @dataclass(frozen=True)
 class Rejected:
     """A message or request this core refused; for logs and `ops status`. Changes nothing."""
@@ -252,6 +256,14 @@ class ConsensusCore:
             return effects
         if h.epoch > self.hard.epoch:
             self._adopt_epoch(h.epoch, effects)
+        if isinstance(msg, (AppendEntries, InstallSnapshot)) and self.role is Role.LEADER:
+            # This peer leads this epoch, and an epoch has one leader (I1): no honest voter sends
+            # this. A forged or misdirected message is refused; the simulator reports it as a
+            # violation, since there every message is honest.
+            effects.append(Rejected(h.from_site, type(msg).__name__,
+                                    f"{TWO_LEADERS} {self.hard.epoch}: {h.from_site or '(no name)'} claims to lead "
+                                    f"the epoch {self.site} leads"))
+            return effects
         if isinstance(msg, VoteReply):
             self._on_vote_reply(msg, effects)
         elif isinstance(msg, AppendEntries):
@@ -517,8 +529,6 @@ class ConsensusCore:
         return self._send(site, address, msg)
 
     def _follow(self, h: Header, effects: list[Effect]) -> None:
-        if self.role is Role.LEADER:
-            raise AssertionError(f"two leaders in epoch {self.hard.epoch}: {self.site} and {h.from_site}")
         if self.leader != h.from_site:
             effects.append(LeaderChanged(h.from_site, h.epoch))
         self.role, self.leader, self.votes = Role.FOLLOWER, h.from_site, set()

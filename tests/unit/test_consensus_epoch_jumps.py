@@ -64,3 +64,17 @@ def test_a_joiner_without_voters_believes_the_run() -> None:
     assert not joiner.log.voters()
     joiner.receive(_append("a", 5 * MAX_EPOCH_JUMP), net.t)
     assert joiner.hard.epoch == 5 * MAX_EPOCH_JUMP
+
+
+def test_a_leader_refuses_a_second_leader_of_its_own_epoch() -> None:
+    """An epoch has one leader (I1): an AppendEntries or InstallSnapshot at the leader's own epoch is
+    forged or misdirected. The leader refuses it and stays leader; it used to raise, which a fuzzed
+    message with an empty sender turned into an unhandled servicer exception."""
+    net, leader, follower = _settled()
+    core = net.cluster.core(leader)
+    before = core.status()
+    for sender in (follower, "", "intruder"):
+        effects = core.receive(_append(sender, core.hard.epoch), net.t)
+        assert len(effects) == 1 and isinstance(effects[0], Rejected), effects
+        assert effects[0].reason.startswith(f"two leaders in epoch {core.hard.epoch}: ")
+    assert core.status() == before
