@@ -14,7 +14,12 @@ samples, every lease given back: `LeaveReady`), then hands the voter seat back t
 
 Each wait is bounded (the leader: `leader_wait_s`, room for the commit; a follower:
 `follower_wait_s`, room for an election first, since the leader may be the site that left just
-before). The node (`Node.leave`) and the simulator (peer/sim/peer_sim.py) both execute it.
+before). A leader whose removal has not committed by its deadline (a follower that did not answer
+in time, a lease that lapsed under load) does not stop then: stopping strands a voter set of two
+whenever the removal never reached the other voter. It says LEFT and waits on as a follower does,
+`follower_wait_s` more: as leader it keeps proposing and replicating its removal, and if it lost
+the leadership, the successor removes it once gossip reports LEFT. The node (`Node.leave`) and the
+simulator (peer/sim/peer_sim.py) both execute it.
 
     .venv/bin/python -m pytest -q tests/unit/test_seat_leave.py
 """
@@ -50,6 +55,7 @@ class SeatLeave:
         self._say_first = not (self._removal and leader)
         """Say LEFT at once (a follower, a site without a seat), or only once the wait is over (the leader)."""
         self._until = now + (0.0 if not self._removal else leader_wait_s if leader else follower_wait_s)
+        self._follower_wait_s = follower_wait_s
         self._said = False
         self._done = False
 
@@ -66,6 +72,9 @@ class SeatLeave:
         if not self._said and (self._say_first or over):
             self._said = True
             out.append(SayLeft())
+            if not self._say_first and not removed:  # the leader's wait ran out: on as a follower's
+                self._until = now + self._follower_wait_s
+                return out
         if over:
             self._done = True
             if not self._removal:

@@ -29,9 +29,21 @@ def test_a_follower_says_left_at_once_and_stays_until_the_leader_removed_it() ->
 
 def test_each_wait_is_bounded() -> None:
     leader, follower = _seat(leader=True), _seat()
-    assert leader.update(14.0, removed=False) == [SayLeft(), Stop("its removal did not commit in time; stopping anyway")]
+    assert leader.update(14.0, removed=False) == [SayLeft()]
+    assert leader.update(22.0, removed=False) == [Stop("its removal did not commit in time; stopping anyway")]
     follower.update(10.0, removed=False)
     assert follower.update(18.0, removed=False) == [Stop("its removal did not commit in time; stopping anyway")]
+
+
+def test_a_leader_whose_removal_is_late_says_left_and_waits_on_as_a_follower() -> None:
+    """Stopping at the leader's deadline would strand the last voter of two whenever the removal had
+    not reached it: saying LEFT lets a successor remove this site, and the seat stays until then."""
+    seat = _seat(leader=True)
+    assert seat.update(14.0, removed=False) == [SayLeft()]
+    assert seat.next_deadline() == 22.0
+    assert seat.update(20.0, removed=False) == []
+    assert seat.update(21.0, removed=True) == [Stop("its removal from the voters committed")]
+    assert seat.update(30.0, removed=True) == [] and seat.next_deadline() == float("inf")
 
 
 def test_a_site_without_a_seat_or_whose_leave_was_refused_says_left_and_stops() -> None:
