@@ -144,6 +144,8 @@ class AppendResult:
     """On success the last index verified to match the leader; on failure where to retry."""
     first_changed: LogIndex | None = None
     """First index whose content changed (truncated or appended), for PersistLog; None = none."""
+    overwrites_committed: bool = False
+    """Refused because the entries contradict a committed one: no honest leader sends that (I3)."""
 
 
 @dataclass
@@ -214,6 +216,11 @@ class Log:
         """The configuration in force: the latest in the log, committed or not (thesis 4.1)."""
         return self._config()[1]
 
+    def ever_voter(self, site: SiteId) -> bool:
+        """`site` is a voter of the snapshot or of any configuration in the log after it."""
+        return site in dict(self.snapshot.voters) or any(
+            isinstance(e.body, VoterChange) and e.body.site == site for e in self.entries)
+
     def last_config_index(self) -> LogIndex:
         return self._config()[0]
 
@@ -235,7 +242,8 @@ class Log:
         self, prev_index: int, prev_epoch: int, entries: Sequence[Entry], commit_index: int
     ) -> AppendResult:
         """Raft 5.3: accept `entries` if this log holds (prev_index, prev_epoch); drop a conflicting
-        suffix (never below commit_index: that would be a safety bug, so it raises)."""
+        suffix, never at or below commit_index: entries that contradict a committed one are refused
+        whole (nothing changed: the equal prefix before the first conflict is left as it was)."""
         if prev_index > self.last_index:
             return AppendResult(False, f"missing entries: prev index {prev_index} > last {self.last_index}",
                                 LogIndex(self.last_index + 1))
@@ -260,7 +268,8 @@ class Log:
                 continue
             if mine is not None:
                 if e.index <= commit_index:
-                    raise AssertionError(f"leader overwrites committed index {e.index}")
+                    return AppendResult(False, f"entry {e.index} of epoch {e.epoch} contradicts the committed one "
+                                        f"of epoch {mine.epoch}", LogIndex(commit_index + 1), overwrites_committed=True)
                 del self.entries[e.index - self.snapshot.last_index - 1 :]
             self.entries.append(e)
             if first_changed is None:

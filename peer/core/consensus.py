@@ -44,6 +44,14 @@ from peer.core.commitlog import (
     apply_voter_change,
     quorum_index,
 )
+from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-exported for tests and docs
+    MAX_EPOCH_JUMP,
+    EpochClaims,
+    Message,
+    RefusalKind,
+    implausible_epoch,
+    without_standing,
+)
 from peer.core.membership_types import MemberState
 from peer.core.election import (
     ElectionConfig,
@@ -58,7 +66,6 @@ from peer.core.election import (
     vote_decision,
 )
 
-Message = Union[RequestVote, VoteReply, AppendEntries, AppendReply, InstallSnapshot]
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,7 @@ class Rejected:
     from_site: SiteId
     what: str
     reason: str
+    kind: RefusalKind = RefusalKind.ROUTINE
 
 
 Effect = Union[Send, PersistHardState, PersistLog, PersistSnapshot, Committed, SnapshotInstalled, LeaderChanged,
@@ -132,24 +140,6 @@ class Status:
     applied_index: LogIndex
     last_index: LogIndex
     voters: Voters
-
-
-MAX_EPOCH_JUMP = 1_000
-"""How far above this peer's epoch a message from a site outside its voter set may be
-(docs/decisions/security-epoch-jumps.md). With PreVote an epoch grows only by elections a majority
-agreed to start, so a non-voter (a joiner, a removed voter) is never far ahead of the voters; a
-voter may be far ahead of a peer that was away, and is always believed."""
-
-
-def implausible_epoch(msg: Message, epoch: Epoch, voters: Voters) -> str | None:
-    """Why `msg` must be ignored for its epoch, or None: it names an epoch more than MAX_EPOCH_JUMP
-    above `epoch` and its sender (whose name mTLS has verified) is not one of `voters`. A peer with
-    no voters yet (a joiner before its first entries) has nothing to protect and believes anyone."""
-    claimed = max(msg.header.epoch, msg.proposed_epoch if isinstance(msg, RequestVote) else 0)
-    if claimed <= epoch + MAX_EPOCH_JUMP or not voters or msg.header.from_site in dict(voters):
-        return None
-    return (f"implausible epoch {claimed}: more than {MAX_EPOCH_JUMP} above ours ({epoch}) from "
-            f"{msg.header.from_site}, which is not a voter")
 
 
 def fencing_epoch(msg: Message) -> Epoch:
@@ -198,7 +188,11 @@ class ConsensusCore:
     match_index: dict[SiteId, int] = field(default_factory=dict)
     ack_time: dict[SiteId, float] = field(default_factory=dict)  # send time of the newest acked message
     sent_at: dict[int, float] = field(default_factory=dict)
+    # seq of the newest successful reply per site: a refusal sent after it speaks for the follower's
+    # log as it is now (a repaired, emptied log), one sent before is a late delivery.
+    acked_seq: dict[SiteId, int] = field(default_factory=dict)
     seq: int = 0
+    claims: EpochClaims = field(default_factory=EpochClaims)  # what each voter was heard at (checks)
 
     @classmethod
     def start(cls, site: SiteId, address: str, config: ElectionConfig, durable: DurableState, now: float,
@@ -240,20 +234,29 @@ class ConsensusCore:
         now = self._advance(now)
         effects: list[Effect] = []
         h = msg.header
-        implausible = implausible_epoch(msg, self.hard.epoch, self.log.voters())
+        voters = self.log.voters()
+        implausible = implausible_epoch(msg, self.site, self.hard.epoch, voters, self.claims)
         if implausible is not None:
-            return [Rejected(h.from_site, type(msg).__name__, implausible)]
+            return [Rejected(h.from_site, type(msg).__name__, implausible, RefusalKind.IMPLAUSIBLE)]
         if isinstance(msg, RequestVote):
             self._on_request_vote(msg, effects)
             return effects
         if fencing_epoch(msg) < self.hard.epoch:
             reason = f"stale epoch {fencing_epoch(msg)} < {self.hard.epoch}"
-            effects.append(Rejected(h.from_site, type(msg).__name__, reason))
+            effects.append(Rejected(h.from_site, type(msg).__name__, reason, RefusalKind.STALE))
             if isinstance(msg, (AppendEntries, InstallSnapshot)):
                 # Tell the stale leader about the newer epoch so it steps down.
                 effects.append(self._send(h.from_site, h.from_address,
                                           AppendReply(self._header(), False, LogIndex(0), msg.seq, reason)))
             return effects
+        # A leader that was removed (or removes itself, thesis 4.2.2) led its epoch: its late
+        # messages are stale, not false. A site that never had a seat nor joined cannot lead.
+        seated = (not voters or h.from_site in dict(voters) or h.from_site in self.members
+                  or self.log.ever_voter(h.from_site))
+        leading = self.hard.epoch if self.role is Role.LEADER else None
+        implausible = without_standing(msg, seated, self.next_index, leading, self.log.last_index)
+        if implausible is not None:
+            return [Rejected(h.from_site, type(msg).__name__, implausible, RefusalKind.IMPLAUSIBLE)]
         if h.epoch > self.hard.epoch:
             self._adopt_epoch(h.epoch, effects)
         if isinstance(msg, (AppendEntries, InstallSnapshot)) and self.role is Role.LEADER:
@@ -262,7 +265,7 @@ class ConsensusCore:
             # violation, since there every message is honest.
             effects.append(Rejected(h.from_site, type(msg).__name__,
                                     f"{TWO_LEADERS} {self.hard.epoch}: {h.from_site or '(no name)'} claims to lead "
-                                    f"the epoch {self.site} leads"))
+                                    f"the epoch {self.site} leads", RefusalKind.IMPLAUSIBLE))
             return effects
         if isinstance(msg, VoteReply):
             self._on_vote_reply(msg, effects)
@@ -513,7 +516,7 @@ class ConsensusCore:
     def _replicate_to(self, site: SiteId, address: str) -> Send:
         self.seq += 1
         self.sent_at[self.seq] = self.now
-        nxt = self.next_index.setdefault(site, self.log.last_index + 1)
+        nxt = self.next_index[site] = min(self.next_index.get(site, self.log.last_index + 1), self.log.last_index + 1)
         # Pipelining (etcd's replicate state): next_index moves past what is in flight, so replies to
         # earlier messages do not resend it; a lost message shows up as a refusal with a hint.
         if nxt <= self.log.snapshot.last_index:
@@ -543,7 +546,8 @@ class ConsensusCore:
             effects.append(PersistLog(res.first_changed, self.log.slice(res.first_changed, len(self.log.entries))))
         h = msg.header
         if not res.ok:
-            effects.append(Rejected(h.from_site, "append", res.reason))
+            kind = RefusalKind.IMPLAUSIBLE if res.overwrites_committed else RefusalKind.ROUTINE
+            effects.append(Rejected(h.from_site, "append", res.reason, kind))
         effects.append(self._send(h.from_site, h.from_address,
                                   AppendReply(self._header(), res.ok, res.match_index, msg.seq, res.reason)))
         if res.ok:
@@ -569,11 +573,17 @@ class ConsensusCore:
         if sent is not None:
             self.ack_time[site] = max(self.ack_time.get(site, -math.inf), sent)
         if rep.success:
+            self.acked_seq[site] = max(self.acked_seq.get(site, 0), rep.seq)
             self.match_index[site] = max(self.match_index.get(site, 0), rep.match_index)
             self.next_index[site] = max(self.next_index.get(site, 0), self.match_index[site] + 1)
             self._advance_commit(effects)
         else:
-            self.next_index[site] = max(self.match_index.get(site, 0) + 1, min(rep.match_index, self.log.last_index + 1))
+            hint = min(rep.match_index, self.log.last_index + 1)
+            if rep.seq > self.acked_seq.get(site, 0) and hint <= self.match_index.get(site, 0):
+                # The follower refuses what it once acked: its log was emptied (`peer repair`). Forget
+                # the old match, or every retry re-sends the same unusable prev_index.
+                self.match_index[site] = max(0, hint - 1)
+            self.next_index[site] = max(self.match_index.get(site, 0) + 1, hint)
         if not rep.success or self.next_index[site] <= self.log.last_index:
             effects.append(self._replicate_to(site, rep.header.from_address))
 

@@ -42,10 +42,12 @@ from peer.core.consensus import (
     Effect,
     LeaderChanged,
     Message,
+    Rejected,
     Send,
     SnapshotInstalled,
     fencing_epoch,
 )
+from peer.core.consensus_checks import RefusalKind
 from peer.core.election import ElectionConfig, Role, SiteId
 from peer.logstore import MemoryStore
 from peer.sim.faults import KINDS, FaultLimits, apply, clocks, parse_faults, plan
@@ -157,6 +159,8 @@ class Cluster:
                 sends.append(e)
             elif isinstance(e, Committed):
                 self._apply(site, app, e.entry)
+            elif isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE:
+                raise Violation(f"{site} refused an honest {e.what} from {e.from_site} as implausible: {e.reason}")
             elif isinstance(e, SnapshotInstalled):
                 app.index, app.chain = e.snapshot.last_index, e.snapshot.app_state
                 self._check_chain(site, app.index, app.chain)

@@ -59,7 +59,8 @@ from typing import Any
 
 from peer.core import rounds as r
 from peer.core.commitlog import Entry, RoundCommit
-from peer.core.consensus import TWO_LEADERS, Committed, ConsensusCore, DurableState, LeaderChanged, Rejected
+from peer.core.consensus_checks import RefusalKind
+from peer.core.consensus import Committed, ConsensusCore, DurableState, LeaderChanged, Rejected
 from peer.core.consensus import Message as ConsensusMessage
 from peer.core.consensus import Send as ConsensusSend
 from peer.core import events as ev
@@ -436,7 +437,7 @@ class PeerNode:
                 self.world.see_entry(self.site, e.entry.index)
             elif isinstance(e, LeaderChanged):
                 self.rounds.leader_changed(e.leader, e.epoch)
-            elif isinstance(e, Rejected) and e.reason.startswith(TWO_LEADERS):  # every simulated message is honest
+            elif isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE:  # every simulated message is honest
                 self.world.violations.append(f"{self.site}: {e.reason}")
         if entries:
             for entry in entries:

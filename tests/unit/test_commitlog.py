@@ -56,10 +56,14 @@ def test_append_from_leader(have: tuple[int, ...], prev: int, prev_epoch: int, n
     assert tuple(e.epoch for e in log.entries) == after
 
 
-def test_overwriting_a_committed_entry_is_a_bug_not_a_decision() -> None:
+def test_entries_that_contradict_a_committed_one_are_refused_whole() -> None:
+    """No honest leader sends them (I3); a hostile or buggy site's message must change nothing
+    (it used to raise, which is an unhandled exception on remote input)."""
     log = _log(1, 1, 2)
-    with pytest.raises(AssertionError):
-        log.append_from_leader(1, 1, [_e(2, 3)], commit_index=2)
+    res = log.append_from_leader(1, 1, [_e(2, 3), _e(3, 3)], commit_index=2)
+    assert not res.ok and res.overwrites_committed and res.first_changed is None
+    assert res.reason == "entry 2 of epoch 3 contradicts the committed one of epoch 1"
+    assert tuple(e.epoch for e in log.entries) == (1, 1, 2)
 
 
 @pytest.mark.parametrize("match,voters,expected", [

@@ -1,0 +1,213 @@
+"""A site of the run cannot break consensus with protocol-valid but false messages (issue 38):
+peer/core/consensus_checks.py. Each probe below once stopped a real 3-peer run; here the core must
+refuse it as `IMPLAUSIBLE` without changing state, and the run must go on committing.
+
+    .venv/bin/python -m pytest tests/unit/test_consensus_hostile.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from peer.core.commitlog import (
+    AppendEntries,
+    AppendReply,
+    DurableState,
+    Entry,
+    EpochStart,
+    InstallSnapshot,
+    LogIndex,
+    Round,
+    RoundCommit,
+    Snapshot,
+)
+from peer.core.consensus import ConsensusCore, Rejected, Status
+from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind
+from peer.core.election import Epoch, Header, RequestVote, Role, SiteId, VoteReply
+from peer.logstore import MemoryStore
+from peer.sim.consensus_sim import SIM_CONFIG, Lockstep, _App
+
+
+def _settled(rounds: int = 3) -> tuple[Lockstep, SiteId, SiteId]:
+    net = Lockstep(3)
+    assert net.run_until(lambda: net.leader() is not None, timeout=3 * SIM_CONFIG.election_timeout_max_s + 1)
+    leader = net.leader()
+    assert leader is not None
+    for _ in range(rounds):
+        assert net.propose(leader).accepted
+        net.run_for(0.2)
+    follower = next(s for s in net.cluster.live() if s != leader)
+    return net, leader, follower
+
+
+def _header(site: str, epoch: int) -> Header:
+    return Header(SiteId(site), f"{site}:7000", Epoch(epoch), 0)
+
+
+def _refused(effects: list[object], reason: str) -> None:
+    assert len(effects) == 1 and isinstance(effects[0], Rejected), effects
+    assert effects[0].kind is RefusalKind.IMPLAUSIBLE and reason in effects[0].reason, effects[0]
+
+
+def _commits_on(net: Lockstep, leader: SiteId) -> None:
+    """The run goes on: a new round commits on every live peer."""
+    target = net.cluster.core(leader).commit_index + 1
+    assert net.propose(leader).accepted
+    assert net.run_until(lambda: all(net.cluster.core(s).commit_index >= target for s in net.cluster.live()),
+                         timeout=2.0)
+
+
+def _snapshot_status(core: ConsensusCore) -> tuple[Status, list[Entry]]:
+    return core.status(), list(core.log.entries)
+
+
+def test_a_snapshot_from_a_site_that_never_joined_is_refused() -> None:
+    """Probe 1: an InstallSnapshot at last_index 10^6 with voters [d] from d, a certificate of the
+    run that never joined: the follower's log became empty and both other peers crashed."""
+    net, leader, follower = _settled()
+    core = net.cluster.core(follower)
+    before = _snapshot_status(core)
+    snap = Snapshot(LogIndex(10**6), core.hard.epoch, Round(10**6), b"forged", ((SiteId("d"), "d:7000"),))
+    _refused(core.receive(InstallSnapshot(_header("d", core.hard.epoch + 1), snap, 1), net.t),
+             "d cannot lead: neither a voter nor a member of the run")
+    assert _snapshot_status(core) == before
+    _commits_on(net, leader)
+
+
+def test_an_ack_beyond_the_leaders_log_is_refused() -> None:
+    """Probe 2: one AppendReply with match_index 10^6 made the leader assert at its next heartbeat."""
+    net, leader, follower = _settled()
+    core = net.cluster.core(leader)
+    before = core.status()
+    ack = AppendReply(_header(follower, core.hard.epoch), True, LogIndex(10**6), 1, "ok")
+    _refused(core.receive(ack, net.t), f"acknowledges index {10**6} beyond this log's last {core.log.last_index}")
+    assert core.status() == before and core.match_index.get(follower, 0) <= core.log.last_index
+    net.run_for(3 * SIM_CONFIG.heartbeat_interval_s)
+    assert net.leader() == leader
+    _commits_on(net, leader)
+
+
+def test_a_reply_from_a_site_the_leader_never_replicated_to_is_refused() -> None:
+    net, leader, _ = _settled()
+    core = net.cluster.core(leader)
+    before = core.status()
+    _refused(core.receive(AppendReply(_header("d", core.hard.epoch), True, LogIndex(1), 1, "ok"), net.t),
+             "d answers entries this leader never sent it")
+    assert core.status() == before
+
+
+@pytest.mark.parametrize("entries,prev,reason", [
+    ((2, 4), (1, 1), "entries not consecutive: index 4 where 3 was due"),
+    ((2,), (1, 9), "previous entry of epoch 9 sent at epoch"),
+])
+def test_malformed_entries_are_refused(entries: tuple[int, ...], prev: tuple[int, int], reason: str) -> None:
+    net, leader, follower = _settled()
+    core = net.cluster.core(follower)
+    before = _snapshot_status(core)
+    epoch = core.hard.epoch
+    batch = tuple(Entry(LogIndex(i), epoch, EpochStart(leader)) for i in entries)
+    msg = AppendEntries(_header(leader, epoch), LogIndex(prev[0]), Epoch(prev[1]), batch, LogIndex(0), 99)
+    _refused(core.receive(msg, net.t), reason)
+    assert _snapshot_status(core) == before
+
+
+def test_entries_that_contradict_committed_ones_change_nothing() -> None:
+    """A voter re-writing committed history (index 2 at another epoch) is refused whole."""
+    net, leader, follower = _settled()
+    core = net.cluster.core(follower)
+    before = _snapshot_status(core)
+    epoch = core.hard.epoch
+    assert core.commit_index >= 2
+    forged = (Entry(LogIndex(2), epoch, RoundCommit(Round(1), (), b"forged")),)
+    msg = AppendEntries(_header(leader, epoch), LogIndex(1), core.log.epoch_at(1) or Epoch(0), forged,
+                        core.commit_index, 99)
+    effects = core.receive(msg, net.t)
+    assert any(isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE and "contradicts the committed" in e.reason
+               for e in effects), effects
+    assert core.log.entries == before[1] and core.commit_index == before[0].commit_index
+
+
+def test_a_repaired_follower_catches_up_while_the_leader_stays() -> None:
+    """Probe 7: after `peer repair` (the follower's log emptied) the leader kept its old match_index
+    and re-sent the same unusable prev_index until the leader changed (40 s to minutes)."""
+    net, leader, follower = _settled(rounds=5)
+    epoch = net.cluster.core(leader).hard.epoch
+    net.cluster.crash(follower)
+    disk = MemoryStore()  # what `peer repair` leaves: no log, no hard state; the site joins again
+    fresh = DurableState.fresh(None)
+    disk.save_hard_state(fresh.hard)
+    disk.write_log(1, tuple(fresh.entries))
+    net.cluster.disks[follower], net.cluster.apps[follower] = disk, _App()
+    net.cluster.start(follower, net.t)
+    target = net.cluster.core(leader).commit_index
+    assert net.run_until(lambda: net.cluster.core(follower).commit_index >= target, timeout=1.0)
+    assert net.leader() == leader and net.cluster.core(leader).hard.epoch == epoch
+    _commits_on(net, leader)
+
+
+def test_a_stale_refusal_does_not_undo_a_newer_ack() -> None:
+    """A refusal delivered late (sent before the follower's newest ack) is not a repaired log: the
+    leader keeps what the follower acked."""
+    net, leader, follower = _settled()
+    core = net.cluster.core(leader)
+    matched = core.match_index[follower]
+    late = AppendReply(_header(follower, core.hard.epoch), False, LogIndex(1), 0, "missing entries")
+    core.receive(late, net.t)
+    assert core.match_index[follower] == matched
+
+
+# ----- adversarial sequences from a legitimate sender -----
+
+_counter = st.one_of(st.integers(0, 8), st.integers(0, 2**62), st.sampled_from([EPOCH_LIMIT, EPOCH_LIMIT + 1, 2**62]))
+
+
+@st.composite
+def _hostile(draw: st.DrawFn, sender: str) -> object:
+    h = _header(sender, draw(_counter))
+    kind = draw(st.sampled_from(["append", "reply", "snapshot", "vote", "vote_reply"]))
+    if kind == "append":
+        first = draw(_counter)
+        n = draw(st.integers(0, 3))
+        entries = tuple(Entry(LogIndex(first + k + 1), Epoch(draw(_counter)), EpochStart(SiteId(sender)))
+                        for k in range(n))
+        return AppendEntries(h, LogIndex(first), Epoch(draw(_counter)), entries, LogIndex(draw(_counter)),
+                             draw(_counter))
+    if kind == "reply":
+        return AppendReply(h, draw(st.booleans()), LogIndex(draw(_counter)), draw(_counter), "x")
+    if kind == "snapshot":
+        voters = tuple((SiteId(s), f"{s}:7000") for s in draw(st.sets(st.sampled_from(["s00", "s01", "s02", "d"]))))
+        snap = Snapshot(LogIndex(draw(_counter)), Epoch(draw(_counter)), Round(draw(_counter)), b"x", tuple(sorted(voters)))
+        return InstallSnapshot(h, snap, draw(_counter))
+    if kind == "vote":
+        return RequestVote(h, Epoch(draw(_counter)), draw(_counter), Epoch(draw(_counter)), draw(st.booleans()))
+    return VoteReply(h, Epoch(draw(_counter)), draw(st.booleans()), draw(st.booleans()), "x")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_no_sequence_from_a_site_of_the_run_crashes_a_peer_or_blocks_the_epoch(data: st.DataObject) -> None:
+    """A site that holds a certificate of the run (a member, or one that never joined) sends any
+    sequence of well-typed consensus messages with any counters to the leader and a follower: no
+    peer raises, no epoch passes EPOCH_LIMIT (so it can always be incremented), and once the site
+    stops, the three peers elect a leader and commit again."""
+    net, leader, follower = _settled(rounds=2)
+    sender = data.draw(st.sampled_from(["d", follower]), label="sender")
+    for _ in range(data.draw(st.integers(1, 12), label="messages")):
+        msg = data.draw(_hostile(sender))
+        to = data.draw(st.sampled_from([s for s in net.cluster.live() if s != sender]), label="to")
+        # Run like the node, refusals logged (the cluster's own deliver counts them as violations:
+        # there every message is honest). The answers go to the sender's address.
+        effects = net.cluster.core(to).receive(msg, net.t)  # type: ignore[arg-type]
+        net.post(to, net.cluster.execute(to, [e for e in effects if not isinstance(e, Rejected)]))
+        net.run_for(0.01)
+    assert all(net.cluster.core(s).hard.epoch <= EPOCH_LIMIT for s in net.cluster.live())
+    assert net.run_until(lambda: net.leader() is not None, timeout=10 * SIM_CONFIG.election_timeout_max_s)
+    new_leader = net.leader()
+    assert new_leader is not None and net.cluster.core(new_leader).role is Role.LEADER
+    target = net.cluster.core(new_leader).commit_index + 1
+    assert net.propose(new_leader).accepted
+    # A faulty voter may leave a follower behind (Raft is not Byzantine tolerant); a majority commits.
+    assert net.run_until(lambda: sum(net.cluster.core(s).commit_index >= target for s in net.cluster.live()) >= 2,
+                         timeout=5.0)
