@@ -175,6 +175,12 @@ def families(node: Node) -> Iterator[Metric]:
     for kind in sorted({k for _, k in _EXCLUSION_KINDS} | {"invalid"}):
         excluded.add_metric([kind], ev.excluded.get(kind, 0))
     yield excluded
+    refused = CounterMetricFamily("sitemesh_consensus_refused_implausible",
+                                  "Consensus messages refused as no honest peer sends them (forged or buggy)",
+                                  labels=["site", "message"])
+    for (site, message), n in sorted(node.refused.items()):
+        refused.add_metric([site, message], n)
+    yield refused
 
     coord = node.coordinator
     if coord is None:

@@ -14,6 +14,7 @@ only coupling is this file: membership's state changes are fed to consensus as a
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -114,6 +115,8 @@ class Node:
         self.coordinator: Coordinator | None = None
         self.events = PeerEvents()
         """Event counts for the metrics endpoint (peer/metrics.py)."""
+        self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
+        """(sender, message) -> consensus messages refused as implausible (forged or buggy)."""
         self.metrics_port: int | None = None
         """The bound port of the /metrics endpoint; None when it is off."""
         if config.trainer is not None and config.rounds is not None:
@@ -491,14 +494,26 @@ class Node:
                 if self.coordinator is not None:
                     self.coordinator.on_leader_changed(effect.leader, effect.epoch)
             elif isinstance(effect, c.Rejected):
-                # Fencing a stale epoch is an event operators want to see; log repair is routine.
-                level = (logging.WARNING if effect.reason.startswith(c.TWO_LEADERS)  # forged, or a bug
-                         else logging.INFO if effect.reason.startswith(("stale epoch", "implausible")) else logging.DEBUG)
-                log.log(level, "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
+                self._log_refusal(effect)
         if committed:
             # Durable before anything acts on it: `ops audit` trusts entries up to this index only.
             store.save_commit_index(committed[-1].index)
             self._apply(committed)
+
+    def _log_refusal(self, refusal: c.Rejected) -> None:
+        """Fencing a stale epoch is an event operators want to see; log repair is routine. What no
+        honest peer sends (forged, or a bug) is a warning, once per sender and kind of message (a
+        hostile site must not flood the log; the keys are bounded by the run's certificates), and
+        always counted."""
+        if refusal.kind is not c.RefusalKind.IMPLAUSIBLE:
+            level = logging.INFO if refusal.kind is c.RefusalKind.STALE else logging.DEBUG
+            log.log(level, "consensus refused %s from %s: %s", refusal.what, refusal.from_site, refusal.reason)
+            return
+        key = (refusal.from_site, refusal.what)
+        if key not in self.refused:
+            log.warning("consensus refused %s from %s: %s; further refusals of this kind are only counted",
+                        refusal.what, refusal.from_site, refusal.reason)
+        self.refused[key] += 1
 
     def _apply(self, entries: Sequence[Entry]) -> None:
         """Committed entries of one batch, in log order (the lease cores want a batch at once)."""
