@@ -175,11 +175,11 @@ def families(node: Node) -> Iterator[Metric]:
     for kind in sorted({k for _, k in _EXCLUSION_KINDS} | {"invalid"}):
         excluded.add_metric([kind], ev.excluded.get(kind, 0))
     yield excluded
-    refused = CounterMetricFamily("sitemesh_consensus_refused_implausible",
-                                  "Consensus messages refused as no honest peer sends them (forged or buggy)",
-                                  labels=["site", "message"])
-    for (site, message), n in sorted(node.refused.items()):
-        refused.add_metric([site, message], n)
+    refused = CounterMetricFamily("sitemesh_refused_implausible",
+                                  "Membership and consensus messages refused as no honest peer sends them "
+                                  "(forged or buggy)", labels=["layer", "site", "message"])
+    for (layer, site, message), n in sorted(node.refused.items()):
+        refused.add_metric([layer, site, message], n)
     yield refused
 
     coord = node.coordinator

@@ -115,8 +115,9 @@ class Node:
         self.coordinator: Coordinator | None = None
         self.events = PeerEvents()
         """Event counts for the metrics endpoint (peer/metrics.py)."""
-        self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
-        """(sender, message) -> consensus messages refused as implausible (forged or buggy)."""
+        self.refused: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        """(layer, sender, message) -> membership and consensus messages refused as no honest peer
+        sends them (forged or buggy; peer/core/membership_guard.py, consensus_checks.py)."""
         self.metrics_port: int | None = None
         """The bound port of the /metrics endpoint; None when it is off."""
         if config.trainer is not None and config.rounds is not None:
@@ -468,6 +469,9 @@ class Node:
                     self.coordinator.member_up(effect.site)
                 self.events.member_changed(effect.old.name if effect.old else None, effect.new.name)
                 self.wake()  # the live sites changed: the leader may open, or stop waiting
+            elif isinstance(effect, m.Rejected):
+                self._log_refusal("membership", effect.from_site, f"{effect.what} ({effect.kind.value})",
+                                  effect.reason)
         if wait:
             await asyncio.gather(*sends)
         else:
@@ -494,25 +498,24 @@ class Node:
                 if self.coordinator is not None:
                     self.coordinator.on_leader_changed(effect.leader, effect.epoch)
             elif isinstance(effect, c.Rejected):
-                self._log_refusal(effect)
+                if effect.kind is c.RefusalKind.IMPLAUSIBLE:
+                    self._log_refusal("consensus", effect.from_site, effect.what, effect.reason)
+                else:  # fencing a stale epoch is an event operators want to see; log repair is routine
+                    log.log(logging.INFO if effect.kind is c.RefusalKind.STALE else logging.DEBUG,
+                            "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
         if committed:
             # Durable before anything acts on it: `ops audit` trusts entries up to this index only.
             store.save_commit_index(committed[-1].index)
             self._apply(committed)
 
-    def _log_refusal(self, refusal: c.Rejected) -> None:
-        """Fencing a stale epoch is an event operators want to see; log repair is routine. What no
-        honest peer sends (forged, or a bug) is a warning, once per sender and kind of message (a
-        hostile site must not flood the log; the keys are bounded by the run's certificates), and
-        always counted."""
-        if refusal.kind is not c.RefusalKind.IMPLAUSIBLE:
-            level = logging.INFO if refusal.kind is c.RefusalKind.STALE else logging.DEBUG
-            log.log(level, "consensus refused %s from %s: %s", refusal.what, refusal.from_site, refusal.reason)
-            return
-        key = (refusal.from_site, refusal.what)
+    def _log_refusal(self, layer: str, sender: str, what: str, reason: str) -> None:
+        """A message no honest peer sends (forged, or a bug): a warning once per (layer, sender,
+        message), so a hostile site cannot flood the log (the keys are bounded by the run's
+        certificates and the message types), and always counted."""
+        key = (layer, sender, what)
         if key not in self.refused:
-            log.warning("consensus refused %s from %s: %s; further refusals of this kind are only counted",
-                        refusal.what, refusal.from_site, refusal.reason)
+            log.warning("%s refused %s from %s: %s; further refusals of this kind are only counted",
+                        layer, what, sender, reason)
         self.refused[key] += 1
 
     def _apply(self, entries: Sequence[Entry]) -> None:

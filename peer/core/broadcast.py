@@ -41,6 +41,10 @@ class BroadcastQueue(Generic[T]):
         self._counter += 1
         self._entries[key] = _Entry(item, 0, self._counter)
 
+    def discard(self, key: str) -> None:
+        """Drop any queued rumour about `key` (its subject was forgotten)."""
+        self._entries.pop(key, None)
+
     def take(self, max_items: int, limit: int) -> list[T]:
         """Up to max_items rumours to piggyback now; each counts one transmission of at most limit."""
         if not self._entries or max_items <= 0:

@@ -10,7 +10,9 @@ the target becomes SUSPECT. A suspicion expires into DEAD unless the member refu
 ALIVE at a higher incarnation; its timeout shrinks with independent confirmations
 (`peer.core.suspicion`). Rumours are piggybacked on every message with a retransmit limit ~ log N
 (`peer.core.broadcast`); push-pull exchanges of the whole table repair what gossip missed and join new
-members; a member whose own probes go unanswered slows down (`peer.core.awareness`).
+members; a member whose own probes go unanswered slows down (`peer.core.awareness`). Every rumour
+passes `peer.core.membership_guard` first (counter bounds, jumps, bounded tables): a refused one
+changes nothing and comes back as a `Rejected` effect.
 
 The class never sleeps, never reads a clock and never touches the network: the caller passes `now`
 (a monotonic clock) into every method and carries out the returned effects (`Send`, and
@@ -28,6 +30,15 @@ from dataclasses import dataclass
 from peer.core.awareness import Awareness
 from peer.core.broadcast import BroadcastQueue
 from peer.core.membership_config import MembershipConfig
+from peer.core.membership_guard import (
+    INCARNATION_LIMIT,
+    MAX_RELAYS,
+    RELAYS_PER_SENDER,
+    TABLE_LIMIT,
+    Tombstones,
+    check_rumour,
+    next_incarnation,
+)
 from peer.core.membership_types import (
     LEAVING,
     STATE_RANK,
@@ -42,6 +53,8 @@ from peer.core.membership_types import (
     Ping,
     PingReq,
     PushPull,
+    RefusalKind,
+    Rejected,
     Send,
     StateChanged,
 )
@@ -49,8 +62,8 @@ from peer.core.suspicion import Suspicion
 
 __all__ = [
     "Ack", "Effect", "LEAVING", "MemberMeta", "MemberState", "MemberUpdate", "MemberView", "Membership",
-    "MembershipConfig", "Message", "Nack", "Ping", "PingReq", "PushPull", "STATE_RANK", "Send",
-    "StateChanged",
+    "MembershipConfig", "Message", "Nack", "Ping", "PingReq", "PushPull", "RefusalKind", "Rejected",
+    "STATE_RANK", "Send", "StateChanged",
 ]
 
 _INF = float("inf")
@@ -90,6 +103,7 @@ class _Relay:
     reply_to: str
     nack_at: float  # inf once the Nack went out (a late Ack is still relayed until `expires`)
     expires: float
+    requester: str = ""  # its sender: bounds the relays one site may have in flight here
 
 
 class Membership:
@@ -97,10 +111,14 @@ class Membership:
 
     def __init__(self, meta: MemberMeta, config: MembershipConfig, rng: random.Random, now: float,
                  incarnation: int = 0) -> None:
+        if not 0 <= incarnation <= INCARNATION_LIMIT:
+            raise ValueError(f"incarnation {incarnation} is outside [0, 2^61]")
         self.config = config
         self._rng = rng
         self._me = _Member(meta.site, meta, ALIVE, incarnation, now, now)
-        self._members: dict[str, _Member] = {}  # everyone but us, never forgotten (dead included)
+        # Everyone but us, at most TABLE_LIMIT; DEAD and LEFT ones until forget_after_s, then a tombstone.
+        self._members: dict[str, _Member] = {}
+        self._tombstones = Tombstones(config.forget_after_s)
         self._live = 1  # ALIVE + SUSPECT members, us included: the n of all log(n) formulas
         self._dead = 0  # DEAD members (reconnect targets)
         self._probe_order: list[str] = []  # shuffled round robin (SWIM 4.3), reshuffled per cycle
@@ -184,7 +202,7 @@ class Membership:
         if self._left:
             return []
         self._left = True
-        self._me.incarnation += 1
+        self._me.incarnation = next_incarnation(self._me.incarnation)
         self._me.state = LEFT
         self._me.since = now
         rumour = self._rumour(self._me)
@@ -203,7 +221,7 @@ class Membership:
         if self._left:
             return []
         self._me.meta = meta
-        self._me.incarnation += 1
+        self._me.incarnation = next_incarnation(self._me.incarnation)
         self._queue.push(self.site, self._rumour(self._me))
         self._next_gossip = min(self._next_gossip, now)
         return []
@@ -245,12 +263,14 @@ class Membership:
             return self._receive_after_leave(msg)
         if isinstance(msg, Ping) and msg.target_site != self.site:
             return []  # meant for an earlier process on this address: not our conversation
+        if isinstance(msg, PingReq) and (full := self._relays_full(msg)) is not None:
+            return [full]
         sender = self._members.get(msg.from_site)
         if sender is not None:
             sender.last_heard = now
         if isinstance(msg, PushPull):
             return self._on_push_pull(msg, now)
-        effects = self._apply_all(msg.updates if not isinstance(msg, Nack) else (), now)
+        effects = self._apply_all(msg, now)
         if isinstance(msg, Ping):
             effects.append(Send(msg.from_address, Ack(msg.seq, self.site,
                                                       self._updates_for((msg.from_site,), True))))
@@ -259,7 +279,7 @@ class Membership:
         elif isinstance(msg, PingReq):
             seq = self._next_seq()
             self._relays[seq] = _Relay(msg.seq, msg.from_address, now + self._nack_after_s,
-                                       now + self.config.probe_interval_s)
+                                       now + self.config.probe_interval_s, msg.from_site)
             effects.append(Send(msg.target_address, Ping(seq, self.site, self.address, msg.target_site,
                                                          self._updates_for((msg.target_site,)))))
         elif isinstance(msg, Nack):
@@ -407,6 +427,7 @@ class Membership:
         effects: list[Effect] = []
         if now >= self._next_push_pull:
             self._next_push_pull = now + self.config.push_pull_interval_s
+            self._forget(now)
             for m in self._random_members(1, set(), lambda m: m.state == ALIVE):
                 effects.append(Send(m.address, self._table()))
         if (self._dead or self._seeds) and now >= self._next_reconnect:
@@ -462,8 +483,9 @@ class Membership:
         bulk = msg.reply and not self._joined
         effects: list[Effect] = []
         for u in msg.members:
-            effects += self._apply(u, now, from_push_pull=True,
-                                   regossip=not bulk or u.site == msg.from_site)
+            if not self._skip(u, msg.from_site, "PushPull", effects):
+                effects += self._apply(u, now, from_push_pull=True,
+                                       regossip=not bulk or u.site == msg.from_site)
         if msg.reply:
             self._joined = True
             self._next_join = _INF
@@ -480,11 +502,27 @@ class Membership:
 
     # -- applying rumours --------------------------------------------------------------------------
 
-    def _apply_all(self, updates: Iterable[MemberUpdate], now: float) -> list[Effect]:
+    def _apply_all(self, msg: Ping | Ack | PingReq | Nack, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        for u in updates:
-            effects += self._apply(u, now)
+        for u in msg.updates if not isinstance(msg, Nack) else ():
+            if not self._skip(u, msg.from_site, type(msg).__name__, effects):
+                effects += self._apply(u, now)
         return effects
+
+    def _skip(self, u: MemberUpdate, sender: str, what: str, effects: list[Effect]) -> bool:
+        """Whether rumour `u` from `sender` must not be merged: refused (a `Rejected` joins
+        `effects`; peer/core/membership_guard.py) or old news of a member we forgot."""
+        m = self._members.get(u.site)
+        held = m.incarnation if m is not None else self._tombstones.incarnation(u.site)
+        refusal = check_rumour(u, sender, self.site, self._me.incarnation, held)
+        if (refusal is None and m is None and u.site != self.site and u.meta is not None
+                and u.state != SUSPECT and len(self._members) + 1 >= TABLE_LIMIT):
+            refusal = RefusalKind.FULL, (f"rumour {u.site} {u.state.name}@{u.incarnation}: this peer "
+                                         f"holds its limit of {TABLE_LIMIT} members")
+        if refusal is not None:
+            effects.append(Rejected(sender, what, refusal[1], refusal[0]))
+            return True
+        return self._tombstones.old_news(u, sender)
 
     def _apply(self, u: MemberUpdate, now: float, from_push_pull: bool = False,
                regossip: bool = True) -> list[Effect]:
@@ -545,7 +583,7 @@ class Membership:
         else:
             self._awareness.apply(1)  # Lifeguard: being suspected hints that we are slow
         # Refute (or outbid a previous life of ours): only we ever raise our incarnation.
-        me.incarnation = u.incarnation + 1
+        me.incarnation = next_incarnation(u.incarnation)
         self._queue.push(self.site, self._rumour(me))
         return []
 
@@ -571,6 +609,34 @@ class Membership:
         m.state = state
         m.since = now
         return [StateChanged(m.site, old, state, incarnation, reason)]
+
+    def _forget(self, now: float) -> None:
+        """Drop the members DEAD or LEFT for forget_after_s, leaving tombstones (bounded tables)."""
+        horizon = now - self.config.forget_after_s
+        probed = self._probe.target if self._probe is not None else None
+        for m in [m for m in self._members.values()
+                  if m.state in (DEAD, LEFT) and m.since <= horizon and m.site != probed]:
+            del self._members[m.site]
+            self._count(m.state, -1)
+            self._queue.discard(m.site)
+            self._suspicions.pop(m.site, None)
+            i = self._probe_order.index(m.site)
+            del self._probe_order[i]
+            if i < self._probe_index:
+                self._probe_index -= 1
+            self._tombstones.add(m.site, m.incarnation, now)
+        self._tombstones.expire(now)
+
+    def _relays_full(self, msg: PingReq) -> Rejected | None:
+        """A refusal for a PingReq beyond the indirect probes one sender, or all, may have here."""
+        if len(self._relays) < RELAYS_PER_SENDER:
+            return None
+        mine = sum(1 for r in self._relays.values() if r.requester == msg.from_site)
+        if mine < RELAYS_PER_SENDER and len(self._relays) < MAX_RELAYS:
+            return None
+        return Rejected(msg.from_site, "PingReq", f"indirect probe of {msg.target_site}: {mine} of this "
+                        f"sender's and {len(self._relays)} in all in flight (at most {RELAYS_PER_SENDER} "
+                        f"and {MAX_RELAYS})", RefusalKind.FULL)
 
     def _count(self, state: MemberState, delta: int) -> None:
         if state in _PROBED:

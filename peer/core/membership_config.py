@@ -49,6 +49,12 @@ class MembershipConfig:
     (score + 1), score in [0, awareness_max_multiplier - 1]."""
     join_retry_interval_s: float = 1.0
     """Resend the join PushPull to the seeds this often until one answers."""
+    forget_after_s: float = 86_400.0
+    """A DEAD or LEFT member is dropped from the table this long after it entered that state (Serf's
+    reconnect and tombstone timeouts); a tombstone of its incarnation is kept as long again, so a
+    late rumour does not bring it back while the member itself still can. Bounds the table under
+    churn of site names; longer than gossip_to_dead_s, and much longer than a partition that
+    reconnects should still heal (a forgotten member is reached again only as a seed)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -58,6 +64,9 @@ class MembershipConfig:
         if self.probe_timeout_s >= self.probe_interval_s:
             raise ValueError("probe_timeout_s must be shorter than probe_interval_s "
                              "(the indirect probes need the rest of the period)")
+        if self.forget_after_s <= self.gossip_to_dead_s:
+            raise ValueError("forget_after_s must be longer than gossip_to_dead_s "
+                             "(a dead member is told it was declared dead before it is forgotten)")
         if self.suspicion_max_timeout_mult < 1:
             raise ValueError("suspicion_max_timeout_mult must be >= 1")
         for name in ("indirect_checks", "retransmit_mult", "gossip_nodes", "max_piggyback",
@@ -130,6 +139,7 @@ class MembershipConfig:
             gossip_to_dead_s=60.0,  # covers a long pause of the accused
             awareness_max_multiplier=8,  # Lifeguard's recommended cap
             join_retry_interval_s=2.0,  # a seed across the ocean needs a few RTTs to answer
+            forget_after_s=86_400.0,  # Serf's 24 h: a site down for a day returns as a newcomer
         )
 
     @classmethod
@@ -151,4 +161,5 @@ class MembershipConfig:
             gossip_to_dead_s=5.0,  # longer than any pause a test injects
             awareness_max_multiplier=4,  # caps how slow a starved test process may become
             join_retry_interval_s=0.3,  # seeds start concurrently with joiners
+            forget_after_s=600.0,  # longer than any test run, short enough to bound a long soak
         )

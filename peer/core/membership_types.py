@@ -135,7 +135,33 @@ class StateChanged:
     reason: str
 
 
-Effect = Send | StateChanged
+class RefusalKind(enum.Enum):
+    """Why the membership core refused a rumour or a message, as a kind: logs, metrics and the
+    simulator read this, never the human reason (peer/core/membership_guard.py)."""
+
+    MALFORMED = "malformed"
+    """A rumour no peer of this version writes: no site name, metadata of another site."""
+    OVER_LIMIT = "over limit"
+    """An incarnation above `INCARNATION_LIMIT`: its subject could never refute it."""
+    JUMP = "jump"
+    """An incarnation far above what this peer holds, from a sender other than the subject. An
+    honest run makes none; a peer away for very long may see one, and then hears the subject."""
+    FULL = "full"
+    """A bounded table is full (members, indirect probes in flight): overload or a flood."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Effect: a rumour or message this core refused; it changed nothing. `from_site` is the
+    message's sender (under mutual TLS the certificate's name), `what` the message type."""
+
+    from_site: str
+    what: str
+    reason: str
+    kind: RefusalKind
+
+
+Effect = Send | StateChanged | Rejected
 
 
 @dataclass(frozen=True)

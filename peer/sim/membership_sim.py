@@ -18,6 +18,8 @@ Invariants (`MembershipChecker`), checked after every event:
 - **left is never dead**: nobody declares DEAD a member at or above the incarnation it left at;
 - **incarnations are minted only by their owner**: no view holds an incarnation of X above the
   highest X itself ever had;
+- **honest messages are believed**: no core refuses a rumour as malformed, over the incarnation
+  limit or a jump (peer/core/membership_guard.py); only a full table may refuse;
 - **convergence** (covers "a paused member refutes" and "a healed partition revives everyone"): from
   the end of the fault window, within `convergence_bound_s(n, h)`, every live member sees every
   live member ALIVE, every permanently crashed one DEAD or unknown and every departed one LEFT or
@@ -44,6 +46,8 @@ from peer.core.membership import (
     MemberState,
     MemberUpdate,
     MemberView,
+    RefusalKind,
+    Rejected,
     StateChanged,
 )
 from peer.sim.faults import KINDS, LOSSY, FaultLimits, apply, clocks, plan
@@ -201,6 +205,9 @@ class MembershipChecker:
         for e in effects:
             if isinstance(e, StateChanged):
                 self._on_change(sim, observer, e)
+            elif isinstance(e, Rejected) and e.kind is not RefusalKind.FULL:
+                self._pending.append(f"t={sim.now:.3f} {observer} refused {e.what} from {e.from_site} "
+                                     f"({e.kind.value}): {e.reason}")
 
     def _on_change(self, sim: Simulation, observer: str, e: StateChanged) -> None:
         t = f"t={sim.now:.3f}"

@@ -80,6 +80,12 @@ def test_a_joiner_without_voters_believes_the_run() -> None:
     assert not joiner.log.voters()
     joiner.receive(_append("a", 5 * MAX_EPOCH_JUMP), net.t)
     assert joiner.hard.epoch == 5 * MAX_EPOCH_JUMP
+    # ... below the limit, so that every epoch it holds can still be incremented.
+    effects = joiner.receive(_append("a", EPOCH_LIMIT + 1), net.t)
+    assert [e.kind for e in effects if isinstance(e, Rejected)] == [RefusalKind.IMPLAUSIBLE]
+    assert joiner.hard.epoch == 5 * MAX_EPOCH_JUMP
+    joiner.receive(_append("a", EPOCH_LIMIT), net.t)
+    assert joiner.hard.epoch == EPOCH_LIMIT
 
 
 def test_a_leader_refuses_a_second_leader_of_its_own_epoch() -> None:

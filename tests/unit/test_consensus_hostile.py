@@ -25,7 +25,7 @@ from peer.core.commitlog import (
 )
 from peer.core.consensus import ConsensusCore, Rejected, Status
 from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind
-from peer.core.election import Epoch, Header, RequestVote, Role, SiteId, VoteReply
+from peer.core.election import Epoch, Header, RequestVote, SiteId, VoteReply
 from peer.logstore import MemoryStore
 from peer.sim.consensus_sim import SIM_CONFIG, Lockstep, _App
 
@@ -187,27 +187,39 @@ def _hostile(draw: st.DrawFn, sender: str) -> object:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_no_sequence_from_a_site_of_the_run_crashes_a_peer_or_blocks_the_epoch(data: st.DataObject) -> None:
-    """A site that holds a certificate of the run (a member, or one that never joined) sends any
-    sequence of well-typed consensus messages with any counters to the leader and a follower: no
-    peer raises, no epoch passes EPOCH_LIMIT (so it can always be incremented), and once the site
-    stops, the three peers elect a leader and commit again."""
-    net, leader, follower = _settled(rounds=2)
-    sender = data.draw(st.sampled_from(["d", follower]), label="sender")
+def test_no_sequence_from_a_site_that_never_joined_changes_the_run(data: st.DataObject) -> None:
+    """A site that holds a certificate of the run but never joined sends any sequence of well-typed
+    consensus messages with any counters to the leader and a follower: no peer raises, nothing it
+    says is applied (the simulator's checks of agreement run on every commit), and once it stops the
+    three peers elect a leader and commit again."""
+    net, _, _ = _settled(rounds=2)
     for _ in range(data.draw(st.integers(1, 12), label="messages")):
-        msg = data.draw(_hostile(sender))
-        to = data.draw(st.sampled_from([s for s in net.cluster.live() if s != sender]), label="to")
+        msg = data.draw(_hostile("d"))
+        to = data.draw(st.sampled_from(net.cluster.live()), label="to")
         # Run like the node, refusals logged (the cluster's own deliver counts them as violations:
-        # there every message is honest). The answers go to the sender's address.
+        # there every message is honest). The answers go to d's address, where nobody listens.
         effects = net.cluster.core(to).receive(msg, net.t)  # type: ignore[arg-type]
         net.post(to, net.cluster.execute(to, [e for e in effects if not isinstance(e, Rejected)]))
         net.run_for(0.01)
     assert all(net.cluster.core(s).hard.epoch <= EPOCH_LIMIT for s in net.cluster.live())
     assert net.run_until(lambda: net.leader() is not None, timeout=10 * SIM_CONFIG.election_timeout_max_s)
     new_leader = net.leader()
-    assert new_leader is not None and net.cluster.core(new_leader).role is Role.LEADER
-    target = net.cluster.core(new_leader).commit_index + 1
-    assert net.propose(new_leader).accepted
-    # A faulty voter may leave a follower behind (Raft is not Byzantine tolerant); a majority commits.
-    assert net.run_until(lambda: sum(net.cluster.core(s).commit_index >= target for s in net.cluster.live()) >= 2,
-                         timeout=5.0)
+    assert new_leader is not None
+    _commits_on(net, new_leader)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_no_sequence_from_a_voter_crashes_a_peer_or_blocks_the_epoch(data: st.DataObject) -> None:
+    """A voter's certificate (a buggy or hostile site in the run) sends any sequence of well-typed
+    messages: no core raises and no epoch passes EPOCH_LIMIT, so elections can always go on. What it
+    says within what an honest leader could say (a plausible snapshot) may be believed: Raft trusts
+    its voters (docs/decisions/security-consensus-standing.md), so only the cores are driven here."""
+    net, leader, follower = _settled(rounds=2)
+    for _ in range(data.draw(st.integers(1, 12), label="messages")):
+        msg = data.draw(_hostile(follower))
+        to = data.draw(st.sampled_from([leader] + [s for s in net.cluster.live() if s not in (leader, follower)]))
+        core = net.cluster.core(to)
+        core.receive(msg, net.t)  # type: ignore[arg-type]
+        core.tick(net.t + 0.01)
+        assert core.hard.epoch <= EPOCH_LIMIT and core.commit_index <= core.log.last_index
