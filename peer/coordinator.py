@@ -42,6 +42,7 @@ from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as L
 from peer.core.membership import LEAVING
 from peer.core.leases import LeaseConfig
 from peer.leasing import Leasing
+from peer.vouching import keys_of
 from peer.metrics import exclusion_kind
 from peer.core.timeline import RoundClock, RoundTimeline
 from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
@@ -81,7 +82,8 @@ class Coordinator:
         await self.training.start()
         raft = self.node.consensus_core()
         leasing = Leasing(self.node.config.site, dict(self.training.blocks), self.lease_config,
-                          self.node.data_dir / "leases", self._send_lease)
+                          self.node.data_dir / "leases", self._send_lease, keys=keys_of(self.node.creds),
+                          tokens_per_sample=self.training.trainer_config.data.seq_len)
         # No await from here on: entries up to applied_index are replayed now, later ones arrive
         # through on_entries, so the lease cores see every entry exactly once, in log order.
         now = self.node.now()

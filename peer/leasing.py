@@ -5,7 +5,9 @@ from RoundCommits) are pure, in peer/core/lease_log.py (the simulator runs the s
 gives them the clock, a transport (`send(site, msg)`), and the disk: the lease-event ledger
 `<data dir>/leases/ledger.jsonl` that `ops audit` reads for grant/reclaim/steal counts, and
 `<data dir>/leases/boot`, the count of this peer's process starts, so that a restarted primary mints
-lease generations above any it minted before (docs/leases.md, "Record and states").
+lease generations above any it minted before (docs/leases.md, "Record and states"), and
+`<data dir>/leases/owners`, the site whose events the ledger holds (the audit's vouch check). With
+`keys` (a TLS run) the owner signs its vouchers and the leader checks them against the run CA.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from peer.core.lease_client import LeaseClient
 from peer.core.lease_types import EventKind, LeaseEvent, Message, to_ranges
 from peer.core.leases import LeaseConfig, LeaseOwner
 from peer.core.samples import SampleRange
+from peer.core.vouchers import UNSIGNED, VoucherKeys
 
 log = logging.getLogger("sitemesh.leases")
 
@@ -46,10 +49,17 @@ class Leasing:
     """This peer's DARL cores (a `LeaseLog`) and their edges; `send(site, msg)` is the transport."""
 
     def __init__(self, site: str, universe: Mapping[int, int], cfg: LeaseConfig, directory: Path,
-                 send: Callable[[SiteId, Message], None], prefetch: int = 2) -> None:
+                 send: Callable[[SiteId, Message], None], prefetch: int = 2, keys: VoucherKeys | None = None,
+                 tokens_per_sample: int = 0) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.boot = next_boot(directory)
-        self.cores = LeaseLog(SiteId(site), universe, cfg, self.boot, prefetch)
+        # Whose lease events the ledger holds: `ops audit` checks a committed sample against the
+        # vouches of the ledgers it is given, and must know whose ledgers those are.
+        write_atomic(directory / "owners", site + "\n")
+        self.cores = LeaseLog(SiteId(site), universe, cfg, self.boot, prefetch, keys, tokens_per_sample)
+        if keys is None:
+            log.warning("leases: %s; a site can forge vouchers, and this peer, when it leads, cannot tell "
+                        "(docs/decisions/security-work-credit.md)", UNSIGNED)
         self._send = send
         self._ledger_path = directory / "ledger.jsonl"
         self.event_counts: Counter[str] = Counter()
@@ -110,7 +120,7 @@ class Leasing:
             if isinstance(effect, LeaseEvent):
                 events.append(event_to_json(effect))
                 self.event_counts[effect.kind.value] += 1
-                if effect.kind is not EventKind.GRANT:
+                if effect.kind not in (EventKind.GRANT, EventKind.VOUCH):  # one of each per lease or claim
                     log.info("lease %s: block %d generation %d %s", effect.kind.value, effect.block, effect.gen,
                              effect.site or "")
             else:

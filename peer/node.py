@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_dela
 
 from peer import __version__
 from peer.core import consensus as c
+from peer.core import agreement
 from peer.core import membership as m
 from peer.core.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
@@ -45,7 +46,7 @@ from peer.transport.channels import ChannelPool, bind, new_server
 from peer.transport.guard import site_security
 from peer.transport.consensus_rpc import CONSENSUS
 from peer.transport.membership_rpc import MEMBERSHIP
-from peer.transport.oneway import OneWaySender
+from peer.transport.oneway import OneWaySender, Refused
 from peer.transport.wire import MAX_MEMBERS
 from peer.transport.leases_rpc import LEASES
 from peer.transport.rounds_rpc import ROUNDS
@@ -56,6 +57,8 @@ from peer.core.rounds import EmptyRounds
 from peer.core.seat_leave import SayLeft, SeatLeave
 from peer.core.rounds import Message as RoundMessage
 from peer.core.lease_types import Message as LeaseMessage
+from peer.trainer.identity import training_identity
+from peer.trainer.process import TrainerError
 from peer.training import SiteTraining
 
 log = logging.getLogger("sitemesh.node")
@@ -72,6 +75,11 @@ SERVICE_NAMES = (
 
 class JoinFailed(RuntimeError):
     """No seed answered within the join timeout."""
+
+
+class JoinRefused(JoinFailed):
+    """A seed refused this site for good: it trains something other than the run (its reason says
+    which field differs); retrying cannot help, the run file must be fixed."""
 
 
 class Node:
@@ -120,6 +128,11 @@ class Node:
         sends them (forged or buggy; peer/core/membership_guard.py, consensus_checks.py)."""
         self.metrics_port: int | None = None
         """The bound port of the /metrics endpoint; None when it is off."""
+        self.identity: agreement.TrainingIdentity | None = None
+        """What this site trains (model, tokenizer, data by content), published in its membership
+        labels and checked against every sender's (peer/core/agreement.py); None without a trainer."""
+        self._refused_config: dict[str, str] = {}
+        """site -> the last config refusal logged for it (a refused site is logged once per reason)."""
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
                                     config.exchange_plane, config.trainer_threads)
@@ -133,6 +146,8 @@ class Node:
         self._lock = lock_dir(self.data_dir)
         port = bind(self._server, self.config.listen, self.creds)
         self.address = self.config.advertise or f"{host}:{port}"
+        if self.coordinator is not None:
+            self.identity = await self._training_identity()
         now = self._clock()
         meta = m.MemberMeta(
             site=self.config.site,
@@ -140,6 +155,7 @@ class Node:
             role="voter",
             accelerator=self.config.accelerator,
             tokens_per_s=self.config.tokens_per_s,
+            labels=self.identity.labels() if self.identity is not None else (),
         )
         self.core = m.Membership(meta, self.config.membership, self._rng, now)
         self.consensus = self._start_consensus(now)
@@ -178,6 +194,20 @@ class Node:
             # answers meanwhile, so this site is a live member that trains once ready.
             await self.coordinator.start()
         return self.address
+
+    async def _training_identity(self) -> agreement.TrainingIdentity:
+        """What this site trains, computed before it joins anything (a shard's content hash is cached,
+        so a restart costs a stat per shard and a tokenizer load)."""
+        trainer = self.config.trainer
+        assert trainer is not None
+        t0 = self._clock()
+        try:
+            identity = await asyncio.to_thread(training_identity, trainer)
+        except (OSError, ValueError) as err:
+            raise TrainerError(f"what this site trains cannot be identified: {err}", fatal=True) from err
+        log.info("trains %s (model, tokenizer, data by content; %.2f s to identify)", identity.fingerprint,
+                 self._clock() - t0)
+        return identity
 
     def _start_consensus(self, now: float) -> c.ConsensusCore:
         """Loads (or founds) the commit log. A peer with no seeds and no state founds a new run
@@ -223,6 +253,9 @@ class Node:
     async def _attempt_join(self, seeds: list[str]) -> bool:
         core = self._core()
         await self._execute(core.join(seeds, self._clock()), wait=True)
+        for seed in seeds:
+            if seed in self._gossip.refused:
+                raise JoinRefused(f"the run refused this site (seed {seed}): {self._gossip.refused[seed]}")
         return await self._wait_until(lambda: core.joined, self.config.membership.probe_timeout_s * 4)
 
     async def leave(self) -> int:
@@ -287,12 +320,12 @@ class Node:
                 self._lock.close()
 
     # ----- events --------------------------------------------------------------------------
-    def deliver(self, msg: m.Message) -> str | None:
+    def deliver(self, msg: m.Message) -> str | Refused | None:
         """A membership message arrived (called on the event loop by the servicer); returns why it
         is refused, if it is."""
         if self._stopped.is_set():
             return None
-        refused = self._duplicate_site(msg) or self._table_full(msg)
+        refused = self._duplicate_site(msg) or self._table_full(msg) or self._other_config(msg)
         if refused is not None:
             return refused
         self._spawn(self._execute(self._core().receive(msg, self._clock())))
@@ -307,6 +340,27 @@ class Node:
         if new and len(known) + len(new) > MAX_MEMBERS:
             return f"{len(new)} new members would pass the limit of {MAX_MEMBERS} members this peer holds"
         return None
+
+    def _other_config(self, msg: m.Message) -> Refused | None:
+        """A sender whose own metadata in `msg` says it trains something other than the run is
+        refused for good, before membership (and so consensus, the lease ring, the rounds) ever
+        counts it: its leases would name blocks nobody else can train (issue #38)."""
+        sender = msg.from_site
+        rumours = msg.members if isinstance(msg, m.PushPull) else getattr(msg, "updates", ())
+        own = next((u.meta for u in rumours if u.site == sender and u.meta is not None), None)
+        if own is None or sender == self.config.site:
+            return None
+        live = ((v.site, v.meta.labels) for v in self._core().members()
+                if v.meta is not None and v.state in (m.MemberState.ALIVE, m.MemberState.SUSPECT))
+        run = agreement.the_runs(self.config.site, self.identity, live)
+        why = agreement.check_member(run, sender, own.labels)
+        if why is None:
+            self._refused_config.pop(sender, None)
+            return None
+        if self._refused_config.get(sender) != why:
+            self._refused_config[sender] = why
+            log.warning("refused %s: %s", sender, why)
+        return Refused(why)
 
     def _duplicate_site(self, msg: m.Message) -> str | None:
         """A second live process under a site name already in the run is refused: it would take over

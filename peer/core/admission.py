@@ -16,18 +16,27 @@ judged in site order, the order they are listed in the entry, so every leader de
 The log check alone guarantees I4 even if lease state was lost and rebuilt; the voucher check is
 what keeps a zombie (a holder paused past its lease) or a late contributor out.
 
+With a `Credit` (the node's leader), a site cannot credit itself work it was not given, nor weigh
+more than its work (docs/decisions/security-work-credit.md): every voucher must be the owner's word
+for this site and round (peer/core/vouchers.py: signed by the block's primary, checked against the
+run CA), and the tokens it claims (its weight in the outer step) may not exceed what its samples
+hold, `samples x tokens_per_sample` (every sample is `seq_len` tokens, the same data index at
+every site). A contribution that breaks either is excluded as a whole, like any other.
+
     .venv/bin/python -m pytest tests/unit/test_admission.py -q
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from peer.core import vouchers
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import SampleRange
 from peer.core.election import SiteId
 from peer.core.lease_types import BlockId, Spans, Voucher, fmt, intersect, normalize, of_range, subtract
+from peer.core.ring import RingView
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,28 @@ class Contribution:
     ranges: tuple[SampleRange, ...]
     vouchers: tuple[Voucher, ...]
     """The owners' TrainedReply vouchers for this round."""
+    tokens: int | None = None
+    """Tokens the site says it trained: its weight in the outer step (None: not offered, as by a
+    caller that only settles claims; the bound below is then not checked)."""
+
+
+@dataclass(frozen=True)
+class Credit:
+    """What the leader checks before it credits a contribution with its samples and its tokens."""
+
+    tokens_per_sample: int
+    """Tokens one sample holds (the trainer's seq_len): a contribution may claim at most its samples
+    times this. 0: tokens are not bounded (a caller without a trainer)."""
+    view: Callable[[int], RingView | None]
+    """The ring view of a version, if the leader accepts vouchers of it (a recent view of its log,
+    `LeaseLog.accepted_view`; None otherwise): the voucher's owner must be the block's primary there."""
+    verify: vouchers.Verify | None = None
+    """Checks an owner's signature against its certificate and the run CA; None in an insecure run,
+    where the fields are checked but not who wrote them (`vouchers.UNSIGNED`)."""
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_sample < 0:
+            raise ValueError(f"tokens_per_sample {self.tokens_per_sample} < 0")
 
 
 @dataclass(frozen=True)
@@ -51,9 +82,9 @@ class Admission:
 
 
 def admit_contribution(c: Contribution, round_: int, ledger: EpochLedger,
-                       taken: dict[BlockId, Spans]) -> Admission:
+                       taken: dict[BlockId, Spans], credit: Credit | None = None) -> Admission:
     """Decide one contribution; on inclusion, its samples are added to `taken` (this round's)."""
-    why = _why_not(c, round_, ledger, taken)
+    why = _why_not(c, round_, ledger, taken) or (_not_credited(c, round_, credit) if credit else "")
     if why:
         return Admission(c.site, False, f"excluded: {why}", c.ranges)
     for r in c.ranges:
@@ -63,10 +94,31 @@ def admit_contribution(c: Contribution, round_: int, ledger: EpochLedger,
     return Admission(c.site, True, f"included: {n} samples in {len(c.ranges)} ranges", ())
 
 
-def admit_round(round_: int, contributions: Iterable[Contribution], ledger: EpochLedger) -> list[Admission]:
-    """Decide every contribution of round `round_`, in site order."""
+def admit_round(round_: int, contributions: Iterable[Contribution], ledger: EpochLedger,
+                credit: Credit | None = None) -> list[Admission]:
+    """Decide every contribution of round `round_`, in site order (with `credit`: also whose word
+    vouches for its samples, and its tokens against them)."""
     taken: dict[BlockId, Spans] = {}
-    return [admit_contribution(c, round_, ledger, taken) for c in sorted(contributions, key=lambda c: c.site)]
+    return [admit_contribution(c, round_, ledger, taken, credit) for c in sorted(contributions, key=lambda c: c.site)]
+
+
+def _not_credited(c: Contribution, round_: int, credit: Credit) -> str:
+    """Why `c` may not be credited the samples its vouchers name or the tokens it claims."""
+    certs: dict[SiteId, bytes] = {}
+    for v in c.vouchers:
+        cert = v.certificate or certs.get(v.owner, b"")
+        if v.certificate:
+            certs.setdefault(v.owner, v.certificate)
+        why = vouchers.check(v, c.site, round_, credit.view, credit.verify, cert)
+        if why:
+            return why
+    if credit.tokens_per_sample and c.tokens is not None:
+        n = sum(r.end - r.start for r in c.ranges)
+        most = n * credit.tokens_per_sample
+        if c.tokens > most:
+            return (f"{c.site} claims {c.tokens} tokens for {n} samples of {credit.tokens_per_sample} tokens "
+                    f"(at most {most})")
+    return ""
 
 
 def _why_not(c: Contribution, round_: int, ledger: EpochLedger, taken: dict[BlockId, Spans]) -> str:

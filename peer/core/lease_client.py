@@ -18,7 +18,7 @@ Protocol (docs/leases.md), from the holder's side:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from peer.core.admission import Contribution
 from peer.core.audit import EpochLedger
@@ -200,7 +200,7 @@ class LeaseClient:
             return None
         vs = tuple(v for _, v in sorted(rc.vouchers.items()))
         ranges = tuple(r for v in vs for r in to_ranges(v.block_id, v.spans))
-        return Contribution(self.site, round_, ranges, vs)
+        return Contribution(self.site, round_, ranges, _certificates_once(vs))
 
     def release_all(self, now: float) -> list[Send]:
         """Graceful leave (I8): give every lease back, one Release per owner, and ask for no more."""
@@ -383,3 +383,16 @@ class LeaseClient:
             if b not in rc.answered and owner is not None:
                 per.setdefault(owner, []).append(c)
         return [Send(o, Trained(self.header(), round_, tuple(cs))) for o, cs in sorted(per.items())]
+
+
+def _certificates_once(vouchers: tuple[Voucher, ...]) -> tuple[Voucher, ...]:
+    """Each owner's certificate on its first voucher only: the leader takes it from there for the
+    owner's other vouchers of the contribution (a certificate is ~600 bytes, a signature ~70)."""
+    seen: set[bytes] = set()
+    out = []
+    for v in vouchers:
+        if v.certificate in seen:
+            v = replace(v, certificate=b"")
+        seen.add(v.certificate)
+        out.append(v)
+    return tuple(out)

@@ -200,6 +200,9 @@ class EventKind(enum.Enum):
     """The holder gave the lease back (graceful leave, or it could not use it)."""
     REBUILD = "rebuild"
     """The owner could not reach a quorum of the previous owners and rebuilt from the log."""
+    VOUCH = "vouch"
+    """The owner vouched samples of the block to a holder for a round: its record of its word,
+    which `ops audit` checks every committed sample against (docs/decisions/security-work-credit.md)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,14 @@ class LeaseEvent:
     """The new holder (grant, steal) or the one that lost it (reclaim, release)."""
     at: float
     """Owner's clock."""
+    round: int = 0
+    """VOUCH only: the round the samples are vouched for."""
+    spans: Spans = ()
+    """VOUCH only: the samples vouched (`site` is their holder)."""
+    ring_version: int = 0
+    """VOUCH only: the ring view the owner served the block under (it was the block's primary)."""
+    owner: SiteId | None = None
+    """VOUCH only: the owner that vouched (the one whose ledger holds the event)."""
 
 
 # --- messages (protos/sitemesh/v1/leases.proto) ---
@@ -333,11 +344,27 @@ class Trained:
 
 @dataclass(frozen=True)
 class Voucher:
-    """The owner's word that `spans` of the block are this holder's to contribute in a round."""
+    """The owner's word that `spans` of the block are this holder's to contribute in a round, bound
+    to the owner by its signature (peer/core/vouchers.py says what is signed and how it is checked)."""
 
     block_id: BlockId
     generation: Gen
     spans: Spans
+    holder: SiteId = SiteId("")
+    """The site the samples are vouched to: only its contribution may name them."""
+    round: int = 0
+    """The outer round they are vouched for."""
+    ring_version: int = 0
+    """The ring view the owner served the block under: the leader checks `owner` was its primary."""
+    owner: SiteId = SiteId("")
+    """The lease owner that vouched (the block's primary) and signed."""
+    signature: bytes = b""
+    """The owner's ECDSA P-256 / SHA-256 signature of `vouchers.payload(self)` with its site key;
+    empty in an insecure run (no keys)."""
+    certificate: bytes = b""
+    """The owner's site certificate (DER), issued by the run CA, that the signature verifies
+    against; empty in an insecure run, or when an earlier voucher of the same owner in the same
+    contribution carries it."""
 
 
 @dataclass(frozen=True)

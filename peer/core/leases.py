@@ -72,6 +72,7 @@ from peer.core.lease_types import (
     subtract,
 )
 from peer.core.ring import RingView, quorum, score
+from peer.core.vouchers import VoucherKeys, signed
 
 Effect = Send | LeaseEvent
 
@@ -148,8 +149,11 @@ class LeaseOwner:
     """The lease records of every block this peer owns; pure: messages and ticks in, effects out."""
 
     def __init__(self, site: SiteId, ledger: EpochLedger, cfg: LeaseConfig, amnesiac: bool = False,
-                 boot: int = 0) -> None:
+                 boot: int = 0, keys: VoucherKeys | None = None) -> None:
         self.site = site
+        self.keys = keys
+        """This site's key: it signs every voucher it issues (peer/core/vouchers.py); None in an
+        insecure run, whose vouchers are unsigned."""
         self.boot = boot
         """How many times this site's process started before (the node keeps the count on disk): a
         primary restarted within one ring view mints generations above those it minted before."""
@@ -474,8 +478,13 @@ class LeaseOwner:
             if why:
                 refused.append(Refusal(c.lease.block_id, why))
             else:
-                vouched.append(Voucher(c.lease.block_id, c.lease.generation, normalize(c.spans)))
+                assert self.view is not None
+                v = Voucher(c.lease.block_id, c.lease.generation, normalize(c.spans), m.header.site, m.round,
+                            self.view.version, self.site)
+                vouched.append(signed(v, self.keys))
                 touched.append(self.records[c.lease.block_id])
+                self._events.append(LeaseEvent(EventKind.VOUCH, self.ledger.data_epoch, v.block_id, v.generation,
+                                               v.holder, now, v.round, v.spans, v.ring_version, self.site))
         reply = TrainedReply(self.header(), m.round, tuple(vouched), tuple(refused))
         return self._answer(m.header.site, reply, touched)
 

@@ -63,7 +63,7 @@ class PeerRounds:
                  clock: RoundClock, applied_round: int, weights_hash: bytes) -> None:
         self.site, self.address = site, address
         self.leases = leases
-        self.leader = r.RoundLeader(config, leases.ledger)
+        self.leader = r.RoundLeader(config, leases.ledger, leases.credit)
         self.core = RoundCore(SiteRound(site, address, config, claim_wait_s, leases.client, clock,
                                         applied_round, weights_hash))
         self.clock = clock

@@ -53,7 +53,7 @@ class Contribution:
     vouchers: tuple[Voucher, ...] = ()
 
     def accounting(self) -> admission.Contribution:
-        return admission.Contribution(SiteId(self.site), self.round, self.ranges, self.vouchers)
+        return admission.Contribution(SiteId(self.site), self.round, self.ranges, self.vouchers, self.tokens)
 
 
 Message = Union[RoundOpen, Contribution]
@@ -90,6 +90,12 @@ class RoundsConfig:
     """Passes over the dataset; no round opens once the log has completed this many."""
     idle_wait_s: float = 1.0
     """After a round in which no site trained anything, wait this long before opening it again."""
+    idle_wait_max_s: float = 8.0
+    """A round decided with no contribution admitted (nobody trained, or every report failed or was
+    excluded) is committed empty, and the next opens only after idle_wait_s, doubled for each such
+    commit in a row, up to this. Without the wait a run whose every contribution fails at once (a
+    site leasing blocks of another data config) committed empty rounds in a tight loop, 976 in 85 s
+    (issue #38); at the cap it commits one per idle_wait_max_s, and a productive round resets it."""
     idle_commit_after: int = 2
     """The round's n-th opening in a row in which no site trained anything is committed empty: a
     claim pending on it (a site that claimed samples, then left or died before its report reached
@@ -121,6 +127,8 @@ class RoundsConfig:
                 or self.idle_wait_s < 0 or self.gather_s <= 0 or self.idle_commit_after < 1):
             raise ValueError("inner_steps, samples_per_step, deadline_s, data_epochs and idle_commit_after "
                              "must be positive")
+        if self.idle_wait_max_s < self.idle_wait_s:
+            raise ValueError(f"idle_wait_max_s ({self.idle_wait_max_s}) must be >= idle_wait_s ({self.idle_wait_s})")
         if self.start_sites < 1:
             raise ValueError(f"start_sites ({self.start_sites}) must be >= 1")
         if self.budget_s < 0 or self.deadline_k < 0 or self.pace_rounds < 1 or self.deadline_slack_s < 0:
@@ -159,7 +167,8 @@ class Decide:
     excluded: tuple[tuple[str, str], ...]
     """(site, reason) of every expected site or contribution that is not in the round."""
     why: str = ""
-    """Why a round nobody trained in is committed anyway (empty: it has contributions to decide)."""
+    """Why a round with nothing admitted is committed anyway, and when the next one opens (empty: it
+    has contributions to decide)."""
 
 
 @dataclass(frozen=True)
@@ -202,9 +211,13 @@ class RoundLeader:
     folds every RoundCommit into it before calling `on_commit`.
     """
 
-    def __init__(self, config: RoundsConfig, ledger: EpochLedger) -> None:
+    def __init__(self, config: RoundsConfig, ledger: EpochLedger,
+                 credit: admission.Credit | None = None) -> None:
         self.config = config
         self.ledger = ledger
+        self.credit = credit
+        """What admission checks of vouchers and tokens (the node's `LeaseLog.credit`;
+        docs/decisions/security-work-credit.md); None: coverage and the log only."""
         self._open: _Open | None = None
         self._decided: int | None = None  # round handed to the node, awaiting its commit
         self._idle_until = float("-inf")
@@ -217,6 +230,9 @@ class RoundLeader:
         """(round, opened at) of the last round closed: its late reports still tell the pace."""
         self._idle: tuple[int, int] = (0, 0)
         """(round, how many of its openings in a row at this leader closed with nobody training)."""
+        self._empty = 0
+        """Rounds in a row this leader decided with no contribution admitted: sets the wait before
+        the next opening (`empty_wait_s`)."""
 
     @property
     def done(self) -> bool:
@@ -331,6 +347,24 @@ class RoundLeader:
         mad = statistics.median(abs(d - mid) for d in delays)
         return min(c.deadline_s, mid + c.deadline_k * mad + c.deadline_slack_s)
 
+    def empty_wait_s(self, empty_in_a_row: int) -> float:
+        """How long the next opening waits after the n-th round in a row decided with nothing
+        admitted: idle_wait_s, doubled for each one before, at most idle_wait_max_s."""
+        c = self.config
+        return min(c.idle_wait_s * 2.0 ** min(max(empty_in_a_row - 1, 0), 62), c.idle_wait_max_s)
+
+    def _decided_round(self, round_: int, admitted: int, now: float) -> None:
+        """The leader handed `round_` to the node to commit. With nothing admitted the commit is empty,
+        and so it costs the log an entry and gains the run nothing: the next opening waits on a
+        deadline (`next_deadline`) instead of following the commit at once; one that admits
+        anything opens the next round as soon as it commits."""
+        self._decided = round_
+        if admitted:
+            self._empty = 0
+            return
+        self._empty += 1
+        self._idle_until = max(self._idle_until, now + self.empty_wait_s(self._empty))
+
     def _paced(self, round_: int, delay: float) -> None:
         self._pace.append((round_, delay))
         while self._pace and self._pace[0][0] <= round_ - self.config.pace_rounds:
@@ -376,7 +410,7 @@ class RoundLeader:
             if n < self.config.idle_commit_after:
                 self._idle_until = now + self.config.idle_wait_s
                 return []
-            self._decided = o.round
+            self._decided_round(o.round, 0, now)
             return [Decide(o.round, (), (), f"round {o.round}: nobody trained in {n} openings in a row; "
                                             "committing it empty so that any claim pending on it settles "
                                             "(its samples go back to free)")]
@@ -386,7 +420,8 @@ class RoundLeader:
         withdrawn = sorted(set(o.got) & o.withdrawn - set(failed))
         gone = sorted(set(o.got) & o.dead - set(failed) - set(withdrawn))
         offers = {s: c for s, c in o.got.items() if s not in failed and s not in gone and s not in withdrawn}
-        decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger)
+        decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger,
+                                          self.credit)
         admitted = tuple(offers[d.site] for d in decisions if d.included)
         excluded: list[tuple[str, str]] = [(d.site, d.reason) for d in decisions if not d.included]
         excluded += [(s, f"excluded: {s} trained nothing usable in round {o.round} (its training failed)")
@@ -398,5 +433,8 @@ class RoundLeader:
         excluded += [(s, f"excluded: {s} did not report (" + ("membership declared it dead or left)" if s in o.dead
                                                                 else "deadline passed)"))
                      for s in sorted(self._waiting(o))]
-        self._decided = o.round
-        return [Decide(o.round, admitted, tuple(excluded))]
+        self._decided_round(o.round, len(admitted), now)
+        why = "" if admitted else (f"round {o.round}: no contribution admitted ({self._empty} such round(s) in a "
+                                   f"row); committing it empty, the next round opens in "
+                                   f"{self._idle_until - now:.1f} s")
+        return [Decide(o.round, admitted, tuple(excluded), why)]

@@ -3,12 +3,13 @@
 A block is a run of `block_samples` consecutive packed samples of one shard (the last block of a
 shard may be shorter). Its ID is a uint64 (the `SampleRange.block_id` of protos/consensus.proto):
 
-    bits 63..48  fingerprint of (shards, tokenizer, seq_len, block_samples, held-out rule, seed)
+    bits 63..48  fingerprint of (shards by content, tokenizer, seq_len, block_samples, held-out rule,
+                 seed): peer.core.agreement.data_tag, never a local path
     bits 47..24  shard index
     bits 23..0   block index inside the shard
 
 so every site derives the same IDs from the data config and seed alone, whatever the number of
-sites, an ID from a different config is recognised as foreign, and reading block X needs only X's
+sites and wherever its copy of the corpus lies, an ID from a different config is recognised as foreign, and reading block X needs only X's
 shard (a memory-mapped slice), never the blocks before it. Inside a block, samples are visited in a
 permutation seeded by (seed, block ID); `SampleRange(block_id, start, end)` names positions
 [start, end) of that order, which is what leases grant and what a round reports it trained.
@@ -19,17 +20,17 @@ Try it:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import blake3
 import numpy as np
 import torch
 
 from peer.core.samples import SampleRange, merge_ranges  # noqa: F401 - merge_ranges: the trainer's name for it
 from peer.trainer.config import DataConfig
 from peer.trainer.data import Corpus
+from peer.trainer.identity import data_tag
+from peer.trainer.tokenizer import TextTokenizer
 
 _SHARD_BITS = 24
 _INDEX_BITS = 24
@@ -47,14 +48,10 @@ class BlockInfo:
         return SampleRange(self.block_id, 0, self.num_samples)
 
 
-def config_fingerprint(cfg: DataConfig, tokenizer_fingerprint: str) -> int:
-    """16-bit tag of everything that changes which tokens a block ID denotes."""
-    ident = {
-        "shards": list(cfg.shards), "tokenizer": tokenizer_fingerprint, "seq_len": cfg.seq_len,
-        "block_samples": cfg.block_samples, "heldout_per_mille": cfg.heldout_per_mille,
-        "text_field": cfg.text_field, "max_documents": cfg.max_documents, "seed": cfg.seed,
-    }
-    return int.from_bytes(blake3.blake3(json.dumps(ident, sort_keys=True).encode()).digest(2), "big")
+def config_fingerprint(cfg: DataConfig, tokenizer: TextTokenizer) -> int:
+    """16-bit tag of everything that changes which tokens a block ID denotes; the shards count by
+    content, so the same corpus under another path has the same tag (peer/trainer/identity.py)."""
+    return data_tag(cfg, tokenizer)
 
 
 def make_block_id(fingerprint: int, shard: int, index: int) -> int:
@@ -75,7 +72,7 @@ class BlockIndex:
     def __init__(self, cfg: DataConfig, corpus: Corpus | None = None) -> None:
         self.cfg = cfg
         self.corpus = corpus or Corpus(cfg)
-        self.fingerprint = config_fingerprint(cfg, self.corpus.tokenizer.fingerprint)
+        self.fingerprint = config_fingerprint(cfg, self.corpus.tokenizer)
         self._blocks: list[BlockInfo] | None = None
 
     @property

@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Refused:
+    """What `deliver` returns for a message it refuses for good: no retry can change the answer, the
+    sender must (its config differs from the run's). Answered FAILED_PRECONDITION with `reason`, which
+    the sender keeps in `OneWaySender.refused`; a plain string is answered PERMISSION_DENIED."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Route:
     """Core message type `core_cls` travels as `proto_cls` through RPC `method` of the service."""
 
@@ -44,9 +53,10 @@ class OneWayService:
                 return route
         raise TypeError(f"{type(msg).__name__} is not a message of {self.full_name}")
 
-    def handler(self, deliver: Callable[[Any], str | None]) -> grpc.GenericRpcHandler:
+    def handler(self, deliver: Callable[[Any], str | Refused | None]) -> grpc.GenericRpcHandler:
         """The server side: every RPC decodes, calls `deliver(core_msg)` and answers Accepted, or
-        PERMISSION_DENIED with the reason `deliver` returns for a message it refuses."""
+        PERMISSION_DENIED with the reason `deliver` returns for a message it refuses (a `Refused`:
+        FAILED_PRECONDITION)."""
 
         def make(route: Route) -> grpc.RpcMethodHandler:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> common_pb2.Accepted:
@@ -55,6 +65,8 @@ class OneWayService:
                 except WireError as err:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 refused = deliver(msg)
+                if isinstance(refused, Refused):
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused.reason)
                 if refused is not None:
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
                 return common_pb2.Accepted()
@@ -80,6 +92,9 @@ class OneWaySender:
         """Code and details of the last lost message, for error messages (e.g. a failed join)."""
         self.in_flight = 0
         """Messages handed to gRPC and not yet answered or failed (a leaving peer drains them)."""
+        self.refused: dict[str, str] = {}
+        """address -> reason of the last `Refused` answer from it (FAILED_PRECONDITION): a refusal
+        no retry changes, e.g. a join whose config differs from the run's."""
 
     async def send(self, address: str, msg: object) -> bool:
         route = self._service.route_of(msg)
@@ -95,6 +110,8 @@ class OneWaySender:
         except grpc.aio.AioRpcError as err:
             self.failures += 1
             self.last_error = f"{err.code().name}: {err.details()}"
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self.refused[address] = err.details() or ""
             log.debug("%s to %s lost: %s", type(msg).__name__, address, err.code().name)
             return False
         finally:

@@ -12,8 +12,8 @@ Decoding is also where hostile values stop (docs/decisions/security-bounds.md), 
 see them: a counter beyond `MAX_COUNTER` (an epoch, incarnation, round, index or sequence number no
 honest peer reaches, and one that could not be incremented without overflowing uint64; identifiers
 such as block ids use all 64 bits and are not bounded), a non-finite float,
-a string longer than `MAX_STRING`, or more than `MAX_MEMBERS` members, rumours or voters in one
-message.
+a string longer than `MAX_STRING`, a signature or certificate longer than `MAX_BYTES` says, or
+more than `MAX_MEMBERS` members, rumours or voters in one message.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ MAX_STRING = 1024
 """Longest string accepted: site names (63), host:port addresses, reasons."""
 MAX_MEMBERS = 256
 """Most members, rumours or voters one message may list: far above any real run's site count."""
+MAX_BYTES = {"signature": 256, "certificate": 4096}
+"""Longest bytes field of these names accepted (a voucher's ECDSA P-256 signature is at most 72
+bytes in DER, a site certificate of `ops certs` about 600): a hostile peer cannot make the leader
+parse megabytes per voucher."""
 _MEMBER_LISTS = frozenset({"members", "updates", "voters"})
 _COUNTERS = frozenset({"epoch", "incarnation", "round", "index", "seq"})
 
@@ -206,4 +210,6 @@ def _bounded(value: Any, fd: FieldDescriptor) -> Any:
         raise WireError(f"{fd.full_name} = {value} is not a finite number")
     if isinstance(value, str | bytes) and len(value) > MAX_STRING and fd.type == FieldDescriptor.TYPE_STRING:
         raise WireError(f"{fd.full_name} is {len(value)} characters long, at most {MAX_STRING} accepted")
+    if isinstance(value, bytes) and len(value) > MAX_BYTES.get(fd.name, len(value)):
+        raise WireError(f"{fd.full_name} is {len(value)} bytes long, at most {MAX_BYTES[fd.name]} accepted")
     return value

@@ -155,3 +155,116 @@ def test_a_log_shorter_than_the_commit_index_is_refused(tmp_path) -> None:  # ty
     log.write_bytes(whole[: len(whole) // 2])  # cut mid-log: committed rounds are gone
     with pytest.raises(CorruptStore, match="was applied: committed entries were lost"):
         FileStore(tmp_path / "consensus").reload()
+
+
+# ----- every committed sample against its owner's word (docs/decisions/security-work-credit.md) -----
+import pytest  # noqa: E402
+
+from peer.core.audit import VouchEvidence  # noqa: E402
+from peer.core.commitlog import Body, Contributor, Round, RoundCommit, VoterChange  # noqa: E402
+from peer.core.ring import RingView  # noqa: E402
+
+# Voters a, b, c join at log indexes 1-3 (ring views 1, 2, 3); round 1 commits at index 4. In view 3
+# block 1's primary is c and block 2's is a; in view 2 ({a, b}) block 1's is b.
+VOTERS: list[tuple[int, Body]] = [(i, VoterChange(SiteId(s), f"{s}:1", True, "join")) for i, s in enumerate("abc", 1)]
+
+
+def vouch(block: int, s: int, e: int, holder: str, owner: str, rnd: int = 1, view: int = 3) -> LeaseEvent:
+    return LeaseEvent(EventKind.VOUCH, DataEpoch(0), BlockId(block), Gen(7), SiteId(holder), 2.0, rnd,
+                      spans((s, e)), view, SiteId(owner))
+
+
+def judged(contribs: list[tuple[str, list[tuple[int, int, int]]]], events: list[LeaseEvent],
+           given: str = "abc", voters: list[tuple[int, Body]] = VOTERS) -> tuple[int, int, bool]:
+    body = RoundCommit(Round(1), tuple(Contributor(SiteId(s), 0, tuple(SampleRange(*r) for r in rs), b"")
+                                       for s, rs in sorted(contribs)), b"")
+    entries = [*voters, (len(voters) + 1, body)]
+    evidence = VouchEvidence.from_log(entries, events, [SiteId(s) for s in given])
+    (row,) = audit(UNIVERSE, [entry(1, *contribs)], events, vouches=evidence)
+    return row.unvouched, row.unchecked, row.ok
+
+
+HONEST_EVENTS = [vouch(1, 0, 4, "b", "c"), vouch(2, 0, 3, "a", "a")]
+VOUCH_CASES = [
+    ("every sample vouched by its block's primary", [("b", [(1, 0, 4)]), ("a", [(2, 0, 3)])], HONEST_EVENTS,
+     "abc", (0, 0, True)),
+    ("vouched under the view before", [("b", [(1, 0, 4)])], [vouch(1, 0, 4, "b", "b", view=2)], "abc", (0, 0, True)),
+    ("a block the contributor never leased beside one it did", [("a", [(2, 0, 3), (1, 0, 4)])],
+     [vouch(2, 0, 3, "a", "a")], "abc", (4, 0, False)),
+    ("vouched by the contributor itself, not the owner", [("b", [(1, 0, 4)])], [vouch(1, 0, 4, "b", "b")], "abc",
+     (4, 0, False)),
+    ("vouched to another holder", [("b", [(1, 0, 4)])], [vouch(1, 0, 4, "a", "c")], "abc", (4, 0, False)),
+    ("vouched for another round", [("b", [(1, 0, 4)])], [vouch(1, 0, 4, "b", "c", rnd=2)], "abc", (4, 0, False)),
+    ("fewer samples vouched than committed", [("b", [(1, 0, 4)])], [vouch(1, 0, 2, "b", "c")], "abc", (2, 0, False)),
+    ("the owner's ledger not given: unchecked", [("b", [(1, 0, 4)])], [], "ab", (0, 4, True)),
+    ("a log without voter changes: unchecked", [("b", [(1, 0, 4)])], [], "abc", (0, 4, True)),
+]
+
+
+@pytest.mark.parametrize("name,contribs,events,given,want", VOUCH_CASES, ids=[c[0] for c in VOUCH_CASES])
+def test_every_committed_sample_is_checked_against_its_owners_vouch(name, contribs, events, given, want) -> None:  # type: ignore[no-untyped-def]
+    voters = [] if "without voter" in name else VOTERS
+    assert judged(contribs, events, given, voters) == want
+
+
+def test_vouch_events_round_trip_through_the_ledger() -> None:
+    e = vouch(812, 3, 9, "b", "c", rnd=12, view=(5 << 32))
+    assert event_from_json(event_to_json(e)) == e
+
+
+def test_ops_audit_flags_a_forged_committed_sample(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The probe's forger, seen by the audit: c committed a block it never leased; with every ledger
+    given the audit says so and exits 1; the honest run beside it stays ok."""
+    import json
+
+    from ops.cli import main
+    from peer.core.audit import universe_to_json
+    from peer.core.commitlog import Entry, LogIndex
+    from peer.core.election import Epoch, HardState
+    from peer.logstore import FileStore
+
+    def data_dir(d, contributors, ledger: dict[str, list[LeaseEvent]]) -> list[str]:  # type: ignore[no-untyped-def]
+        body = RoundCommit(Round(1), tuple(Contributor(SiteId(s), 4, tuple(SampleRange(*r) for r in rs), b"")
+                                           for s, rs in contributors), b"")
+        entries = tuple(Entry(LogIndex(i), Epoch(1), b) for i, b in [*VOTERS, (4, body)])
+        store = FileStore(d / "consensus")
+        store.save_hard_state(HardState(Epoch(1), None))
+        store.write_log(1, entries)
+        store.save_commit_index(len(entries))
+        dirs = []
+        for site, events in ledger.items():
+            sd = d / site / "leases"
+            sd.mkdir(parents=True)
+            (sd / "ledger.jsonl").write_text("".join(event_to_json(e) + "\n" for e in events))
+            (sd / "owners").write_text(site + "\n")
+            dirs += ["--data-dir", str(d / site)]
+        (d / "leases").mkdir()
+        (d / "leases" / "universe.json").write_text(universe_to_json(UNIVERSE))
+        return ["audit", "--data-dir", str(d), *dirs]
+
+    ledgers = {"a": [vouch(2, 0, 3, "a", "a")], "b": [], "c": [vouch(1, 0, 4, "b", "c")]}
+    honest = data_dir(tmp_path / "honest", [("a", [(2, 0, 3)]), ("b", [(1, 0, 4)])], ledgers)
+    assert main([*honest, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["unvouched"], row["unchecked"], row["committed_once"]) == (0, 0, 7)
+
+    forged = data_dir(tmp_path / "forged", [("a", [(2, 0, 3)]), ("b", [(1, 0, 4)]), ("c", [(2, 3, 6)])],
+                      {**ledgers, "c": [*ledgers["c"], vouch(2, 3, 6, "c", "c")]})  # c vouches itself: not its block
+    assert main(forged) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION" in out and "3 samples credited that their owner never vouched" in out and " ok" not in out
+
+
+def test_a_vouch_under_an_old_ring_view_does_not_count() -> None:
+    """In view 1 a was the only member, the primary of every block: a vouch a writes in its own
+    ledger under it for a later round is not its word as an owner (the leader's accepted views)."""
+    more: list[tuple[int, Body]] = [(4, RoundCommit(Round(1), (), b"")), (5, RoundCommit(Round(2), (), b""))]
+    more += [(i, VoterChange(SiteId(s), f"{s}:1", True, "join")) for i, s in ((6, "d"), (7, "e"), (8, "f"))]
+    body = RoundCommit(Round(3), (Contributor(SiteId("a"), 0, (SampleRange(1, 0, 4),), b""),), b"")
+    entries = [*VOTERS, *more, (9, body)]
+    for view, unvouched in ((1, 4), (2, 0)):
+        owner = RingView.of(view, "ab"[:view]).primary(1)
+        events = [vouch(1, 0, 4, "a", str(owner), rnd=3, view=view)]
+        evidence = VouchEvidence.from_log(entries, events, [SiteId(s) for s in "abcdef"])
+        (row,) = audit(UNIVERSE, [entry(1), entry(2), entry(3, ("a", [(1, 0, 4)]))], events, vouches=evidence)
+        assert (row.unvouched, row.ok) == (unvouched, unvouched == 0), view

@@ -11,14 +11,18 @@ from peer.core.lease_client import LeaseClient
 from peer.core.lease_types import GrantRequest, LeaseEvent, Message, Send, spans
 from peer.core.leases import LeaseConfig, LeaseOwner
 from peer.core.ring import RingView
+from peer.core.vouchers import VoucherKeys
 
 CFG = LeaseConfig(ttl=10.0, renew_every=2.0, retry_after=1.0, max_grant=3)
 UNIVERSE = {100 + i: 8 for i in range(12)}
 
 
 class Mesh:
-    def __init__(self, sites: Iterable[str], universe: dict[int, int] | None = None) -> None:
+    def __init__(self, sites: Iterable[str], universe: dict[int, int] | None = None,
+                 keys: dict[str, VoucherKeys] | None = None) -> None:
         self.universe = universe or UNIVERSE
+        self.keys = {SiteId(s): k for s, k in (keys or {}).items()}
+        """Each site's voucher keys (absent: it vouches unsigned, as in an insecure run)."""
         self.now = 0.0
         self.ledgers: dict[SiteId, EpochLedger] = {}
         self.owners: dict[SiteId, LeaseOwner] = {}
@@ -37,7 +41,7 @@ class Mesh:
     def add(self, s: SiteId, amnesiac: bool, boot: int = 0) -> None:
         ledger = EpochLedger(self.universe)
         self.ledgers[s] = ledger
-        self.owners[s] = LeaseOwner(s, ledger, CFG, amnesiac=amnesiac, boot=boot)
+        self.owners[s] = LeaseOwner(s, ledger, CFG, amnesiac=amnesiac, boot=boot, keys=self.keys.get(s))
         self.clients[s] = LeaseClient(s, ledger, CFG, prefetch=2)
 
     def crash(self, s: str) -> None:

@@ -134,8 +134,9 @@ def test_a_round_nobody_trained_in_twice_in_a_row_is_committed_empty_so_pending_
     assert "2 openings in a row" in decide.why and "pending" in decide.why
     assert leader.tick(3.0, H, 0, ["a"], b"") == [], "decided: it waits for the commit"
     leader.on_commit(1)
-    _open(leader, ["a"], now=3.0, committed=1)
-    assert leader.receive(_report("a", 2), 3.5) == [], "the count starts again for the next round"
+    assert leader.tick(3.0, H, 1, ["a"], b"") == [], "committed empty: the next round waits idle_wait_s"
+    _open(leader, ["a"], now=2.5 + CFG.idle_wait_s, committed=1)
+    assert leader.receive(_report("a", 2), 4.0) == [], "the count starts again for the next round"
 
 
 def test_a_silent_idle_round_counts_towards_its_empty_commit_like_a_reported_one() -> None:
@@ -306,6 +307,47 @@ def test_the_first_round_waits_for_start_sites_and_later_rounds_do_not() -> None
     assert _open(leader, ["a"], now=2.0, committed=1).round == 2, "once started, any number of sites"
     with pytest.raises(ValueError, match="start_sites"):
         dataclasses.replace(CFG, start_sites=0)
+
+
+FAILED, UNVOUCHED, TRAINED = "every report failed", "every report unvouched", "trained"
+
+
+@pytest.mark.parametrize("outcomes, waits", [
+    # Issue #38: every site's training failed at once (blocks of another data config), and each
+    # empty commit opened the next round at once: 976 empty rounds in 85 s. Now 1, 2, 4, 8, 8 ... s.
+    ([FAILED] * 6, [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]),
+    ([UNVOUCHED] * 3, [1.0, 2.0, 4.0]),
+    ([FAILED, FAILED, TRAINED, FAILED], [1.0, 2.0, 0.0, 1.0]),  # a round that admits anything resets it
+    ([TRAINED, TRAINED], [0.0, 0.0]),
+])
+def test_a_round_that_admits_nothing_opens_the_next_on_a_growing_deadline_not_at_once(
+        outcomes: list[str], waits: list[float]) -> None:
+    leader = _leader()
+    now, committed = 0.0, 0
+    for outcome, wait in zip(outcomes, waits, strict=True):
+        rnd = committed + 1
+        assert leader.next_deadline() <= now, f"round {rnd} is due"
+        _open(leader, ["a", "b"], now=now, committed=committed)
+        now += 0.05  # the reports come back at once: training failed before its first step
+        reports = [_report(s, rnd, SampleRange(b, 0, 4), tokens=0 if outcome == FAILED else 64,
+                           vouched=outcome != UNVOUCHED) for s, b in (("a", 10), ("b", 11))]
+        (decide,) = leader.receive(reports[0], now) + leader.receive(reports[1], now)
+        assert isinstance(decide, Decide) and bool(decide.admitted) == (outcome == TRAINED), outcome
+        assert (f"opens in {wait:.1f} s" in decide.why) if wait else decide.why == ""
+        leader.on_commit(rnd)
+        committed = rnd
+        if wait:
+            assert leader.next_deadline() == pytest.approx(now + wait), "a deadline, not a poll"
+            assert leader.tick(now + wait - 0.01, H, committed, ["a", "b"], b"") == [], "not before it"
+        now += wait
+
+
+def test_the_wait_after_rounds_that_admit_nothing_is_bounded_by_idle_wait_max_s() -> None:
+    leader = RoundLeader(dataclasses.replace(CFG, idle_wait_s=0.5, idle_wait_max_s=3.0), EpochLedger(UNIVERSE))
+    assert [leader.empty_wait_s(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert leader.empty_wait_s(10_000) == 3.0
+    with pytest.raises(ValueError, match="idle_wait_max_s"):
+        dataclasses.replace(CFG, idle_wait_max_s=0.5)
 
 
 def test_next_deadline_names_every_moment_tick_acts_on_its_own() -> None:

@@ -164,14 +164,26 @@ class Trained(_message.Message):
     def __init__(self, header: _Optional[_Union[LeaseHeader, _Mapping]] = ..., round: _Optional[int] = ..., claims: _Optional[_Iterable[_Union[Claim, _Mapping]]] = ...) -> None: ...
 
 class Voucher(_message.Message):
-    __slots__ = ("block_id", "generation", "spans")
+    __slots__ = ("block_id", "generation", "spans", "holder", "round", "ring_version", "owner", "signature", "certificate")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    RING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     generation: int
     spans: _containers.RepeatedCompositeFieldContainer[Span]
-    def __init__(self, block_id: _Optional[int] = ..., generation: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ...) -> None: ...
+    holder: str
+    round: int
+    ring_version: int
+    owner: str
+    signature: bytes
+    certificate: bytes
+    def __init__(self, block_id: _Optional[int] = ..., generation: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., holder: _Optional[str] = ..., round: _Optional[int] = ..., ring_version: _Optional[int] = ..., owner: _Optional[str] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
 
 class TrainedReply(_message.Message):
     __slots__ = ("header", "round", "vouched", "refused")
