@@ -229,6 +229,8 @@ class Node:
     async def join(self, seeds: Iterable[str]) -> int:
         """Joins through any of `seeds`, retrying with exponential backoff until join_timeout_s.
 
+        A peer the mesh reached another way (a member's push-pull: an operator's `ops join`, a
+        member dialling this site's address) has joined too, whether or not a seed answered.
         Returns the number of members known afterwards; raises JoinFailed naming the seeds.
         """
         seeds = [s for s in seeds if s != self.address]
@@ -242,12 +244,26 @@ class Node:
         try:
             await retrying(self._attempt_join, seeds)
         except RetryError as err:
+            if self._members_heard():
+                return self._joined_elsewhere(seeds)
             raise JoinFailed(
                 f"no seed of {', '.join(seeds)} answered within {self.config.join_timeout_s:.0f} s "
                 f"({err.last_attempt.attempt_number} attempts): check the addresses, that a peer "
                 "runs there, that it serves this run, with certificates of the same run CA, and that this "
                 f"host can reach it; last error: {self._gossip.last_error or 'none'}"
             ) from None
+        if not self._core().joined:
+            return self._joined_elsewhere(seeds)
+        return len(self.members())
+
+    def _members_heard(self) -> list[str]:
+        """Live members other than this peer: each was heard of in a message from the mesh."""
+        return [v.site for v in self.members() if v.site != self.config.site and v.state is m.MemberState.ALIVE]
+
+    def _joined_elsewhere(self, seeds: list[str]) -> int:
+        # The membership core keeps sending its join to the seeds; one answering later merges as usual.
+        log.info("joined through another member (%s knows of %s); no seed of %s has answered yet",
+                 self.config.site, ", ".join(self._members_heard()), ", ".join(seeds))
         return len(self.members())
 
     async def _attempt_join(self, seeds: list[str]) -> bool:
@@ -256,7 +272,8 @@ class Node:
         for seed in seeds:
             if seed in self._gossip.refused:
                 raise JoinRefused(f"the run refused this site (seed {seed}): {self._gossip.refused[seed]}")
-        return await self._wait_until(lambda: core.joined, self.config.membership.probe_timeout_s * 4)
+        return await self._wait_until(lambda: core.joined or bool(self._members_heard()),
+                                      self.config.membership.probe_timeout_s * 4)
 
     async def leave(self) -> int:
         """Graceful leave (I8): hand the voter seat back through the log, tell the members, stop.

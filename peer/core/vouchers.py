@@ -18,7 +18,7 @@ Keys come in as `VoucherKeys` callables, so this module does no cryptography and
 run (`--insecure`) has no keys: vouchers are unsigned there, the leader checks the fields alone and
 says so (`UNSIGNED`); anyone may forge them (docs/decisions/security-work-credit.md).
 
-    .venv/bin/python -m pytest tests/unit/test_vouchers.py -q
+    .venv/bin/python -m pytest tests/unit/test_vouching.py tests/unit/test_admission.py -q
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Every client (peer-to-peer transport, `ops`, the exchange) calls `open_channel`, every server calls
 `bind`, so mutual TLS (a `Credentials` from `ops certs`) is decided here and nowhere in the
-protocol code. Who may call what over those channels is peer/transport/guard.py's business.
+protocol code. Who may call what over those channels is peer/transport/guard.py's business; who
+may hold how many connections, peer/transport/front.py's, whose listener `bind` opens.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import grpc
 
+from peer.transport.front import Front, FrontedServer, SlotKeeper
 from peer.transport.intercept import SafeDecode
 from peer.transport.limits import CallLimiter
+from peer.transport.slots import SlotLimits
 
 # Chunked transfers keep messages far below this; it is a guard against garbage, not a tuning knob.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -117,7 +120,9 @@ def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.
 
 
 HANDSHAKE_TIMEOUT_MS = 10_000
-MAX_CONNECTIONS = 512
+MAX_CONNECTIONS = SlotLimits().total + SlotLimits().pending_total
+"""On gRPC's own socket, behind the front (peer/transport/front.py, which keeps `SlotLimits.total`):
+the front's connections and those it let go of that gRPC has not seen close yet."""
 MAX_STREAMS_PER_CONNECTION = 256
 
 # Servers must accept the clients' keepalive pings, or gRPC's default policy (one ping per 5 min)
@@ -131,7 +136,8 @@ _SERVER_OPTIONS: list[tuple[str, int | str]] = [
     # A TLS handshake (and the HTTP/2 preface) not done in 10 s is dropped: a WAN handshake takes
     # one or two 150 ms round trips, a slow-loris client that sends a byte now and then takes forever.
     ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
-    # Connections at once, open or handshaking: a few per peer and ops client in any real run.
+    # Connections at once, open or handshaking: the front bounds them per identity and address
+    # (peer/transport/slots.py); this is a backstop on the private socket it relays them to.
     ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
     # HTTP/2 streams open at once on one connection (gRPC's default is unlimited); peer/transport/
     # limits.py bounds the calls each caller runs over all its connections.
@@ -140,12 +146,18 @@ _SERVER_OPTIONS: list[tuple[str, int | str]] = [
 
 
 def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-               limiter: CallLimiter | None = None) -> grpc.aio.Server:
+               limiter: CallLimiter | None = None, slots: SlotLimits = SlotLimits()) -> grpc.aio.Server:
     """A server whose every method refuses unparsable requests with INVALID_ARGUMENT (SafeDecode) and
     calls over the limiter's bounds (default `CallLimits()`, peer/transport/limits.py) with
-    RESOURCE_EXHAUSTED before `interceptors` (e.g. peer/transport/guard.py) and the servicer see them."""
-    return grpc.aio.server(options=channel_options() + _SERVER_OPTIONS,
-                           interceptors=(SafeDecode(), limiter or CallLimiter(), *interceptors))
+    RESOURCE_EXHAUSTED before `interceptors` (e.g. peer/transport/guard.py) and the servicer see them.
+
+    Its addresses (`bind`) are a front's (peer/transport/front.py), which keeps connections within
+    `slots` per identity and address; gRPC closes those with no call open for `slots.idle_s`."""
+    front = Front(slots)
+    options = channel_options() + _SERVER_OPTIONS + [("grpc.max_connection_idle_ms", int(slots.idle_s * 1000))]
+    server = grpc.aio.server(options=options,
+                             interceptors=(SlotKeeper(front), SafeDecode(), limiter or CallLimiter(), *interceptors))
+    return FrontedServer(server, front)
 
 
 def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) -> int:
@@ -153,6 +165,8 @@ def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) 
 
     Raises OSError with a readable message when the port is taken or the address is malformed.
     """
+    if isinstance(server, FrontedServer):
+        return server.listen(address, None if creds.plaintext else creds.server())
     try:
         port = server.add_insecure_port(address) if creds.plaintext else server.add_secure_port(address, creds.server())
     except RuntimeError as err:  # grpc raises RuntimeError("Failed to bind to address ...")

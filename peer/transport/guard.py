@@ -25,6 +25,7 @@ import grpc
 
 from peer.transport.auth import BadCertificate, Identity, Role, authorize, identity_of, run_id_of
 from peer.transport.channels import Credentials, run_named
+from peer.transport.front import remote_of
 from peer.transport.intercept import wrapped
 
 log = logging.getLogger("sitemesh.guard")
@@ -75,11 +76,12 @@ class Guard(grpc.aio.ServerInterceptor):
             who, reason = None, self.other_run(context)
         if reason is None:
             return
-        peer = who.name if isinstance(who, Identity) else context.peer()
+        remote = remote_of(context.peer())  # the client's address, not the front's relay socket
+        peer = who.name if isinstance(who, Identity) else remote
         key = (method, peer)
         if key not in self.denied:
             log.warning("refused %s from %s (%s): %s; further refusals of this kind are only counted",
-                        method, peer, context.peer(), reason)
+                        method, peer, remote, reason)
         self.denied[key] += 1
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
 

@@ -5,8 +5,9 @@ Without them one caller could hold every exchange long poll and chunk stream a s
 bound is RESOURCE_EXHAUSTED with a one-line reason, counted in `CallLimiter.refused` and logged
 once per (caller, method); a call running past `max_call_s` is cancelled. Health, Admin/Status and
 reflection are never limited, so operators can always see a peer under such a load. Connections
-and handshakes are bounded by gRPC's server options (peer/transport/channels.py). Every server of
-`channels.new_server` has one limiter (docs/decisions/security-stream-bounds.md).
+are bounded per identity and address by the front (peer/transport/slots.py, front.py), handshakes
+by gRPC's server options (peer/transport/channels.py). Every server of `channels.new_server` has
+one limiter (docs/decisions/security-stream-bounds.md).
 
     .venv/bin/python -m pytest tests/integration/test_stream_bounds.py -q
 """
@@ -24,6 +25,7 @@ from typing import Any
 import grpc
 
 from peer.transport.auth import BadCertificate, identity_of, split_method
+from peer.transport.front import remote_of
 from peer.transport.intercept import enclosed
 
 log = logging.getLogger("sitemesh.limits")
@@ -59,16 +61,16 @@ def limited(method: str) -> bool:
 
 def caller_of(context: grpc.aio.ServicerContext) -> str:
     """Who is calling: the verified certificate's name, else (plaintext) the client's connection
-    (`ipv4:1.2.3.4:5678`). Not its host: on loopback every site shares one, and a peer dials each
-    other peer over one connection; the connections one host opens are bounded by the server's
-    connection limit (channels.MAX_CONNECTIONS) and all their calls by `CallLimits.total`."""
+    (`ipv4:1.2.3.4:5678`, through the front: `front.remote_of`). Not its host: on loopback every
+    site shares one, and a peer dials each other peer over one connection; the connections one host
+    opens are bounded by the front (peer/transport/slots.py) and all their calls by `CallLimits.total`."""
     pems = (context.auth_context() or {}).get("x509_pem_cert")
     if pems:
         try:
             return identity_of(pems[0]).name
         except (BadCertificate, ValueError):
             pass
-    return context.peer()
+    return remote_of(context.peer())
 
 
 class CallLimiter(grpc.aio.ServerInterceptor):
