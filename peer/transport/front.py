@@ -34,14 +34,14 @@ import socket
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from peer.transport.auth import BadCertificate, Role, identity_of
-from peer.transport.intercept import wrapped
+from peer.transport.intercept import CallCheck
 from peer.transport.slots import Close, Kind, SlotLimits, Slots, address_key
 
 log = logging.getLogger("sitemesh.front")
@@ -387,7 +387,7 @@ class Front:
                         key[1], close.reason)
 
 
-class SlotKeeper(grpc.aio.ServerInterceptor):
+class SlotKeeper(CallCheck):
     """The first interceptor of a fronted server: a connection's first call shows who holds it, and
     whether its holder may keep it (Front.identify). Every method is looked at, health included:
     the bounds are on connections, whatever is called over them."""
@@ -395,15 +395,7 @@ class SlotKeeper(grpc.aio.ServerInterceptor):
     def __init__(self, front: Front) -> None:
         self.front = front
 
-    async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        return wrapped(handler, details.method, self._check)
-
-    async def _check(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def check(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         peer = context.peer()
         if self.front.settled(peer):
             return

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,12 @@ import grpc
 from peer.transport.auth import BadCertificate, Identity, Role, authorize, identity_of, run_id_of
 from peer.transport.channels import Credentials, run_named
 from peer.transport.front import remote_of
-from peer.transport.intercept import wrapped
+from peer.transport.intercept import CallCheck
 
 log = logging.getLogger("sitemesh.guard")
 
 
-class Guard(grpc.aio.ServerInterceptor):
+class Guard(CallCheck):
     """Checks every call of a server against the run's access rules."""
 
     def __init__(self, run_id: str, tls: bool = True) -> None:
@@ -40,14 +39,6 @@ class Guard(grpc.aio.ServerInterceptor):
         """False: plaintext, only the run a caller names is checked."""
         self.denied: collections.Counter[tuple[str, str]] = collections.Counter()
         """(method, peer name) -> calls refused; exported by the metrics helper."""
-
-    async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        return wrapped(handler, details.method, self._check)
 
     def identity(self, context: grpc.aio.ServicerContext) -> Identity | str:
         """The caller's identity, or why it has none."""
@@ -67,7 +58,7 @@ class Guard(grpc.aio.ServerInterceptor):
             return None
         return f"caller of run {named}, this peer serves run {self.run_id}"
 
-    async def _check(self, method: str, request: Any | None, context: grpc.aio.ServicerContext) -> None:
+    async def check(self, method: str, request: Any | None, context: grpc.aio.ServicerContext) -> None:
         who: Identity | str | None
         if self.tls:
             who = self.identity(context)

@@ -75,6 +75,22 @@ def wrapped(handler: grpc.RpcMethodHandler, method: str, check: Check, lenient: 
     return enclosed(handler, method, checked, lenient)
 
 
+class CallCheck(grpc.aio.ServerInterceptor):
+    """An interceptor that runs its `check` before every call's behaviour; a check refuses a call by
+    aborting it (the guard's roles, the front's connection slots)."""
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        return wrapped(handler, details.method, self.check)
+
+    async def check(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        raise NotImplementedError
+
+
 def enclosed(handler: grpc.RpcMethodHandler, method: str, scope: Scope, lenient: bool = False) -> grpc.RpcMethodHandler:
     """`handler` whose behaviour runs inside `scope(method, request, context)`, streams included."""
     deserializer = _lenient(handler.request_deserializer) if lenient else handler.request_deserializer
