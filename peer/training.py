@@ -111,8 +111,8 @@ class HashMismatch(RuntimeError):
 
 
 class InvalidContribution(RuntimeError):
-    """A contributor's pseudo-gradient does not match what the round says of it (its manifest's
-    tokens, the averaging weight, differ from the tokens it reported / the commit names)."""
+    """A contributor's pseudo-gradient does not match what the round says of it (its manifest's root
+    hash or tokens, the averaging weight, differ from what it reported / the commit names)."""
 
     def __init__(self, message: str, site: str) -> None:
         super().__init__(message)
@@ -592,8 +592,10 @@ class SiteTraining:
             if manifest is None:
                 raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more", site)
             if manifest.root_hash != root:
-                raise HashMismatch(f"round {round_}: {site} serves a pseudo-gradient with root "
-                                   f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}")
+                # The contributor's own word is wrong (a bug or a forgery): a leader excludes it alone
+                # instead of committing the round empty; a follower applying the commit re-syncs.
+                raise InvalidContribution(f"round {round_}: {site} serves a pseudo-gradient with root "
+                                          f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}", site)
 
     def pointer(self) -> tuple[int, int]:
         """(log index, round) of the state on disk; (0, 0) before the first round."""
