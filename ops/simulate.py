@@ -12,6 +12,7 @@ invariant was violated.
     ops simulate --faults network,pause --preset wan --seeds 0:50 --json
 
     ops simulate --protocol peer --members 5 --seeds 0:100     # whole peers: rounds, leases, consensus
+    ops simulate --protocol peer --members 5 --seeds 0:100 --faults all,faulty   # and a site that lies
 
 New protocols (consensus, leases, peer) register a `SimProtocol` in `PROTOCOLS`: a function running one
 seed from the parsed arguments and the flags that reproduce it.
@@ -20,19 +21,27 @@ seed from the parsed arguments and the flags that reproduce it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from ops.certs import make_run
+from peer.core.vouchers import VoucherKeys
 
 from peer.sim.faults import parse_faults
 from peer.sim.membership_sim import PRESETS, MembershipScenario
 from peer.sim.membership_sim import run_seed as run_membership_seed
 from peer.sim import consensus_sim, leases_sim, peer_sim
 from peer.sim.runner import RunResult
+from peer.transport.channels import Credentials
+from peer.vouching import keys_of
 
 
 @dataclass(frozen=True)
@@ -61,11 +70,29 @@ def _membership_flags(args: argparse.Namespace) -> list[str]:
             "--fault-periods", f"{args.fault_periods:g}"]
 
 
+@functools.cache
+def sim_keys(members: int) -> dict[str, VoucherKeys]:
+    """Voucher keys of a simulated run's sites (`peer_sim.site_names`) from a fresh run CA, made
+    once per process (the certificates are read and their directory removed; the keys differ from
+    process to process, and nothing a seed decides depends on them)."""
+    names = peer_sim.site_names(members)
+    with tempfile.TemporaryDirectory(prefix="sim-certs-") as tmp:
+        make_run("sim", Path(tmp), names)
+        keys = {n: keys_of(Credentials.from_dir(Path(tmp), n)) for n in names}
+    return {n: k for n, k in keys.items() if k is not None}
+
+
+def _peer_run(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None) -> RunResult:
+    """A whole-peer seed; with `faulty`, under the run's keys (its forged vouchers are checked)."""
+    keys = sim_keys(args.members) if "faulty" in peer_sim.parse_kinds(args.faults) else None
+    return peer_sim.run_seed(args, seed, trace, keys)
+
+
 PROTOCOLS: dict[str, SimProtocol] = {
     "membership": SimProtocol(_membership_run, _membership_flags),
     "consensus": SimProtocol(consensus_sim.ops_run_seed, consensus_sim.ops_replay_flags),
     "leases": SimProtocol(leases_sim.run_seed, leases_sim.replay_flags),
-    "peer": SimProtocol(peer_sim.run_seed, peer_sim.replay_flags, peer_sim.COUNTERS),
+    "peer": SimProtocol(_peer_run, peer_sim.replay_flags, peer_sim.COUNTERS),
 }
 
 
@@ -92,8 +119,8 @@ def register(subparsers: Any) -> None:
     which.add_argument("--seed", type=int, help="run this one seed (use with --trace to replay)")
     p.add_argument("--faults", default="all",
                    help="fault kinds or sets, comma-separated: all, none, benign, network, "
-                        "partitions, process, clock, or single kinds such as drop,pause "
-                        "(default: all)")
+                        "partitions, process, clock, or single kinds such as drop,pause; peer also "
+                        "leave, restart (in all) and faulty (only by name) (default: all)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="lan",
                    help="membership timing preset (default: lan)")
     p.add_argument("--fault-periods", type=float, default=60.0,
@@ -120,7 +147,10 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        parse_faults(args.faults)
+        if args.protocol == "peer":
+            peer_sim.parse_kinds(args.faults)
+        else:
+            parse_faults(args.faults)
         if args.protocol == "membership":
             _membership_scenario(args)  # validates --members, --preset
         elif args.protocol == "peer":

@@ -235,7 +235,7 @@ class ConsensusCore:
         effects: list[Effect] = []
         h = msg.header
         voters = self.log.voters()
-        implausible = implausible_epoch(msg, self.site, self.hard.epoch, voters, self.claims)
+        implausible = implausible_epoch(msg, self.site, self.hard.epoch, voters, self.claims, self.members)
         if implausible is not None:
             return [Rejected(h.from_site, type(msg).__name__, implausible, RefusalKind.IMPLAUSIBLE)]
         if isinstance(msg, RequestVote):
@@ -250,9 +250,16 @@ class ConsensusCore:
                                           AppendReply(self._header(), False, LogIndex(0), msg.seq, reason)))
             return effects
         # A leader that was removed (or removes itself, thesis 4.2.2) led its epoch: its late
-        # messages are stale, not false. A site that never had a seat nor joined cannot lead.
-        seated = (not voters or h.from_site in dict(voters) or h.from_site in self.members
-                  or self.log.ever_voter(h.from_site))
+        # messages are stale, not false. A site that never had a seat nor joined cannot lead, also
+        # not a joiner: only a joiner whose membership reported nobody yet trusts anyone.
+        seated = (h.from_site in dict(voters) or h.from_site in self.members or self.log.ever_voter(h.from_site)
+                  or not (voters or self.members))
+        if not seated and voters and h.epoch > self.hard.epoch and isinstance(msg, (AppendEntries, InstallSnapshot)):
+            # A leader elected while this peer was away (paused, cut off) may have joined meanwhile:
+            # neither its log nor its membership knows it yet, and both will. Refused, not implausible.
+            return [Rejected(h.from_site, type(msg).__name__, f"{h.from_site or '(no name)'} leads epoch {h.epoch}, "
+                             f"newer than ours ({self.hard.epoch}), and is no voter or member this peer knows yet",
+                             RefusalKind.ROUTINE)]
         leading = self.hard.epoch if self.role is Role.LEADER else None
         implausible = without_standing(msg, seated, self.next_index, leading, self.log.last_index)
         if implausible is not None:

@@ -82,15 +82,22 @@ class EpochClaims:
         return claims[len(claims) // 2] if claims else epoch
 
 
-def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, claims: EpochClaims) -> str | None:
+def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, claims: EpochClaims,
+                      known: Collection[SiteId] = ()) -> str | None:
     """Why `msg` must be ignored for the epoch it claims, or None. Notes the claim of a voter first,
     so that the message that completes a majority is believed. A peer with no voters yet (a joiner
-    before its first entries) has nothing to protect and believes anyone below the limit."""
+    before its first entries) has no majority to ask: it believes any epoch below the limit from a
+    member its membership reports (`known`), or from anyone while membership reported nobody, but
+    no higher epoch than its own from a site that never joined (one such message would leave it at
+    an epoch the run's leader is stale for, and its answers implausible to that leader, for good)."""
     claimed, sender = claimed_epoch(msg), msg.header.from_site
     if claimed > EPOCH_LIMIT:
         return f"implausible epoch {claimed}: above the limit {EPOCH_LIMIT} no honest run reaches"
     claims.note(sender, msg.header.epoch, voters)
     if not voters:
+        if known and sender not in known and claimed > epoch:
+            return (f"epoch {claimed} from {sender or '(no name)'}, which is neither a voter nor a member of the run, "
+                    "before this peer has any voters")
         return None
     ceiling = max(epoch, claims.vouched(me, epoch, voters)) + MAX_EPOCH_JUMP
     if claimed <= ceiling:
@@ -102,8 +109,8 @@ def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, cl
 def without_standing(msg: Message, seated: bool, replicated: Collection[SiteId], leading: Epoch | None,
                      last_index: int) -> str | None:
     """Why `msg`'s sender may not say this now, or None. `seated`: the sender holds or held a seat in
-    this peer's log, or its membership knows the sender, or this peer has no voters yet (a joiner
-    trusts anyone); `replicated`: the sites this peer sent entries to as leader of `leading` (None
+    this peer's log, or its membership knows the sender, or this peer has no voters and its
+    membership reported nobody yet (then it trusts anyone); `replicated`: the sites this peer sent entries to as leader of `leading` (None
     when it does not lead); `last_index`: this peer's last log index."""
     sender = msg.header.from_site
     if isinstance(msg, (AppendEntries, InstallSnapshot)):

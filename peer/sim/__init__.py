@@ -13,6 +13,7 @@ Modules, generic first:
              restart / pause / resume / clock jumps of nodes, invariant checks after every event.
 - `membership_sim`  the membership scenario and its invariants (an example to copy).
 - `peer_sim`  whole peers: the real round, consensus and lease cores with a fake trainer and θ.
+- `faulty`   a site of the run that sends protocol-valid but false messages to `peer_sim`'s peers.
 
 Plugging in a new protocol core (election/commit log, lease table ...):
 

@@ -27,7 +27,9 @@ reordering, skewed clocks; then, one at a time at quiet moments in a seeded orde
 partition (a minority cut off past a lease, then healed), a one-way cut (the same, one direction
 only: the minority hears but is not heard, or the reverse), `ops leave` down to one site that commits
 alone and back (`leave`), SIGTERM to every site at once and all back (`leave_all`, with `leave`),
-every site killed at once and restarted from its disk (`restart`).
+every site killed at once and restarted from its disk (`restart`). Only by name (`--faults all,faulty`):
+a faulty site, a member or a certificate of the run that never joined, sends protocol-valid but false
+messages, under the run's keys (peer/sim/faulty.py).
 
 Checked after every event: no sample in two commits of a data epoch (I4); no contributor credited
 with a sample its trainer did not reach in that round; every commit's θ hash is
@@ -43,6 +45,7 @@ the end: the run finished its data epochs and every up site holds θ of the last
 
     ops simulate --protocol peer --members 5 --seeds 0:100 --faults all
     ops simulate --protocol peer --members 5 --seed 7 --trace
+    ops simulate --protocol peer --members 5 --seeds 0:100 --faults all,faulty
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import hashlib
 import math
 import random
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -71,10 +74,13 @@ from peer.core.election import ElectionConfig, Role, SiteId, has_majority
 from peer.core.lease_types import LeaseEvent
 from peer.core.lease_types import Send as LeaseSend
 from peer.core.leases import LeaseConfig
+from peer.core.membership import Message as MembershipMessage
+from peer.core.vouchers import VoucherKeys
 from peer.logstore import MemoryStore
 from peer.core.samples import SampleRange
 from peer.sim.clock import NodeClock
 from peer.sim.faults import parse_faults
+from peer.sim.faulty import FaultySite, Stranger
 from peer.sim.network import SimNetwork
 from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
 from peer.core.timeline import RoundClock
@@ -106,9 +112,10 @@ of the last commit or the last fault action (the longest stall seen over 1,000 s
 docs/decisions/site-round-core.md)."""
 CONVERGE_S = 30.0
 """After the last round commits, every site that is up holds θ of it within this long (convergence)."""
-COUNTERS = ("opens_lost_to_restart", "opens_resent")
+COUNTERS = ("opens_lost_to_restart", "opens_resent", "faulty_sent", "faulty_refused")
 """RunResult.stats a run adds, totalled by `ops simulate`: round opens the leader sent to a site down
-for a fast restart, and opens re-sent to a site that came back up (World's counters of the same names)."""
+for a fast restart, and opens re-sent to a site that came back up (World's counters of the same names);
+the faulty site's lies sent, and refused by honest peers (`faulty`: FaultySite.sent, .refused)."""
 GRACE_S = 0.2
 """Messages sent before a cut still arrive (the network decides a message's fate when it is sent):
 a minority may finish what a majority acked up to this long after the cut."""
@@ -116,9 +123,15 @@ EXTRA_KINDS = ("leave", "restart")
 """Faults of this simulator beyond peer.sim.faults.KINDS: `leave` (`ops leave` site after site down
 to one, which commits rounds alone, then they join again) and `restart` (every site killed at once
 and restarted from its disk)."""
+OPT_IN = ("faulty",)
+"""Faults only named ones run, not `all`: `faulty` (peer/sim/faulty.py, a site that lies; it needs
+the run's keys). `all` stays a sweep of honest sites, where any implausible refusal is a bug."""
+TOKENS_PER_SAMPLE = 8
+"""Tokens the fake trainer claims per sample trained (a leader with keys bounds claims by it)."""
 THETA0 = hashlib.blake2b(b"theta_0", digest_size=16).digest()
 _CONSENSUS = typing.get_args(ConsensusMessage)
 _ROUND = typing.get_args(r.Message)
+_MEMBERSHIP = typing.get_args(MembershipMessage)
 
 
 def theta(previous: bytes, round_: int, contributors: Sequence[tuple[str, int, bytes]]) -> bytes:
@@ -196,8 +209,11 @@ class PeerNode:
         self.disk = disk
         self.raft = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
                                         derive_rng(world.seed, f"raft/{site}/{disk.boot}"), applied_index=disk.index)
-        self.rounds = PeerRounds(site, site, world.rounds, LeaseLog(site, world.universe, world.cfg.lease, disk.boot),
-                                 world.cfg.lease.ttl, RoundClock(site, now), disk.round, disk.weights_hash)
+        keys = world.keys.get(site)
+        leases = LeaseLog(site, world.universe, world.cfg.lease, disk.boot, keys=keys,
+                          tokens_per_sample=TOKENS_PER_SAMPLE if keys else 0)
+        self.rounds = PeerRounds(site, site, world.rounds, leases, world.cfg.lease.ttl, RoundClock(site, now),
+                                 disk.round, disk.weights_hash)
         self.core = self.rounds.core
         self.speed = world.speeds[site]
         self._jitter = derive_rng(world.seed, f"trainer/{site}/{disk.boot}")
@@ -253,6 +269,8 @@ class PeerNode:
             if isinstance(msg, r.RoundOpen):
                 self._opened.setdefault(msg.round, msg.base_weights_hash)
             out += self._run_all(self.rounds.round_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
+        elif isinstance(msg, _MEMBERSHIP) and self.world.faulty is not None:  # only the faulty site pings here
+            out += self.world.faulty.heard(self.site, self.disk.boot, msg, now)  # type: ignore[arg-type]
         else:
             out += self._run_all(self.rounds.lease_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
         return out
@@ -360,10 +378,13 @@ class PeerNode:
         elif isinstance(effect, ev.Excluded):
             if effect.reason.endswith("did not report (deadline passed)"):
                 w.waited_out(self, effect.round, effect.site)
+            if w.faulty is not None:
+                w.faulty.excluded(effect.round, effect.site)
         elif isinstance(effect, ev.Report):
             c = effect.contribution
             first = c.tokens and (c.round, c.pseudo_gradient_root) not in self._reported
-            if first and (self.disk.round, self.disk.weights_hash) != (c.round - 1, self._opened.get(c.round)):
+            if first and w.checked(self.site) and (self.disk.round, self.disk.weights_hash) != (
+                    c.round - 1, self._opened.get(c.round)):
                 # A Δ is measured from θ_{r-1}, overlapped or not: a report from elsewhere would be
                 # averaged into the wrong θ (the leader checks only the header's round). A report sent
                 # again to a new leader was made earlier, when it was checked.
@@ -373,8 +394,10 @@ class PeerNode:
             leader = self.raft.leader
             if leader is None:
                 return []
-            header = replace(effect.contribution.header, epoch=self.raft.hard.epoch)
-            return [SimSend(leader, replace(effect.contribution, header=header))]
+            msg = replace(c, header=replace(c.header, epoch=self.raft.hard.epoch))
+            if w.faulty is not None and self.site == w.faulty.name:
+                msg = w.faulty.report(self, msg)  # its modified build lies in some reports
+            return [SimSend(leader, msg)]
         if isinstance(effect, ev.Train):
             # A real trainer's pace varies from round to round: in a time-boxed round it then reaches
             # fewer samples than the site took for it (which go back on their leases), or all of them.
@@ -384,8 +407,9 @@ class PeerNode:
                 (x.block_id, i) for x in ranges for i in range(x.start, x.end))
             samples = sum(x.num_samples for x in ranges)
             seconds = samples / speed
-            done = ev.TrainDone(effect.round, ranges, samples * 8, delta_root(self.site, effect.round, ranges),
-                                seconds, math.ceil(samples / w.rounds.samples_per_step))
+            done = ev.TrainDone(effect.round, ranges, samples * TOKENS_PER_SAMPLE,
+                                delta_root(self.site, effect.round, ranges), seconds,
+                                math.ceil(samples / w.rounds.samples_per_step))
             self._later(now + 0.5 + seconds, done)
         elif isinstance(effect, ev.Fold):
             w.folds += 1  # the fake trainer's Δ does not depend on where it trained from
@@ -437,8 +461,8 @@ class PeerNode:
                 self.world.see_entry(self.site, e.entry.index)
             elif isinstance(e, LeaderChanged):
                 self.rounds.leader_changed(e.leader, e.epoch)
-            elif isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE:  # every simulated message is honest
-                self.world.violations.append(f"{self.site}: {e.reason}")
+            elif isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE:
+                self.world.implausible(self.site, e)
         if entries:
             for entry in entries:
                 if isinstance(entry.body, RoundCommit):
@@ -514,8 +538,12 @@ class PeerSim:
     """One seeded run: the world the nodes share (what membership and the disks say), the truth
     (the committed log in order) and the invariants."""
 
-    def __init__(self, seed: int, cfg: PeerSimConfig, trace: Callable[[str], None] | None = None) -> None:
+    def __init__(self, seed: int, cfg: PeerSimConfig, trace: Callable[[str], None] | None = None,
+                 keys: Mapping[str, VoucherKeys] | None = None) -> None:
         self.seed, self.cfg = seed, cfg
+        self.keys = dict(keys or {})
+        """Site -> its voucher keys (a certificate of a run CA): every owner signs, every leader checks
+        vouchers and tokens, as a node under TLS. Empty: an insecure run."""
         self.rng = derive_rng(seed, "peer")
         self.universe = {1000 + i: cfg.block_samples - (i % 3 == 2) for i in range(cfg.blocks)}
         net = _Network(derive_rng(seed, "network"), latency_s=(0.001, 0.02))
@@ -581,8 +609,24 @@ class PeerSim:
         """Round opens the leader sent to a site of its live list that was down for a fast restart."""
         self.opens_resent = 0
         """Opens a leader sent again to a site that came back up (RoundLeader.member_up)."""
+        self.faulty = (FaultySite(self, derive_rng(seed, "faulty"), self.keys, TOKENS_PER_SAMPLE)
+                       if "faulty" in cfg.faults else None)
+        """The site that lies (`faulty`): never itself checked, its lies must all be refused."""
 
     # ----- what the nodes ask -----------------------------------------------------------------------
+    def peer(self, name: str) -> PeerNode | None:
+        node = self.sim.node(name)
+        return node if isinstance(node, PeerNode) else None
+
+    def checked(self, site: str) -> bool:
+        """Whether `site`'s invariants are checked: every site but the faulty one."""
+        return self.faulty is None or site != self.faulty.name
+
+    def implausible(self, site: str, e: Rejected) -> None:
+        """`site`'s consensus refused a message as implausible: no honest one is, the faulty site's lies are."""
+        if self.faulty is None or not self.faulty.refused_at(site, e.from_site, self.sim.delivering):
+            self.violations.append(f"{site}: {e.reason}")
+
     def serving(self, site: str) -> bool:
         return self.sim.state(site) is NodeState.UP
 
@@ -629,6 +673,8 @@ class PeerSim:
                                    "and θ_{r-1} (I7)")
         self.commits[rnd] = commit
         self.order.append(rnd)
+        if self.faulty is not None:
+            self.violations += self.faulty.committed(rnd, commit.contributors)
         self.longest_stall = max(self.longest_stall, self.sim.now - max(self.last_commit, self.disrupted))
         self.last_commit = self.sim.now
         for c in commit.contributors:
@@ -671,6 +717,8 @@ class PeerSim:
     def applied_by(self, site: str, round_: int, weights_hash: bytes) -> None:
         """`site` applied `round_` (in order, or by a state transfer that skips, never reorders)."""
         seq = self.applied[site]
+        if not self.checked(site):
+            return
         if seq and round_ <= seq[-1]:
             self.violations.append(f"{site} applied round {round_} after round {seq[-1]} (a round applied twice "
                                    "or out of log order)")
@@ -715,13 +763,18 @@ class PeerSim:
             at(fast.uniform(5, 40), lambda: self._bounce(fast, 400), "kill and restart a site as a round opens")
         if "pause" in cfg.faults:
             at(rng.uniform(5, 25), lambda: self._pause(cfg.lease.ttl * rng.uniform(1.5, 3)), "SIGSTOP past the lease")
+        if self.faulty is not None:
+            if not self.faulty.member:
+                self.sim.add_node(self.faulty.name, lambda now: (Stranger(), []))
+            self.faulty.start(derive_rng(self.seed, "faulty start").uniform(2, 6))
         phases: list[str] = [k for k in ("partition", "one_way", "leave", "restart") if k in cfg.faults]
         phases += ["leave_all"] if "leave" in cfg.faults else []
         rng.shuffle(phases)
         if phases:
             at(rng.uniform(5, 15), lambda: self._next_phase(phases), "next fault phase")
         res = self.sim.run(cfg.max_time, _Checker(self))
-        res.stats.update(dict(zip(COUNTERS, (self.opens_lost_to_restart, self.opens_resent), strict=True)))
+        lies = (sum(self.faulty.sent.values()), sum(self.faulty.refused.values())) if self.faulty else (0, 0)
+        res.stats.update(dict(zip(COUNTERS, (self.opens_lost_to_restart, self.opens_resent, *lies), strict=True)))
         return res
 
     def _start(self, name: SiteId, now: float) -> tuple[PeerNode, list[Any]]:
@@ -782,6 +835,8 @@ class PeerSim:
         self.sim.schedule(self.sim.now + seconds, lambda: self._resume(name), f"resume {name}")
 
     def _resume(self, name: SiteId) -> None:
+        if self.sim.state(name) is not NodeState.PAUSED:
+            return  # killed while stopped: its restart (if any) told membership; a late "alive" would undo a leave
         self.disrupted = self.sim.now
         self.sim.resume(name)
 
@@ -1119,29 +1174,39 @@ class _Checker:
         if w.epochs_done < w.cfg.epochs:
             return [f"t={sim.now:.1f}: only {w.epochs_done} of {w.cfg.epochs} data epochs committed, "
                     f"{len(w.order)} rounds (liveness)"]
-        behind = {n: w.disks[n].round for n in w._up() if w.disks[n].round != w.order[-1]}
+        behind = {n: w.disks[n].round for n in w._up() if w.disks[n].round != w.order[-1] and w.checked(n)}
         if behind:
             return [f"t={sim.now:.1f}: {behind} still behind round {w.order[-1]} {CONVERGE_S:g} s after the run's "
                     "last commit (convergence)"]
         return []
 
 
-def simulate(seed: int, cfg: PeerSimConfig | None = None,
-             trace: Callable[[str], None] | None = None) -> tuple[PeerSim, RunResult]:
-    world = PeerSim(seed, cfg or PeerSimConfig(), trace)
+def simulate(seed: int, cfg: PeerSimConfig | None = None, trace: Callable[[str], None] | None = None,
+             keys: Mapping[str, VoucherKeys] | None = None) -> tuple[PeerSim, RunResult]:
+    world = PeerSim(seed, cfg or PeerSimConfig(), trace, keys)
     return world, world.run()
 
 
 def parse_kinds(spec: str) -> tuple[str, ...]:
-    """`ops simulate --faults` words plus `leave` and `restart`; `all` includes them."""
+    """`ops simulate --faults` words plus `leave` and `restart` (`all` includes them) and `faulty`
+    (only by name)."""
     words = [w.strip() for w in spec.split(",") if w.strip()]
     extra = tuple(k for k in EXTRA_KINDS if k in words or "all" in words)
-    return parse_faults(",".join(w for w in words if w not in EXTRA_KINDS) or "none") + extra
+    extra += tuple(k for k in OPT_IN if k in words)
+    ours = (*EXTRA_KINDS, *OPT_IN)
+    return parse_faults(",".join(w for w in words if w not in ours) or "none") + extra
 
 
-def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None) -> RunResult:
-    """One seed for `ops simulate --protocol peer` (`--members` sites, `--faults`)."""
-    _, res = simulate(seed, PeerSimConfig(sites=args.members, faults=parse_kinds(args.faults)), trace)
+def site_names(members: int) -> list[str]:
+    """Every site a run of `members` may name: its sites and one that never joins (the faulty one)."""
+    return [f"s{i}" for i in range(members + 1)]
+
+
+def run_seed(args: argparse.Namespace, seed: int, trace: Callable[[str], None] | None = None,
+             keys: Mapping[str, VoucherKeys] | None = None) -> RunResult:
+    """One seed for `ops simulate --protocol peer` (`--members` sites, `--faults`; `keys` for
+    `site_names(members)`, which `faulty` needs)."""
+    _, res = simulate(seed, PeerSimConfig(sites=args.members, faults=parse_kinds(args.faults)), trace, keys)
     return res
 
 

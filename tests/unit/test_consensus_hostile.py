@@ -70,8 +70,14 @@ def test_a_snapshot_from_a_site_that_never_joined_is_refused() -> None:
     core = net.cluster.core(follower)
     before = _snapshot_status(core)
     snap = Snapshot(LogIndex(10**6), core.hard.epoch, Round(10**6), b"forged", ((SiteId("d"), "d:7000"),))
-    _refused(core.receive(InstallSnapshot(_header("d", core.hard.epoch + 1), snap, 1), net.t),
+    _refused(core.receive(InstallSnapshot(_header("d", core.hard.epoch), snap, 1), net.t),
              "d cannot lead: neither a voter nor a member of the run")
+    assert _snapshot_status(core) == before
+    # At a newer epoch d could be a leader elected while this peer was away, that joined meanwhile
+    # (the whole-peer simulator: a peer paused 17 s while a late joiner became leader): refused, not
+    # implausible, until this peer's log or membership knows it.
+    newer = core.receive(InstallSnapshot(_header("d", core.hard.epoch + 1), snap, 1), net.t)
+    assert [(type(e), e.kind) for e in newer] == [(Rejected, RefusalKind.ROUTINE)], newer  # type: ignore[attr-defined]
     assert _snapshot_status(core) == before
     _commits_on(net, leader)
 
@@ -145,6 +151,43 @@ def test_a_repaired_follower_catches_up_while_the_leader_stays() -> None:
     assert net.run_until(lambda: net.cluster.core(follower).commit_index >= target, timeout=1.0)
     assert net.leader() == leader and net.cluster.core(leader).hard.epoch == epoch
     _commits_on(net, leader)
+
+
+@pytest.mark.parametrize("probe", ["snapshot", "append", "vote", "reply"])
+def test_a_joiner_believes_no_site_that_never_joined(probe: str) -> None:
+    """A joiner (no voters yet) whose membership reported the run's members: one message at a far
+    epoch from d, a certificate of the run that never joined, once took it there (or emptied its
+    log into d's snapshot) for good: the leader was stale to it and its answers implausible to the
+    leader (the whole-peer simulator's faulty site found it). Members are still believed at any
+    epoch below the limit (a joiner has no majority to ask), and so is anyone before membership
+    reports a member (a bare core)."""
+    import random
+
+    from peer.sim.consensus_sim import SIM_CONFIG as cfg
+
+    def joiner(members: tuple[str, ...]) -> ConsensusCore:
+        core = ConsensusCore.start(SiteId("j"), "j:7000", cfg, DurableState.fresh(None), 0.0, random.Random(0))
+        for m in members:
+            core.member_alive(SiteId(m), f"{m}:7000")
+        return core
+
+    far = 10**6
+    h = _header("d", far)
+    msg = {"snapshot": InstallSnapshot(h, Snapshot(LogIndex(far), Epoch(far), Round(far), b"forged",
+                                                   ((SiteId("d"), "d:7000"),)), 1),
+           "append": AppendEntries(h, LogIndex(0), Epoch(0), (), LogIndex(0), 1),
+           "vote": RequestVote(h, Epoch(far), 0, Epoch(0), False),
+           "reply": AppendReply(h, True, LogIndex(far), 1, "ok")}[probe]
+    core = joiner(("a", "b"))
+    before = _snapshot_status(core)
+    effects = core.receive(msg, 1.0)
+    assert effects and all(isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE for e in effects), effects
+    assert _snapshot_status(core) == before and core.log.snapshot.last_index == 0
+    member = joiner(("a", "d"))  # d is a member now: believed (docs/decisions/security-consensus-standing.md)
+    member.receive(msg, 1.0)
+    bare = joiner(())
+    bare.receive(msg, 1.0)
+    assert member.hard.epoch == bare.hard.epoch == far
 
 
 def test_a_stale_refusal_does_not_undo_a_newer_ack() -> None:
