@@ -99,7 +99,7 @@ def test_a_repaired_site_catches_up_in_seconds_while_the_leader_stays(tls: Clust
     and re-send an unusable prev_index until the leadership changed (40 s to minutes)."""
     status = _mesh(tls)
     leader, epoch = status["leader"], status["epoch"]
-    assert isinstance(leader, str)
+    assert isinstance(leader, str) and isinstance(epoch, int)
     site = next(s for s in sorted(tls.peers) if s != leader)
     lead = tls.peers[leader]
     wait_for(lambda: tls.status(tls.peers[site].address)["committed_round"] >= 6, SETTLE_S, "rounds applied")
