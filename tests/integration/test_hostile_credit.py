@@ -107,12 +107,10 @@ class Hostile:
                     assert r.block_id != block or r.end <= tail.start, f"block {block}'s tail is committed: more data"
         return tail
 
-    def forger(self, tokens_x: int, block: int, owner: str, sign_as: str | None,
-               root: bytes = b"\x5a" * 32) -> Callable[[int, int], Contribution]:
+    def forger(self, tokens_x: int, block: int, owner: str, sign_as: str | None) -> Callable[[int, int], Contribution]:
         """(round, epoch) -> this site's report of the tail of `block` for that round, vouched by `owner`
         (signed with the key of `sign_as`, unsigned for None), claiming `tokens_x` times the tokens its
-        samples hold, naming `root` as its pseudo-gradient's (one it does not serve). All but the round
-        is made here, so the report leaves at once when the round opens."""
+        samples hold. All but the round is made here, so the report leaves at once when the round opens."""
         r = self.tail(block, 4)
         version = _ring(self.cluster).version
         keys = keys_of(Credentials.from_dir(self.cluster.certs, sign_as)) if sign_as is not None else None
@@ -122,7 +120,7 @@ class Hostile:
             v = Voucher(BlockId(block), Gen(1), (Span(r.start, r.end),), SiteId(self.site), round_, version,
                         SiteId(owner))
             return Contribution(Header(SiteId(self.site), address, Epoch(epoch), round_ - 1), round_, self.site,
-                                address, tokens_x * r.num_samples * SEQ_LEN, (r,), root,
+                                address, tokens_x * r.num_samples * SEQ_LEN, (r,), b"\x5a" * 32,
                                 (vouchers.signed(v, keys),))
 
         return forge
@@ -204,10 +202,6 @@ def test_forged_reports_are_excluded_and_the_audit_finds_every_sample_once_and_v
         (f"voucher signed by {h.site} as owner", h.forger(1, other, h.site, h.site),
          f"block {other}: the voucher is by {h.site}, but the block's owner in ring view {ring.version} is "
          f"{primary[other]}"),
-        # (c) everything right but the pseudo-gradient it names: admitted, then found out when the
-        # leader pulls it. Only this contributor is excluded; it once emptied every such round.
-        ("a root it does not serve", h.forger(1, own, h.site, h.site),
-         f"{h.site} serves a pseudo-gradient with root "),
     ]
     probed: list[int] = []
     for what, forge, expect in probes:

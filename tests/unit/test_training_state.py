@@ -50,6 +50,24 @@ def test_a_manifest_whose_tokens_differ_from_the_round_is_an_invalid_contributio
     asyncio.run(scenario())
 
 
+def test_a_root_its_site_does_not_serve_is_that_sites_invalid_contribution(tmp_path: Path) -> None:
+    """A report naming a pseudo-gradient root its site does not serve (a bug or a forgery) blames that
+    site, so a leader excludes it alone; as a plain hash mismatch it emptied the whole round."""
+    async def scenario() -> None:
+        a, b = site("a", tmp_path), site("b", tmp_path)
+        delta = {n: v * 0.01 for n, v in random_model(1, SIZES).items()}
+        encoded = await publish_pseudo_gradient(b.store, delta, round=1, site="b", tokens=40)
+        async with serving(b.store) as address:
+            with pytest.raises(InvalidContribution, match="b serves a pseudo-gradient with root ") as err:
+                await a.outcome(1, [("b", address, b"\x5a" * 32, 40)])
+            assert err.value.site == "b"
+            honest = await a.outcome(1, [("b", address, encoded.manifest.root_hash, 40)])
+            assert honest.weights_hash != a.weights_hash
+        await a.close()
+
+    asyncio.run(scenario())
+
+
 def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tmp_path: Path) -> None:
     async def scenario() -> None:
         healthy, behind = site("b", tmp_path, seed=7), site("a", tmp_path, seed=8)
