@@ -44,7 +44,8 @@ from tests.integration.peers import Cluster, audit, commits, ops, wait_for
 from tests.integration.test_security import _raw
 
 PRESET = "lan"
-DOCS = 9  # 146 samples in blocks of 64, 64 and 18: with sites a, b and c, each is the primary of one
+DOCS = 24  # 420 samples in blocks of 64 (and one of 36): no site runs out of blocks to train, and so
+# none takes over the tails the probes name, until long after the last probe
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
          "--round-deadline", "60", "--start-sites", "3", "--overlap", "off",  # off: b reports after the open
          "--trainer-threads", "1"]  # three trainers on a small machine
