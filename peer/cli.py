@@ -30,7 +30,7 @@ from peer.node import JoinFailed, Node
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
-from peer.training import OuterConfig
+from peer.training import SPARSE_OUTER, OuterConfig
 
 EXIT_USAGE = 2
 
@@ -93,12 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time-boxed rounds: each site trains as many of the H inner steps as fit in this "
                             "many seconds (at least one); the token-weighted mean absorbs the unequal work "
                             "(default 0: every site runs all H)")
-    train.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov learning rate (default 0.7)")
-    train.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum (default 0.9)")
+    train.add_argument("--outer-lr", type=float, default=None,
+                       help="outer Nesterov learning rate (default 0.7; 1.0 with --wire sparse)")
+    train.add_argument("--outer-momentum", type=float, default=None,
+                       help="outer momentum (default 0.9; 0 with --wire sparse, whose decayed error feedback "
+                            "stands in for it: SparseLoCo)")
     train.add_argument("--checkpoint-every", type=int, default=0,
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
     train.add_argument("--wire", default="bf16", choices=WIRE_FORMATS,
-                       help="wire format of pseudo-gradients and mean shards; the same on every site (default bf16)")
+                       help="wire format of pseudo-gradients and mean shards; the same on every site (default bf16; "
+                            "sparse: the --wire-density largest of every 4096 entries, all-gathered)")
+    train.add_argument("--wire-density", type=float, default=1 / 64,
+                       help="sparse wire: share of every 4096 pseudo-gradient entries sent; the same on every site "
+                            "(default 1/64 = 64 of 4096, 0.227 bits per parameter)")
+    train.add_argument("--feedback-decay", type=float, default=None,
+                       help="error-feedback decay of int8/int4/sparse (default: 0.95 for sparse, 1 otherwise)")
     serve.add_argument("--exchange-plane", choices=("bulk", "grpc"),
                        help="where pseudo-gradient chunks travel: bulk (a TCP data plane negotiated over gRPC, "
                             "the default) or grpc (FetchChunks only)")
@@ -159,16 +168,19 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
     micro = args.micro_batch_size or max(1, args.batch_size // args.nproc_per_node)
     inner = InnerConfig(batch_size=args.batch_size, micro_batch_size=micro, total_steps=args.total_steps,
                         warmup_steps=min(50, args.total_steps // 10), compile=args.compile)
+    outer = SPARSE_OUTER if args.wire == "sparse" else OuterConfig()
     ranks = RanksConfig(nproc_per_node=args.nproc_per_node, launcher=args.launcher, parallel=args.parallel,
                         collective_timeout_s=args.collective_timeout)
     return {
         "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner, ranks=ranks,
-                                 wire=args.wire),
+                                 wire=args.wire, wire_density=args.wire_density, feedback_decay=args.feedback_decay),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
                                deadline_s=args.round_deadline, data_epochs=args.data_epochs,
                                deadline_k=args.round_deadline_k, budget_s=args.round_budget,
                                start_sites=args.start_sites),
-        "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum, checkpoint_every=args.checkpoint_every),
+        "outer": OuterConfig(lr=outer.lr if args.outer_lr is None else args.outer_lr,
+                             momentum=outer.momentum if args.outer_momentum is None else args.outer_momentum,
+                             checkpoint_every=args.checkpoint_every),
     }
 
 

@@ -99,12 +99,14 @@ async def publish_pseudo_gradient(
     chunk_size: int = codec.DEFAULT_CHUNK_BYTES,
     out: torch.Tensor | None = None,
     param_dtypes: Mapping[str, torch.dtype] | None = None,
+    keep: int = 0,
 ) -> codec.Encoded:
     """Encodes (in a worker thread: the event loop keeps serving heartbeats) and publishes.
-    `out`, `param_dtypes`: see codec.encode; `out` must not be reused while this round may still be fetched."""
+    `out`, `param_dtypes`, `keep`: see codec.encode; `out` must not be reused while this round may
+    still be fetched."""
     encoded = await asyncio.to_thread(
         codec.encode, tensors, round=round, site=site, tokens=tokens, wire=wire, chunk_size=chunk_size, out=out,
-        param_dtypes=param_dtypes,
+        param_dtypes=param_dtypes, keep=keep,
     )
     await store.publish(encoded)
     return encoded
@@ -204,7 +206,7 @@ class Reducer:
     def _values(self, site: str, index: int, held: Mapping[str, memoryview]) -> tuple[torch.Tensor, float]:
         data = self._local[site].chunk(index) if site in self._local else held[site]
         m = self._manifests[site]
-        return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index))
+        return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index), m.layout.keep)
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
         sink = self._emit
@@ -216,9 +218,9 @@ class Reducer:
         for site in self._order:
             try:
                 values, multiplier = self._values(site, index, held)
-            except codec.ScaleError as err:
-                raise codec.ScaleError(f"round {self._manifests[site].key.round}, chunk {index}: {err} in "
-                                       f"{site}'s pseudo-gradient; it is refused") from None
+            except codec.BadEncoding as err:
+                raise type(err)(f"round {self._manifests[site].key.round}, chunk {index}: {err} in "
+                                f"{site}'s pseudo-gradient; it is refused") from None
             # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling then
             # weighting.
             terms.append((values, self._weights[site] * multiplier))
@@ -268,8 +270,11 @@ def weighted_sum(terms: Sequence[tuple[torch.Tensor, float]], acc: torch.Tensor,
 
 
 async def _manifests(
-    round_: int, kind: codec.ObjectKind, sites: Sites, store: ExchangeStore, wait_s: float, policy: FetchPolicy
+    round_: int, kind: codec.ObjectKind, sites: Sites, store: ExchangeStore, wait_s: float, policy: FetchPolicy,
+    roots: Mapping[str, bytes] | None = None,
 ) -> dict[str, codec.Manifest]:
+    """Every site's manifest; LayoutMismatch unless all share one layout and chunk size, ManifestError
+    unless each has the root hash `roots` names for it (when given)."""
     async def one(site: str, client: ExchangeClient | None) -> codec.Manifest:
         key = codec.ObjectKey(round_, site, kind)
         if client is None:
@@ -285,7 +290,17 @@ async def _manifests(
     for site, m in manifests.items():
         if (m.layout, m.chunk_size) != (reference[1].layout, reference[1].chunk_size):
             raise codec.LayoutMismatch(f"round {round_}: {site}'s layout or chunk size differs from {reference[0]}'s")
+        if roots is not None and m.root_hash != roots[site]:
+            raise codec.ManifestError(f"{m.key} has root {m.root_hash.hex()[:16]}, the round names "
+                                      f"{roots[site].hex()[:16]}")
     return manifests
+
+
+def _not_sparse(layout: codec.Layout) -> None:
+    """Sparse contributions are all-gathered (all_to_all_mean): their mean is dense, and rounding it
+    back to sparse at a shard owner would drop what no error feedback keeps."""
+    if layout.wire is codec.WireDtype.SPARSE:
+        raise codec.LayoutMismatch("sparse pseudo-gradients are all-gathered (all_to_all_mean), not reduce-scattered")
 
 
 async def _all(tasks: Sequence[Awaitable[object]], stop: Callable[[], None] | None = None) -> None:
@@ -327,7 +342,7 @@ async def _reduce_range(
         return
     # Each stream receives into one buffer of its own, from the peer's pool when it has one.
     ref = next(iter(manifests.values()))
-    buffers = memory.chunks(ref.layout.wire.wire_bytes(ref.chunk_size)) if memory is not None else None
+    buffers = memory.chunks(ref.layout.wire_bytes(ref.chunk_size)) if memory is not None else None
 
     def fetch(site: str, client: ExchangeClient) -> Awaitable[FetchStats]:
         def put(index: int, data: memoryview) -> None:
@@ -354,13 +369,16 @@ async def all_to_all_mean(
     *,
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
+    roots: Mapping[str, bytes] | None = None,
 ) -> MeanReport:
     """Writes the token-weighted mean of the pseudo-gradients of `sites` for `round_` into `dest`.
 
     `sites` maps every contributor to its client, or to None for one published in `store` (our own).
+    `roots`: the root hash each contributor's object must have (else ManifestError).
     `dest` is only meaningful when this returns.
     """
-    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
+    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy,
+                                 roots)
     any_manifest = next(iter(manifests.values()))
     layout = any_manifest.layout
     codec.check_destination(layout, dest, wire_dtype=False)  # the fp32 mean goes into it: not the wire's values
@@ -408,18 +426,16 @@ async def reduce_shard(
     (else fresh memory each time)."""
     if me not in sites or sites[me] is not None:
         raise ValueError(f"{me} must be a contributor published in the local store (mapped to None)")
-    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
-    for site, m in manifests.items():
-        if roots is not None and m.root_hash != roots[site]:
-            raise codec.ManifestError(f"{m.key} has root {m.root_hash.hex()[:16]}, the round names "
-                                      f"{roots[site].hex()[:16]}")
+    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy,
+                                 roots)
     order = tuple(sorted(sites))
     ref = manifests[me]
+    _not_sparse(ref.layout)
     first, end = shard_chunks(ref.num_chunks, order)[me]
     start_byte, end_byte = _shard_bytes(ref, first, end)
     wire = ref.layout.wire
-    chunk_wire = wire.wire_bytes(ref.chunk_size)
-    last = wire.wire_bytes(end_byte - (end - 1) * ref.chunk_size) if end > first else 0
+    chunk_wire = ref.layout.wire_bytes(ref.chunk_size)
+    last = ref.layout.wire_bytes(end_byte - (end - 1) * ref.chunk_size) if end > first else 0
     nbytes = max(0, end - first - 1) * chunk_wire + last
     buffer = memory.shards.take(nbytes) if memory is not None else torch.empty(nbytes, dtype=torch.uint8)
     mean_data = buffer[:nbytes]
@@ -429,7 +445,7 @@ async def reduce_shard(
     def into(index: int) -> torch.Tensor:
         # The mean shard's own chunk k is layout chunk first + k: its wire bytes start at k * chunk_wire.
         a = (index - first) * chunk_wire
-        return mean_data[a : a + wire.wire_bytes(ref.chunk_elements(index) * wire.itemsize)]
+        return mean_data[a : a + ref.layout.wire_bytes(ref.chunk_elements(index) * wire.itemsize)]
 
     def done(index: int, out: torch.Tensor, digest: bytes, exp: int) -> None:
         hashes[index - first], exps[index - first] = digest, exp
@@ -485,6 +501,7 @@ async def reduce_scatter_mean(
     order = tuple(sorted(sites))
     ref = manifests[order[0]]
     layout, wire = ref.layout, ref.layout.wire
+    _not_sparse(layout)
     codec.check_destination(layout, dest)
     report = MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
     report.phase_done["manifests"] = time.monotonic()
@@ -497,10 +514,10 @@ async def reduce_scatter_mean(
         return (layout, *_shard_bytes(ref, *shards[owner]), order, roots, total_tokens)
 
     async def reduce_here(owner: str) -> None:
-        scratch = torch.empty(wire.wire_bytes(ref.chunk_size), dtype=torch.uint8)
+        scratch = torch.empty(ref.layout.wire_bytes(ref.chunk_size), dtype=torch.uint8)
 
         def into(index: int) -> torch.Tensor:
-            return scratch[: wire.wire_bytes(ref.chunk_elements(index) * wire.itemsize)]
+            return scratch[: ref.layout.wire_bytes(ref.chunk_elements(index) * wire.itemsize)]
 
         def done(index: int, out: torch.Tensor, digest: bytes, exp: int) -> None:
             # Exactly what the owner does (round to the wire) and then every receiver (decode).

@@ -458,8 +458,8 @@ def receive(
     pending: concurrent.futures.Future[None] | None = None
     own: memoryview | None = None  # a plain function's one buffer
     if not on_loop:
-        own = (buffers or ChunkBuffers(manifest.layout.wire.wire_bytes(manifest.chunk_size))).take(
-            manifest.layout.wire.wire_bytes(manifest.chunk_size))
+        own = (buffers or ChunkBuffers(manifest.layout.wire_bytes(manifest.chunk_size))).take(
+            manifest.layout.wire_bytes(manifest.chunk_size))
     try:
         for due in range(first, end):
             limits = [t for t in (None if stall_s is None else time.monotonic() + stall_s, deadline) if t is not None]

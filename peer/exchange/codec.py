@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import blake3
 import torch
 
-from peer.exchange import kernels
+from peer.exchange import kernels, sparse
 from peer.gen.sitemesh.v1 import exchange_pb2 as pb
 
 # 1 MiB streamed fastest on loopback (2 MiB: -15 %, 4 MiB: -43 %): docs/decisions/exchange-chunk-size.md.
@@ -61,8 +61,17 @@ class LayoutMismatch(CodecError):
     """Destination or peer tensors whose names, shapes or dtypes differ from the manifest's layout."""
 
 
-class ScaleError(NonFiniteError):
-    """A quantized chunk whose scale is NaN, Inf or not > 0: refused, not re-fetched (the sender made it)."""
+class BadEncoding(NonFiniteError):
+    """A verified int8/int4/sparse chunk whose bytes break its format: refused, not re-fetched (the
+    sender made it), nothing of it applied."""
+
+
+class ScaleError(BadEncoding):
+    """A quantized chunk whose scale is NaN, Inf or not > 0."""
+
+
+class SparseIndexError(BadEncoding):
+    """A sparse chunk whose indices are out of range, unsorted or duplicated, or whose padding is not 0."""
 
 
 class WireDtype(enum.Enum):
@@ -73,6 +82,7 @@ class WireDtype(enum.Enum):
     FP32 = pb.WIRE_DTYPE_FP32
     INT8 = pb.WIRE_DTYPE_INT8
     INT4 = pb.WIRE_DTYPE_INT4
+    SPARSE = pb.WIRE_DTYPE_SPARSE
 
     @classmethod
     def named(cls, name: str) -> WireDtype:
@@ -90,7 +100,8 @@ class WireDtype(enum.Enum):
 
     @property
     def quantized(self) -> bool:
-        """Integer codes with a scale per group of QUANT_GROUP elements (exchange.proto, "Quantized chunks")."""
+        """Lossy codes with scales (exchange.proto, "Quantized chunks" and "Sparse chunks"): one
+        layout byte per element, never placeable, sent with error feedback."""
         return self._quantized
 
     @property
@@ -109,10 +120,13 @@ class WireDtype(enum.Enum):
     def qmax(self) -> int:
         return 127 if self is WireDtype.INT8 else 7
 
-    def wire_bytes(self, layout_bytes: int) -> int:
-        """Bytes on the wire of a chunk of `layout_bytes` layout bytes (scales included)."""
+    def wire_bytes(self, layout_bytes: int, keep: int = 0) -> int:
+        """Bytes on the wire of a chunk of `layout_bytes` layout bytes (scales included); `keep`:
+        a sparse layout's entries per group (Layout.keep)."""
         if not self.quantized:
             return layout_bytes
+        if self is WireDtype.SPARSE:
+            return sparse.wire_bytes(layout_bytes, keep)
         groups = -(-layout_bytes // QUANT_GROUP)
         return 4 * groups + (layout_bytes if self is WireDtype.INT8 else (layout_bytes + 1) // 2)
 
@@ -120,6 +134,7 @@ class WireDtype(enum.Enum):
 for _wire, (_q, _dtype, _size) in {
     WireDtype.BF16: (False, torch.bfloat16, 2), WireDtype.FP16: (False, torch.float16, 2),
     WireDtype.FP32: (False, torch.float32, 4), WireDtype.INT8: (True, None, 1), WireDtype.INT4: (True, None, 1),
+    WireDtype.SPARSE: (True, None, 1),
 }.items():
     _wire._quantized, _wire._torch_dtype, _wire._itemsize = _q, _dtype, _size
 del _wire, _q, _dtype, _size
@@ -170,12 +185,14 @@ class Layout:
     wire: WireDtype
     tensors: tuple[TensorEntry, ...]
     total_bytes: int
+    keep: int = 0
+    """Sparse: entries kept per group of sparse.GROUP elements (Manifest.sparse_keep); else 0."""
 
     @classmethod
     def of(cls, tensors: Mapping[str, torch.Tensor], wire: WireDtype,
-           dtypes: Mapping[str, torch.dtype] | None = None) -> Layout:
+           dtypes: Mapping[str, torch.dtype] | None = None, keep: int = 0) -> Layout:
         """The layout of `tensors`; `dtypes`: the parameters' dtypes where the tensors are not in them
-        (a pseudo-gradient the trainer handed over in the wire dtype)."""
+        (a pseudo-gradient the trainer handed over in the wire dtype); `keep`: see Layout.keep."""
         entries, offset = [], 0
         for name in sorted(tensors):
             shape = tuple(int(d) for d in tensors[name].shape)
@@ -184,7 +201,11 @@ class Layout:
                 raise LayoutMismatch(f"{name}: no parameter dtype given for it (the model has no such tensor)")
             entries.append(TensorEntry(name, shape, offset, dtype_name(dtype)))
             offset += math.prod(shape) * wire.itemsize
-        return cls(wire, tuple(entries), offset)
+        return cls(wire, tuple(entries), offset, keep)
+
+    def wire_bytes(self, layout_bytes: int) -> int:
+        """Bytes on the wire of a chunk of `layout_bytes` layout bytes in this layout's format."""
+        return self.wire.wire_bytes(layout_bytes, self.keep)
 
     @functools.cached_property
     def _ends(self) -> list[int]:
@@ -257,8 +278,8 @@ class Manifest:
     def wire_bounds(self, index: int) -> tuple[int, int]:
         """Bytes [start, end) of chunk `index` in the object's wire bytes (Encoded.data)."""
         start, end = self.chunk_bounds(index)
-        first = index * self.layout.wire.wire_bytes(self.chunk_size)
-        return first, first + self.layout.wire.wire_bytes(end - start)
+        first = index * self.layout.wire_bytes(self.chunk_size)
+        return first, first + self.layout.wire_bytes(end - start)
 
     @property
     def wire_nbytes(self) -> int:
@@ -286,6 +307,11 @@ class Manifest:
             raise ManifestError("tensors are not sorted by name")
         if lay.total_bytes != offset:
             raise ManifestError(f"layout_bytes {lay.total_bytes} != sum of tensor bytes {offset}")
+        if lay.wire is WireDtype.SPARSE and not 1 <= lay.keep <= sparse.GROUP:
+            raise ManifestError(f"sparse_keep {lay.keep}: this peer decodes 1 to {sparse.GROUP} entries per "
+                                f"group of {sparse.GROUP}")
+        if lay.wire is not WireDtype.SPARSE and lay.keep:
+            raise ManifestError(f"sparse_keep {lay.keep} with wire dtype {lay.wire.name}: only sparse keeps entries")
         if not 0 <= self.range_start <= self.range_end <= lay.total_bytes or self.range_start % cs:
             raise ManifestError(f"range [{self.range_start}, {self.range_end}) not chunk-aligned inside the layout")
         if self.range_end % cs and self.range_end != lay.total_bytes:
@@ -362,9 +388,14 @@ def is_finite(t: torch.Tensor) -> bool:
     return math.isfinite(magnitude(t))
 
 
-def _quantize(values: torch.Tensor, out: torch.Tensor, wire: WireDtype) -> None:
-    """Writes int8/int4 codes and group scales of 1-D fp32 `values` into `out` (exchange.proto).
+def _quantize(values: torch.Tensor, out: torch.Tensor, wire: WireDtype, keep: int) -> None:
+    """Writes int8/int4/sparse codes and group scales of 1-D fp32 `values` into `out` (exchange.proto).
     Rounds to nearest (even); what a site does not send is its error feedback's business."""
+    if wire is WireDtype.SPARSE:
+        if not is_finite(values):
+            raise NonFiniteError("NaN or Inf in the values to encode")
+        sparse.encode(values, out, keep)
+        return
     n = values.numel()
     groups = -(-n // QUANT_GROUP)
     padded = torch.zeros(groups * QUANT_GROUP)
@@ -385,9 +416,16 @@ def _quantize(values: torch.Tensor, out: torch.Tensor, wire: WireDtype) -> None:
     out[4 * groups :].copy_(nibbles[0::2] | (nibbles[1::2] << 4))
 
 
-def _dequantize(data: torch.Tensor, wire: WireDtype, n: int) -> torch.Tensor:
+def _dequantize(data: torch.Tensor, wire: WireDtype, n: int, keep: int) -> torch.Tensor:
     """fp32 values of a quantized chunk of `n` elements (uint8 `data` of wire_bytes(n)); ScaleError
-    on a scale that is NaN, Inf or not > 0."""
+    on a scale that is NaN, Inf or not > 0 (sparse: negative), SparseIndexError on bad indices."""
+    if wire is WireDtype.SPARSE:
+        try:
+            return sparse.decode(data, n, keep)
+        except sparse.BadScale as err:
+            raise ScaleError(str(err)) from None
+        except sparse.BadIndex as err:
+            raise SparseIndexError(str(err)) from None
     groups = -(-n // QUANT_GROUP)
     scale = data[: 4 * groups].clone().view(torch.float32)  # clone: received bytes may be unaligned
     if not (is_finite(scale) and (groups == 0 or float(scale.min()) > 0)):
@@ -404,17 +442,18 @@ def _dequantize(data: torch.Tensor, wire: WireDtype, n: int) -> torch.Tensor:
 
 
 def chunk_values(
-    data: torch.Tensor | bytes | memoryview, wire: WireDtype, exp: int, elements: int
+    data: torch.Tensor | bytes | memoryview, wire: WireDtype, exp: int, elements: int, keep: int = 0
 ) -> tuple[torch.Tensor, float]:
     """(values, multiplier) of one verified chunk of `elements` elements: element = value * multiplier.
-    bf16/fp16/fp32: a zero-copy view and 2^-exp; int8/int4: fp32 values (ScaleError on a bad scale), 1."""
+    bf16/fp16/fp32: a zero-copy view and 2^-exp; int8/int4/sparse: fp32 values (BadEncoding on a bad
+    scale or index), 1. `keep`: the sparse layout's (Layout.keep)."""
     if not wire.quantized:
         return wire_view(data, wire), 2.0**-exp
-    return _dequantize(wire_view(data, None), wire, elements), 1.0
+    return _dequantize(wire_view(data, None), wire, elements, keep), 1.0
 
 
 def encode_chunk(
-    pieces: Sequence[torch.Tensor], out: torch.Tensor, wire: WireDtype, *, known_finite: bool = False
+    pieces: Sequence[torch.Tensor], out: torch.Tensor, wire: WireDtype, *, known_finite: bool = False, keep: int = 0
 ) -> tuple[bytes, int]:
     """Encodes the concatenation of `pieces` (1-D, any float dtype and device) into the uint8 `out`
     (wire_bytes of the pieces' elements).
@@ -423,11 +462,11 @@ def encode_chunk(
     are scaled by a power of two (exactly invertible) instead of overflowing to Inf; the exponent is
     reported in the manifest. int8/int4 chunks carry their scales in their bytes. Raises
     NonFiniteError on NaN or Inf, in the input or after conversion, unless the caller vouches for
-    the input (`known_finite`, e.g. a mean it has just checked).
+    the input (`known_finite`, e.g. a mean it has just checked). `keep`: a sparse layout's.
     """
     if wire.quantized:
         values = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in pieces]) if pieces else torch.empty(0)
-        _quantize(values, out, wire)
+        _quantize(values, out, wire, keep)
         return chunk_hash(as_memoryview(out)), 0
     exp = 0
     if wire is WireDtype.FP16:  # the magnitude is needed for the scale: check the input
@@ -541,6 +580,7 @@ def encode(
     out: torch.Tensor | None = None,
     kind: ObjectKind = ObjectKind.PSEUDO_GRADIENT,
     param_dtypes: Mapping[str, torch.dtype] | None = None,
+    keep: int = 0,
 ) -> Encoded:
     """Encodes a pseudo-gradient (named float tensors on any device) into an Encoded object.
 
@@ -549,9 +589,9 @@ def encode(
     each at its place in the layout in the wire dtype (the trainer's file, mapped: see
     trainer.process.map_state): those are hashed and checked where they are, not copied. Otherwise
     fresh memory is allocated. `param_dtypes`: the parameters' dtypes, which the layout names, where
-    the tensors are in another one (the wire dtype).
+    the tensors are in another one (the wire dtype). `keep`: entries per group for the sparse wire.
     """
-    layout = Layout.of(tensors, wire, param_dtypes)
+    layout = Layout.of(tensors, wire, param_dtypes, _keep(wire, keep))
     layout.check_tensors(tensors, f"pseudo-gradient of {site}", dtypes=param_dtypes is None)
     flat = flat_views(tensors, layout)
     key = ObjectKey(round, site, kind)
@@ -571,7 +611,7 @@ def encode(
         pieces = [flat[e.name][a:b] for e, a, b in spans]
         w0, w1 = probe.wire_bounds(i)
         try:
-            digest, exp = encode_chunk(pieces, data[w0:w1], wire)
+            digest, exp = encode_chunk(pieces, data[w0:w1], wire, keep=layout.keep)
         except NonFiniteError:
             bad = [e.name for (e, _, _), p in zip(spans, pieces) if not is_finite(p)]
             what = f"NaN or Inf in {bad}" if bad else f"{[e.name for e, _, _ in spans]} overflow {wire.name}"
@@ -582,9 +622,15 @@ def encode(
     return Encoded(manifest, data, sum(1 for e in exps if e))
 
 
-def encoded_nbytes(tensors: Mapping[str, torch.Tensor], wire: WireDtype, chunk_size: int = DEFAULT_CHUNK_BYTES) -> int:
+def _keep(wire: WireDtype, keep: int) -> int:
+    """`keep`, or for the sparse wire without one, sparse.DEFAULT_KEEP."""
+    return keep or sparse.DEFAULT_KEEP if wire is WireDtype.SPARSE else keep
+
+
+def encoded_nbytes(tensors: Mapping[str, torch.Tensor], wire: WireDtype, chunk_size: int = DEFAULT_CHUNK_BYTES,
+                   keep: int = 0) -> int:
     """The bytes `encode` writes for `tensors` (what its `out` buffer must hold at least)."""
-    layout = Layout.of(tensors, wire)
+    layout = Layout.of(tensors, wire, keep=_keep(wire, keep))
     return build_manifest(ObjectKey(0, ""), layout, 0, layout.total_bytes, chunk_size, [], [], 0).wire_nbytes
 
 
@@ -674,9 +720,9 @@ def decode_verified_chunk(
     """Decodes chunk `index` (already checked by verify_chunk) into `dest`; NonFiniteError on NaN/Inf."""
     try:
         values, multiplier = chunk_values(data, manifest.layout.wire, manifest.scale_exps[index],
-                                          manifest.chunk_elements(index))
-    except ScaleError as err:
-        raise ScaleError(f"{manifest.key}: chunk {index}: {err}; the object is refused") from None
+                                          manifest.chunk_elements(index), manifest.layout.keep)
+    except BadEncoding as err:
+        raise type(err)(f"{manifest.key}: chunk {index}: {err}; the object is refused") from None
     if not is_finite(values):
         raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
     start = manifest.chunk_bounds(index)[0]
@@ -732,6 +778,7 @@ def manifest_to_proto(m: Manifest) -> pb.Manifest:
         tokens=m.tokens,
         contributors=m.contributors,
         contributor_roots=m.contributor_roots,
+        sparse_keep=m.layout.keep,
     )
 
 
@@ -743,7 +790,7 @@ def manifest_from_proto(msg: pb.Manifest) -> Manifest:
         raise ManifestError(f"unsupported wire dtype {msg.wire_dtype}: this peer decodes "
                             f"{[w.name.lower() for w in WireDtype]}; upgrade it or send one of those") from None
     entries = tuple(TensorEntry(t.name, tuple(t.shape), t.offset, t.dtype) for t in msg.tensors)
-    layout = Layout(wire, entries, msg.layout_bytes)
+    layout = Layout(wire, entries, msg.layout_bytes, msg.sparse_keep)
     hashes = tuple(msg.chunk_hashes)
     exps = tuple(msg.chunk_scale_exp) or (0,) * len(hashes)
     m = Manifest(

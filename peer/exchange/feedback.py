@@ -3,7 +3,11 @@ is added to the next round's, so over many rounds a site sends the sum of its ps
 one round's rounding error (Seide et al. 2014; Karimireddy et al. 2019), even at 4 bits.
 
 The residual is site-local state: it is not part of θ and no other peer needs it. It lives on disk
-beside the site's state, written atomically after each publish, so a restart keeps it.
+beside the site's state, written atomically after each publish, so a restart keeps it. A site that
+re-syncs (installs θ by state transfer) resets it: it missed the rounds the residual was meant for.
+
+With a `decay` β < 1 (the sparse wire, SparseLoCo) the residual is an accumulator e ← β e + Δ that
+also stands in for the outer momentum: what was not sent fades instead of waiting for ever.
 
     .venv/bin/python -m pytest tests/unit/test_exchange_feedback.py -q
 """
@@ -26,21 +30,26 @@ log = logging.getLogger("sitemesh.exchange")
 class ErrorFeedback:
     """The residual of one site's last sent pseudo-gradient, persisted at `path`."""
 
-    def __init__(self, path: Path, like: Mapping[str, torch.Tensor]) -> None:
-        """Loads the residual at `path` if it matches `like`'s names and shapes (else starts at zero)."""
+    def __init__(self, path: Path, like: Mapping[str, torch.Tensor], decay: float = 1.0) -> None:
+        """Loads the residual at `path` if it matches `like`'s names and shapes (else starts at zero).
+        `decay`: the factor on the residual before it is added to the next pseudo-gradient."""
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"error-feedback decay {decay} must be in (0, 1]")
         self.path = path
+        self.decay = decay
         self.residual: dict[str, torch.Tensor] = {}
         if path.exists():
             held = load_file(path)
             if sorted(held) == sorted(like) and all(held[n].shape == like[n].shape for n in held):
                 self.residual = held
+                log.info("error feedback: residual of the last round sent loaded from %s", path)
             else:
                 log.warning("%s does not match the model; error feedback restarts from zero", path)
 
     def add_to(self, delta: Mapping[str, torch.Tensor]) -> None:
-        """delta += residual, in place: the pseudo-gradient this round must send."""
+        """delta += decay x residual, in place: the pseudo-gradient this round must send."""
         for name, t in self.residual.items():
-            delta[name].add_(t)
+            delta[name].add_(t, alpha=self.decay)
 
     def keep(self, meant: Mapping[str, torch.Tensor], sent: codec.Encoded) -> None:
         """residual = `meant` - what every peer decodes from `sent`; then written to disk.
@@ -51,3 +60,9 @@ class ErrorFeedback:
         tmp = temp_sibling(self.path)
         save_file({n: t.contiguous() for n, t in self.residual.items()}, tmp)
         replace_atomic(tmp, self.path)
+
+    def reset(self) -> None:
+        """Forgets the residual, on disk too (a re-synced site: see the module doc)."""
+        self.residual = {}
+        self.path.unlink(missing_ok=True)
+        log.info("error feedback: residual reset (this site re-synced its state)")

@@ -245,13 +245,17 @@ class RanksConfig:
         """True when the trainer is more than one process (or may be: srun sizes come from Slurm)."""
         return self.launcher == "srun" or self.nproc_per_node > 1
 # exchange.proto's WireDtype names, spelled as configs spell them (peer.exchange.codec.WireDtype.named).
-WIRE_FORMATS = ("bf16", "fp16", "fp32", "int8", "int4")
+WIRE_FORMATS = ("bf16", "fp16", "fp32", "int8", "int4", "sparse")
 # The wire formats whose elements are a plain cast of the pseudo-gradient: the worker hands Δ over
 # in that dtype, laid out as the wire is (safetensors sorts tensors by name and packs them), so the
 # node hashes and checks it where it lies instead of converting it into a wire buffer
 # (docs/decisions/exchange-pseudo-gradient-handoff.md). Not fp16: a chunk beyond 65504 must be
-# scaled, which only the encoder does; not int8/int4: their error feedback needs Δ's own values.
+# scaled, which only the encoder does; not int8/int4/sparse: their error feedback needs Δ's own values.
 HANDOFF_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+# peer.exchange.sparse.GROUP, here so that reading a config imports no exchange code.
+SPARSE_GROUP = 4096
+# The sparse wire's error-feedback decay by default: docs/decisions/exchange-sparse-wire.md.
+SPARSE_FEEDBACK_DECAY = 0.95
 
 
 @dataclass(frozen=True)
@@ -267,8 +271,16 @@ class TrainerConfig:
     """How many processes train this site; site-local, like `inner`."""
     wire: str = "bf16"
     """Wire format of the pseudo-gradients this site sends (exchange.proto WireDtype): bf16, fp16,
-    fp32, int8 or int4. int8/int4 use error feedback: what rounding dropped is added to the next
-    round's pseudo-gradient. The same on every site (the mean shards are sent in it too)."""
+    fp32, int8, int4 or sparse. int8/int4/sparse use error feedback: what was not sent is added to
+    the next round's pseudo-gradient. The same on every site (the mean shards are sent in it too;
+    sparse pseudo-gradients are all-gathered and the mean is never sent)."""
+    wire_density: float = 1 / 64
+    """sparse: the share of each group of 4096 elements sent (SparseLoCo's 64 of 4096: 0.227 bits
+    per parameter); the same on every site. docs/decisions/exchange-sparse-wire.md."""
+    feedback_decay: float | None = None
+    """Error-feedback decay β: the residual is multiplied by it before it joins the next round's
+    pseudo-gradient. None: SPARSE_FEEDBACK_DECAY for sparse (the decayed accumulator is SparseLoCo's
+    stand-in for outer momentum), 1 (plain error feedback) for int8/int4."""
 
     def __post_init__(self) -> None:
         if self.eval_samples < 1:
@@ -280,9 +292,25 @@ class TrainerConfig:
                              f"every rank trains the same number of samples per step")
         if self.wire not in WIRE_FORMATS:
             raise ValueError(f"wire={self.wire!r} is not a wire format; use one of {list(WIRE_FORMATS)}")
+        if not 0 < self.wire_density <= 1:
+            raise ValueError(f"wire_density={self.wire_density} must be in (0, 1] (the share of entries sent)")
+        if self.feedback_decay is not None and not 0 < self.feedback_decay <= 1:
+            raise ValueError(f"feedback_decay={self.feedback_decay} must be in (0, 1]")
         if self.data.seq_len > self.model.max_position_embeddings:
             raise ValueError(f"seq_len={self.data.seq_len} exceeds the model's "
                              f"max_position_embeddings={self.model.max_position_embeddings}")
+
+    @property
+    def sparse_keep(self) -> int:
+        """Entries of every 4096 the sparse wire keeps (Manifest.sparse_keep); 0 for other formats."""
+        return max(1, round(self.wire_density * SPARSE_GROUP)) if self.wire == "sparse" else 0
+
+    @property
+    def decay(self) -> float:
+        """The error-feedback decay this site uses (see feedback_decay)."""
+        if self.feedback_decay is not None:
+            return self.feedback_decay
+        return SPARSE_FEEDBACK_DECAY if self.wire == "sparse" else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (tuples become lists); `from_dict` reverses it exactly."""

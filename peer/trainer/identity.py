@@ -93,4 +93,7 @@ def data_tag(cfg: DataConfig, tok: TextTokenizer) -> int:
 def training_identity(cfg: TrainerConfig, tok: TextTokenizer | None = None) -> TrainingIdentity:
     """What a site with this trainer config trains (loads the tokenizer unless given)."""
     tok = tok or load_tokenizer(cfg.data.tokenizer)
-    return TrainingIdentity(model_identity(cfg.model), tokenizer_identity(tok), data_identity(cfg.data))
+    # The wire format is part of what a site sends: every site must encode alike (a sparse site's
+    # manifests name its entries per group, which another density's peers would refuse every round).
+    model = {**model_identity(cfg.model), "wire": cfg.wire, "wire_keep": cfg.sparse_keep}
+    return TrainingIdentity(model, tokenizer_identity(tok), data_identity(cfg.data))

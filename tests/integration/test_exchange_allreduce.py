@@ -121,6 +121,11 @@ def _check(scheme: Scheme, dests: dict[str, dict[str, torch.Tensor]], encoded: d
 @pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
 def test_every_peer_holds_the_same_token_weighted_mean(scheme: Scheme, wire: codec.WireDtype) -> None:
     encoded = _encode(_models(), wire)
+    if scheme is reduce_scatter_mean and wire is codec.WireDtype.SPARSE:
+        # A shard owner would round the dense mean back to sparse, dropping what no feedback keeps.
+        with pytest.raises(codec.LayoutMismatch, match="sparse pseudo-gradients are all-gathered"):
+            asyncio.run(_mesh(scheme, {}, encoded))
+        return
     dests, reports = asyncio.run(_mesh(scheme, {}, encoded))
     _check(scheme, dests, encoded)
     model_bytes = encoded["alpha"].manifest.wire_nbytes
@@ -232,6 +237,19 @@ def test_a_non_finite_contribution_is_refused_and_named(scheme: Scheme, plane: s
     encoded["bravo"] = rehashed(encoded["bravo"])
     with pytest.raises(codec.NonFiniteError, match=r"NaN or Inf from \['bravo'\]"):
         asyncio.run(_mesh(scheme, {}, encoded, plane))
+
+
+@pytest.mark.parametrize("plane", ["grpc", "bulk"])
+def test_a_malformed_sparse_contribution_is_refused_and_named(plane: str) -> None:
+    """bravo's sparse object repeats an index (its hashes are right): every peer refuses it,
+    naming bravo, before any of the round's mean is handed on."""
+    encoded = _encode(_models(), codec.WireDtype.SPARSE)
+    chunk = encoded["bravo"].chunk(0)
+    groups = -(-encoded["bravo"].manifest.chunk_elements(0) // 4096)
+    chunk[4 * groups + 3 : 4 * groups + 6].copy_(chunk[4 * groups : 4 * groups + 3])  # pair 1 := pair 0
+    encoded["bravo"] = rehashed(encoded["bravo"])
+    with pytest.raises(codec.SparseIndexError, match=r"not strictly increasing .* in bravo.s pseudo-gradient; it is refused"):
+        asyncio.run(_mesh(all_to_all_mean, {}, encoded, plane))
 
 
 @pytest.mark.parametrize("plane", ["grpc", "bulk"])

@@ -54,7 +54,8 @@ def run(make: Any, timeout_s: float = 30.0) -> Any:
 
 
 def _encoded(wire: codec.WireDtype = codec.WireDtype.BF16) -> codec.Encoded:
-    return codec.encode(random_model(0, SIZES), round=3, site="a", tokens=10, chunk_size=CHUNK, wire=wire)
+    return codec.encode(random_model(0, SIZES), round=3, site="a", tokens=10, chunk_size=CHUNK, wire=wire,
+                        keep=4096 if wire is codec.WireDtype.SPARSE else 0)  # deep enough for the faults
 
 
 async def _store(enc: codec.Encoded) -> ExchangeStore:

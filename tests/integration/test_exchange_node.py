@@ -8,6 +8,8 @@ owners before the commit), and each site that trained kept its error-feedback re
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from peer.training import RESIDUAL_FILE
@@ -44,3 +46,36 @@ def test_three_int4_sites_train_an_epoch_by_reduce_scatter_and_agree_on_theta(cl
         log = cluster.peers[s].log()
         assert "reduced the shards of" not in log, log[-3000:]
         assert (cluster.workdir / s / "state" / RESIDUAL_FILE).exists() == (s in trained), s
+
+
+@pytest.mark.timeout(600)
+def test_three_sparse_sites_all_gather_agree_on_theta_and_keep_feedback_across_a_restart(cluster: Cluster) -> None:
+    """`--wire sparse`: every peer sums the sites' sparse pseudo-gradients itself (no mean shards),
+    every peer holds the same θ, the epoch is trained exactly once, and b's error-feedback residual,
+    on disk when b is killed, is loaded by the restarted b."""
+    train = [*TRAIN, "--wire", "sparse", "--start-sites", "3"]
+    docs = 12
+    train[train.index("--max-documents") + 1] = str(docs)
+    a = cluster.start("a", extra=train)
+    cluster.start("b", join=[a.address], extra=train)
+    cluster.start("c", join=[a.address], extra=train)
+    sites = ("a", "b", "c")
+    residual = cluster.workdir / "b" / "state" / RESIDUAL_FILE
+
+    def training(s: str) -> dict:
+        return status(cluster.peers[s].address)["training"]
+
+    wait_for(residual.exists, EPOCH_S, "b to send a sparse pseudo-gradient")
+    cluster.peers["b"].proc.send_signal(signal.SIGKILL)
+    cluster.peers["b"].proc.wait(timeout=10)
+    assert residual.exists()
+    cluster.start("b", join=[a.address], extra=train)
+    wait_for(lambda: any((t := training(s)) and t["epoch_complete"] for s in sites), EPOCH_S, "the epoch to end")
+    wait_for(lambda: len({training(s)["applied_round"] for s in sites}) == 1, 60.0, "every peer to apply it")
+    assert len({training(s)["weights_hash"] for s in sites}) == 1, "I7: every peer holds the same θ"
+    counts = _committed_samples(cluster.workdir / "a")
+    assert max(counts.values()) == 1 and set(counts) == _epoch_samples_of(docs)
+    assert "error feedback: residual of the last round sent loaded" in cluster.peers["b"].log()
+    for s in sites:
+        log = cluster.peers[s].log()
+        assert "mean shard" not in log, log[-3000:]

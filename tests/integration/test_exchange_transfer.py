@@ -40,6 +40,11 @@ POLICY = FetchPolicy.local_test()
 WIRES = list(codec.WireDtype)
 
 
+# Sparse objects streamed at full density (every entry kept): ~1.75 bytes per element, so that they
+# too are deep enough for the fault offsets below; what density keeps is test_exchange_sparse's.
+STREAM_KEEP = 4096
+
+
 def sizes(wire: codec.WireDtype) -> dict[str, tuple[int, ...]]:
     """SIZES, with more elements for the quantized formats: every format streams >= ~200 kB, so the
     fault offsets below land at the same depth of the stream (past gRPC's first buffers)."""
@@ -57,7 +62,7 @@ def _published(
     seed: int = 0, site: str = "a", round_: int = 7, wire: codec.WireDtype = codec.WireDtype.BF16
 ) -> tuple[ExchangeStore, codec.Encoded]:
     enc = codec.encode(random_model(seed, sizes(wire)), round=round_, site=site, tokens=1000, chunk_size=CHUNK,
-                       wire=wire)
+                       wire=wire, keep=STREAM_KEEP if wire is codec.WireDtype.SPARSE else 0)
     store = ExchangeStore()
     store._objects[enc.manifest.key] = enc  # synchronous publish for set-up (publish() needs a loop)
     return store, enc

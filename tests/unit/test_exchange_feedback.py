@@ -51,3 +51,24 @@ def test_the_residual_survives_a_restart_and_a_mismatch_is_ignored(tmp_path: Pat
     again = ErrorFeedback(path, like)
     assert torch.equal(again.residual["w"], fb.residual["w"]) and bool(fb.residual["w"].abs().sum() > 0)
     assert ErrorFeedback(path, {"w": torch.zeros(301)}).residual == {}
+
+
+def test_a_decayed_residual_joins_the_next_pseudo_gradient_scaled_and_a_reset_forgets_it(tmp_path: Path) -> None:
+    """The sparse wire's accumulator (SparseLoCo): e <- beta e + delta; a re-synced site starts over."""
+    path = tmp_path / "r.safetensors"
+    like = {"w": torch.zeros(5000)}
+    fb = ErrorFeedback(path, like, decay=0.5)
+    delta = {"w": torch.randn(5000)}
+    enc = codec.encode(delta, round=1, site="s", tokens=1, wire=codec.WireDtype.SPARSE, keep=64)
+    meant = delta["w"].clone()
+    fb.keep(delta, enc)
+    residual = fb.residual["w"].clone()
+    assert torch.equal(residual, meant - decoded(enc)["w"])  # the 4,936 entries not sent, and the rounding
+    nxt = {"w": torch.ones(5000)}
+    ErrorFeedback(path, like, decay=0.5).add_to(nxt)  # restarted: loaded from disk
+    assert torch.equal(nxt["w"], torch.ones(5000).add_(residual, alpha=0.5))
+    fb.reset()
+    assert fb.residual == {} and not path.exists()
+    assert ErrorFeedback(path, like).residual == {}
+    with pytest.raises(ValueError, match="decay 0 must be in"):
+        ErrorFeedback(path, like, decay=0)

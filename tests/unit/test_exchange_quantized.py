@@ -86,7 +86,7 @@ def test_a_format_this_peer_does_not_know_is_refused_with_the_known_ones() -> No
     enc = codec.encode({"w": torch.randn(10)}, round=1, site="s", tokens=1, wire=WireDtype.INT4)
     msg = codec.manifest_to_proto(enc.manifest)
     msg.wire_dtype = 9
-    with pytest.raises(codec.ManifestError, match=r"unsupported wire dtype 9: this peer decodes \['bf16'.*'int4'\]"):
+    with pytest.raises(codec.ManifestError, match=r"unsupported wire dtype 9: this peer decodes \['bf16'.*'int4', 'sparse'\]"):
         codec.manifest_from_proto(msg)
     assert pb.WIRE_DTYPE_INT4 == WireDtype.INT4.value
     with pytest.raises(codec.CodecError, match="unknown wire format 'int3'"):

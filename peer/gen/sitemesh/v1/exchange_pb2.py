@@ -25,35 +25,35 @@ _sym_db = _symbol_database.Default()
 from peer.gen.sitemesh.v1 import common_pb2 as sitemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asitemesh/v1/exchange.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\"O\n\tObjectKey\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04site\x18\x02 \x01(\t\x12%\n\x04kind\x18\x03 \x01(\x0e\x32\x17.sitemesh.v1.ObjectKind\"J\n\x0cTensorLayout\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\xdc\x02\n\x08Manifest\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.sitemesh.v1.ObjectKey\x12*\n\nwire_dtype\x18\x02 \x01(\x0e\x32\x16.sitemesh.v1.WireDtype\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.sitemesh.v1.TensorLayout\x12\x14\n\x0clayout_bytes\x18\x04 \x01(\x04\x12\x13\n\x0brange_start\x18\x05 \x01(\x04\x12\x11\n\trange_end\x18\x06 \x01(\x04\x12\x12\n\nchunk_size\x18\x07 \x01(\r\x12\x14\n\x0c\x63hunk_hashes\x18\x08 \x03(\x0c\x12\x17\n\x0f\x63hunk_scale_exp\x18\t \x03(\x11\x12\x11\n\troot_hash\x18\n \x01(\x0c\x12\x0e\n\x06tokens\x18\x0b \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x0c \x03(\t\x12\x19\n\x11\x63ontributor_roots\x18\r \x03(\x0c\"=\n\tMeanInput\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\troot_hash\x18\x03 \x01(\x0c\"u\n\x0fManifestRequest\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.sitemesh.v1.ObjectKey\x12\x0f\n\x07wait_ms\x18\x02 \x01(\r\x12,\n\x0c\x63ontributors\x18\x03 \x03(\x0b\x32\x16.sitemesh.v1.MeanInput\"n\n\x0c\x46\x65tchRequest\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.sitemesh.v1.ObjectKey\x12\x11\n\troot_hash\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66irst_chunk\x18\x03 \x01(\r\x12\x11\n\tend_chunk\x18\x04 \x01(\r\"$\n\x05\x43hunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\r\n\x0b\x42ulkRequest\"F\n\nBulkTicket\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\x12\x0b\n\x03tls\x18\x04 \x01(\x08*\x90\x01\n\tWireDtype\x12\x1a\n\x16WIRE_DTYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fWIRE_DTYPE_BF16\x10\x01\x12\x13\n\x0fWIRE_DTYPE_FP16\x10\x02\x12\x13\n\x0fWIRE_DTYPE_FP32\x10\x03\x12\x13\n\x0fWIRE_DTYPE_INT8\x10\x04\x12\x13\n\x0fWIRE_DTYPE_INT4\x10\x05*\x84\x01\n\nObjectKind\x12\x1b\n\x17OBJECT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bOBJECT_KIND_PSEUDO_GRADIENT\x10\x01\x12\x1a\n\x16OBJECT_KIND_MEAN_SHARD\x10\x02\x12\x1c\n\x18OBJECT_KIND_GLOBAL_STATE\x10\x03\x32\x87\x02\n\x08\x45xchange\x12\x38\n\x08\x41nnounce\x12\x15.sitemesh.v1.Manifest\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0bGetManifest\x12\x1c.sitemesh.v1.ManifestRequest\x1a\x15.sitemesh.v1.Manifest\x12>\n\x0b\x46\x65tchChunks\x12\x19.sitemesh.v1.FetchRequest\x1a\x12.sitemesh.v1.Chunk0\x01\x12=\n\x08OpenBulk\x12\x18.sitemesh.v1.BulkRequest\x1a\x17.sitemesh.v1.BulkTicketb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asitemesh/v1/exchange.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\"O\n\tObjectKey\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04site\x18\x02 \x01(\t\x12%\n\x04kind\x18\x03 \x01(\x0e\x32\x17.sitemesh.v1.ObjectKind\"J\n\x0cTensorLayout\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\xf1\x02\n\x08Manifest\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.sitemesh.v1.ObjectKey\x12*\n\nwire_dtype\x18\x02 \x01(\x0e\x32\x16.sitemesh.v1.WireDtype\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.sitemesh.v1.TensorLayout\x12\x14\n\x0clayout_bytes\x18\x04 \x01(\x04\x12\x13\n\x0brange_start\x18\x05 \x01(\x04\x12\x11\n\trange_end\x18\x06 \x01(\x04\x12\x12\n\nchunk_size\x18\x07 \x01(\r\x12\x14\n\x0c\x63hunk_hashes\x18\x08 \x03(\x0c\x12\x17\n\x0f\x63hunk_scale_exp\x18\t \x03(\x11\x12\x11\n\troot_hash\x18\n \x01(\x0c\x12\x0e\n\x06tokens\x18\x0b \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x0c \x03(\t\x12\x19\n\x11\x63ontributor_roots\x18\r \x03(\x0c\x12\x13\n\x0bsparse_keep\x18\x0e \x01(\r\"=\n\tMeanInput\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\troot_hash\x18\x03 \x01(\x0c\"u\n\x0fManifestRequest\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.sitemesh.v1.ObjectKey\x12\x0f\n\x07wait_ms\x18\x02 \x01(\r\x12,\n\x0c\x63ontributors\x18\x03 \x03(\x0b\x32\x16.sitemesh.v1.MeanInput\"n\n\x0c\x46\x65tchRequest\x12#\n\x03key\x18\x01 \x01(\x0b\x32\x16.sitemesh.v1.ObjectKey\x12\x11\n\troot_hash\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66irst_chunk\x18\x03 \x01(\r\x12\x11\n\tend_chunk\x18\x04 \x01(\r\"$\n\x05\x43hunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\r\n\x0b\x42ulkRequest\"F\n\nBulkTicket\x12\x0c\n\x04port\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\x12\x0b\n\x03tls\x18\x04 \x01(\x08*\xa7\x01\n\tWireDtype\x12\x1a\n\x16WIRE_DTYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0fWIRE_DTYPE_BF16\x10\x01\x12\x13\n\x0fWIRE_DTYPE_FP16\x10\x02\x12\x13\n\x0fWIRE_DTYPE_FP32\x10\x03\x12\x13\n\x0fWIRE_DTYPE_INT8\x10\x04\x12\x13\n\x0fWIRE_DTYPE_INT4\x10\x05\x12\x15\n\x11WIRE_DTYPE_SPARSE\x10\x06*\x84\x01\n\nObjectKind\x12\x1b\n\x17OBJECT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bOBJECT_KIND_PSEUDO_GRADIENT\x10\x01\x12\x1a\n\x16OBJECT_KIND_MEAN_SHARD\x10\x02\x12\x1c\n\x18OBJECT_KIND_GLOBAL_STATE\x10\x03\x32\x87\x02\n\x08\x45xchange\x12\x38\n\x08\x41nnounce\x12\x15.sitemesh.v1.Manifest\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0bGetManifest\x12\x1c.sitemesh.v1.ManifestRequest\x1a\x15.sitemesh.v1.Manifest\x12>\n\x0b\x46\x65tchChunks\x12\x19.sitemesh.v1.FetchRequest\x1a\x12.sitemesh.v1.Chunk0\x01\x12=\n\x08OpenBulk\x12\x18.sitemesh.v1.BulkRequest\x1a\x17.sitemesh.v1.BulkTicketb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sitemesh.v1.exchange_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WIREDTYPE']._serialized_start=997
-  _globals['_WIREDTYPE']._serialized_end=1141
-  _globals['_OBJECTKIND']._serialized_start=1144
-  _globals['_OBJECTKIND']._serialized_end=1276
+  _globals['_WIREDTYPE']._serialized_start=1018
+  _globals['_WIREDTYPE']._serialized_end=1185
+  _globals['_OBJECTKIND']._serialized_start=1188
+  _globals['_OBJECTKIND']._serialized_end=1320
   _globals['_OBJECTKEY']._serialized_start=69
   _globals['_OBJECTKEY']._serialized_end=148
   _globals['_TENSORLAYOUT']._serialized_start=150
   _globals['_TENSORLAYOUT']._serialized_end=224
   _globals['_MANIFEST']._serialized_start=227
-  _globals['_MANIFEST']._serialized_end=575
-  _globals['_MEANINPUT']._serialized_start=577
-  _globals['_MEANINPUT']._serialized_end=638
-  _globals['_MANIFESTREQUEST']._serialized_start=640
-  _globals['_MANIFESTREQUEST']._serialized_end=757
-  _globals['_FETCHREQUEST']._serialized_start=759
-  _globals['_FETCHREQUEST']._serialized_end=869
-  _globals['_CHUNK']._serialized_start=871
-  _globals['_CHUNK']._serialized_end=907
-  _globals['_BULKREQUEST']._serialized_start=909
-  _globals['_BULKREQUEST']._serialized_end=922
-  _globals['_BULKTICKET']._serialized_start=924
-  _globals['_BULKTICKET']._serialized_end=994
-  _globals['_EXCHANGE']._serialized_start=1279
-  _globals['_EXCHANGE']._serialized_end=1542
+  _globals['_MANIFEST']._serialized_end=596
+  _globals['_MEANINPUT']._serialized_start=598
+  _globals['_MEANINPUT']._serialized_end=659
+  _globals['_MANIFESTREQUEST']._serialized_start=661
+  _globals['_MANIFESTREQUEST']._serialized_end=778
+  _globals['_FETCHREQUEST']._serialized_start=780
+  _globals['_FETCHREQUEST']._serialized_end=890
+  _globals['_CHUNK']._serialized_start=892
+  _globals['_CHUNK']._serialized_end=928
+  _globals['_BULKREQUEST']._serialized_start=930
+  _globals['_BULKREQUEST']._serialized_end=943
+  _globals['_BULKTICKET']._serialized_start=945
+  _globals['_BULKTICKET']._serialized_end=1015
+  _globals['_EXCHANGE']._serialized_start=1323
+  _globals['_EXCHANGE']._serialized_end=1586
 # @@protoc_insertion_point(module_scope)

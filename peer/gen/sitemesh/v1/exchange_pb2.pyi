@@ -16,6 +16,7 @@ class WireDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WIRE_DTYPE_FP32: _ClassVar[WireDtype]
     WIRE_DTYPE_INT8: _ClassVar[WireDtype]
     WIRE_DTYPE_INT4: _ClassVar[WireDtype]
+    WIRE_DTYPE_SPARSE: _ClassVar[WireDtype]
 
 class ObjectKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,6 +30,7 @@ WIRE_DTYPE_FP16: WireDtype
 WIRE_DTYPE_FP32: WireDtype
 WIRE_DTYPE_INT8: WireDtype
 WIRE_DTYPE_INT4: WireDtype
+WIRE_DTYPE_SPARSE: WireDtype
 OBJECT_KIND_UNSPECIFIED: ObjectKind
 OBJECT_KIND_PSEUDO_GRADIENT: ObjectKind
 OBJECT_KIND_MEAN_SHARD: ObjectKind
@@ -57,7 +59,7 @@ class TensorLayout(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("key", "wire_dtype", "tensors", "layout_bytes", "range_start", "range_end", "chunk_size", "chunk_hashes", "chunk_scale_exp", "root_hash", "tokens", "contributors", "contributor_roots")
+    __slots__ = ("key", "wire_dtype", "tensors", "layout_bytes", "range_start", "range_end", "chunk_size", "chunk_hashes", "chunk_scale_exp", "root_hash", "tokens", "contributors", "contributor_roots", "sparse_keep")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +73,7 @@ class Manifest(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTOR_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_KEEP_FIELD_NUMBER: _ClassVar[int]
     key: ObjectKey
     wire_dtype: WireDtype
     tensors: _containers.RepeatedCompositeFieldContainer[TensorLayout]
@@ -84,7 +87,8 @@ class Manifest(_message.Message):
     tokens: int
     contributors: _containers.RepeatedScalarFieldContainer[str]
     contributor_roots: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, key: _Optional[_Union[ObjectKey, _Mapping]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorLayout, _Mapping]]] = ..., layout_bytes: _Optional[int] = ..., range_start: _Optional[int] = ..., range_end: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_hashes: _Optional[_Iterable[bytes]] = ..., chunk_scale_exp: _Optional[_Iterable[int]] = ..., root_hash: _Optional[bytes] = ..., tokens: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., contributor_roots: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    sparse_keep: int
+    def __init__(self, key: _Optional[_Union[ObjectKey, _Mapping]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., tensors: _Optional[_Iterable[_Union[TensorLayout, _Mapping]]] = ..., layout_bytes: _Optional[int] = ..., range_start: _Optional[int] = ..., range_end: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_hashes: _Optional[_Iterable[bytes]] = ..., chunk_scale_exp: _Optional[_Iterable[int]] = ..., root_hash: _Optional[bytes] = ..., tokens: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., contributor_roots: _Optional[_Iterable[bytes]] = ..., sparse_keep: _Optional[int] = ...) -> None: ...
 
 class MeanInput(_message.Message):
     __slots__ = ("site", "address", "root_hash")
