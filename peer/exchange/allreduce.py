@@ -153,6 +153,7 @@ class Reducer:
         self._changed = threading.Condition()
         any_manifest = next(iter(manifests.values()))
         self._wire = any_manifest.layout.wire
+        self._keep = any_manifest.layout.keep
         elements = any_manifest.chunk_size // any_manifest.layout.wire.itemsize
         # Scratch buffers, reused: one chunk is reduced at a time.
         self._acc, self._term = torch.empty(elements), torch.empty(min(elements, REDUCE_BLOCK))
@@ -213,6 +214,9 @@ class Reducer:
         if isinstance(sink, WireSink) and self._wire is codec.WireDtype.BF16:
             self._reduce_bf16(index, held, sink)
             return
+        if self._wire is codec.WireDtype.SPARSE and not isinstance(sink, WireSink):
+            self._reduce_sparse(index, held, sink)
+            return
         n = self._manifests[self._order[0]].chunk_elements(index)
         terms: list[tuple[torch.Tensor, float]] = []  # (values, weight x fp16 scale) per site, in order
         for site in self._order:
@@ -243,6 +247,26 @@ class Reducer:
         if not kernels.bf16_weighted_sum(data, factors, out):
             self._refuse(index, held)
         sink.done(index, out, codec.chunk_hash(codec.as_memoryview(out)), 0)
+
+    def _reduce_sparse(self, index: int, held: Mapping[str, memoryview], emit: Emit) -> None:
+        """Sparse chunks: the sum starts at zero and each site, in sorted order, adds its entries
+        times its weight (multiply, then add, as weighted_sum does). A dense chunk of zeros per site
+        cost 0.6 s of fresh memory per 128 M elements on this machine; this touches only what was sent."""
+        n = self._manifests[self._order[0]].chunk_elements(index)
+        acc = self._acc[:n]
+        acc.zero_()
+        for site in self._order:
+            data = self._local[site].chunk(index) if site in self._local else held[site]
+            try:
+                where, values = codec.sparse_entries(data, n, self._keep)
+            except codec.BadEncoding as err:
+                raise type(err)(f"round {self._manifests[site].key.round}, chunk {index}: {err} in "
+                                f"{site}'s pseudo-gradient; it is refused") from None
+            # Indices strictly increasing (checked): the gather, add and put touch each element once.
+            acc[where] += values.mul_(self._weights[site])
+        if not codec.is_finite(acc):
+            self._refuse(index, held)
+        emit(index, acc)
 
     def _refuse(self, index: int, held: Mapping[str, memoryview]) -> None:
         """Raises for chunk `index`, whose mean is not finite: names the sites that sent NaN or Inf."""

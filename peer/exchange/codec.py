@@ -452,6 +452,18 @@ def chunk_values(
     return _dequantize(wire_view(data, None), wire, elements, keep), 1.0
 
 
+def sparse_entries(data: torch.Tensor | bytes | memoryview, elements: int, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element indices, fp32 values) of one verified sparse chunk of `elements` elements, the
+    indices strictly increasing; BadEncoding as chunk_values. For a reduction that adds only what
+    was sent instead of a dense chunk of zeros per site."""
+    try:
+        return sparse.entries(wire_view(data, None), elements, keep)
+    except sparse.BadScale as err:
+        raise ScaleError(str(err)) from None
+    except sparse.BadIndex as err:
+        raise SparseIndexError(str(err)) from None
+
+
 def encode_chunk(
     pieces: Sequence[torch.Tensor], out: torch.Tensor, wire: WireDtype, *, known_finite: bool = False, keep: int = 0
 ) -> tuple[bytes, int]:

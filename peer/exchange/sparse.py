@@ -96,9 +96,18 @@ def encode(values: torch.Tensor, out: torch.Tensor, keep: int) -> None:
 
 
 def decode(data: torch.Tensor, n: int, keep: int) -> torch.Tensor:
-    """The dense fp32 values of a sparse chunk of `n` elements (uint8 `data` of wire_bytes); raises
-    SparseError on a scale that is NaN, Inf or negative, an index out of its group, indices not
-    strictly increasing (unsorted or duplicated), or non-zero padding."""
+    """The dense fp32 values of a sparse chunk of `n` elements (uint8 `data` of wire_bytes): zeros
+    where `entries` names nothing. Raises what `entries` raises."""
+    where, values = entries(data, n, keep)
+    out = torch.zeros(n)
+    out[where] = values
+    return out
+
+
+def entries(data: torch.Tensor, n: int, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element indices in the chunk, strictly increasing; their fp32 values) of a sparse chunk of
+    `n` elements. Raises SparseError on a scale that is NaN, Inf or negative, an index out of its
+    group, indices not strictly increasing (unsorted or duplicated), or non-zero padding."""
     groups = _groups(n, keep)
     ngroups = sum(c for c, _, _ in groups)
     scales = data[: 4 * ngroups].clone().view(torch.float32)  # clone: received bytes may be unaligned
@@ -110,7 +119,7 @@ def decode(data: torch.Tensor, n: int, keep: int) -> torch.Tensor:
         nbytes = _group_bytes(k)[0]
         indices.append(_unpack_indices(data[pos : pos + count * nbytes].view(count, nbytes), k))
         pos += count * nbytes
-    out, e0 = torch.zeros(n), 0
+    where, values, e0 = [], [], 0
     for (count, m, k), idx in zip(groups, indices, strict=True):
         nbytes = _group_bytes(k)[1]
         codes = _unpack_codes(data[pos : pos + count * nbytes].view(count, nbytes), k)
@@ -119,10 +128,13 @@ def decode(data: torch.Tensor, n: int, keep: int) -> torch.Tensor:
             raise BadIndex(f"an index is outside its group of {m} elements")
         if k > 1 and not bool((idx[:, 1:] > idx[:, :-1]).all()):
             raise BadIndex("indices of a group are not strictly increasing (unsorted or duplicated)")
-        values = LEVELS[codes.long()].mul_(scales[g0 : g0 + count, None])
-        out[e0 : e0 + count * m].view(count, m).scatter_(1, idx.long(), values)
+        values.append(LEVELS[codes.long()].mul_(scales[g0 : g0 + count, None]).view(-1))
+        # Group j of this run starts at element e0 + j m of the chunk.
+        where.append((idx.long() + (e0 + m * torch.arange(count))[:, None]).view(-1))
         g0, e0 = g0 + count, e0 + count * m
-    return out
+    if not where:
+        return torch.empty(0, dtype=torch.long), torch.empty(0)
+    return torch.cat(where), torch.cat(values)
 
 
 def _pack_indices(idx: torch.Tensor) -> torch.Tensor:
