@@ -294,9 +294,10 @@ class SiteTraining:
             log.warning("round %d: the trainer's pseudo-gradient is not in the %s wire layout; converting it "
                         "into a buffer instead of encoding it where it lies", round_, wire.name)
         keep = self.trainer_config.sparse_keep
-        buffer = handed if in_place else self._encode_buffers.take(codec.encoded_nbytes(delta, wire, keep=keep))
+        chunk = codec.SPARSE_CHUNK_BYTES if keep else codec.DEFAULT_CHUNK_BYTES
+        buffer = handed if in_place else self._encode_buffers.take(codec.encoded_nbytes(delta, wire, chunk, keep))
         encoded = await publish_pseudo_gradient(self.store, delta, round=round_, site=self.site, tokens=out.tokens,
-                                                wire=wire, out=buffer, keep=keep,
+                                                wire=wire, out=buffer, keep=keep, chunk_size=chunk,
                                                 param_dtypes={n: t.dtype for n, t in self.weights.items()})
         if not in_place:
             self._encode_buffers.lend(buffer, encoded)
