@@ -3,20 +3,32 @@
     ops report --data-dir runs/demo/X/snellius --data-dir runs/demo/X/lumi --out report.png
     ops report --data-dir ... --format md
 
-Reads, per data dir: `timeline.jsonl` (each site's own rounds: phases, tokens, loss; peer/core/timeline.py),
-the lease ledger (`leases/ledger.jsonl`: grants, reclaims, steals this site logged as a block's
-owner) and, from the first dir, the commit log (joins, graceful leaves and crashes are voter
-changes) and the round checkpoints for held-out perplexity when `--heldout-documents` says which
-corpus slice to evaluate on (θ is the same at every site, I7: one curve).
+Reads, per data dir: `timeline.jsonl` (each site's own rounds: phases, tokens, loss, and the
+held-out perplexity of θ where that site evaluated it during the run, `peer serve --eval-every`;
+peer/core/timeline.py), the lease ledger (`leases/ledger.jsonl`: grants, reclaims, steals this site
+logged as a block's owner) and, from the first dir, the commit log (joins, graceful leaves and
+crashes are voter changes) and the round checkpoints for held-out perplexity when
+`--heldout-documents` says which corpus slice to evaluate on (θ is the same at every site, I7: one
+curve of each kind, whichever site measured it).
 
-Panels: loss per site; held-out perplexity; seconds per round per site, compute vs overhead
-stacked; overhead share per site; tokens per site (cumulative); lease events per site. Membership
-events are vertical lines on the per-round panels.
+`--reference FILE` is a centralised run's held-out perplexity by tokens trained, drawn at the
+tokens the mesh had committed at each of its held-out points (log-perplexity interpolated linearly
+in tokens between the reference's points, never extrapolated), so the two compare at equal data:
+
+    [{"tokens": 1048576, "perplexity": 812.5}, {"tokens": 2097152, "perplexity": 401.2}]   # .json
+    tokens,perplexity                                                                     # any other
+    1048576,812.5                                                                         # suffix: CSV
+
+Panels: loss per site; held-out perplexity (in-run, checkpoints, reference); seconds per round per
+site, compute vs overhead stacked; overhead share per site; tokens per site (cumulative); lease
+events per site. Membership events are vertical lines on the per-round panels.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import math
 import sys
 from collections import Counter
@@ -55,6 +67,39 @@ class ReportData:
     """(round, held-out perplexity) of the evaluated checkpoints; empty when not evaluated."""
     leases: dict[str, dict[str, int]] = field(default_factory=dict)
     """site -> lease event kind -> count, as that site logged them as owner."""
+    reference: list[tuple[int, float]] = field(default_factory=list)
+    """(tokens, perplexity) of a centralised run (--reference), by tokens; empty without one."""
+
+    def heldout(self) -> list[tuple[int, float]]:
+        """(round, perplexity) of θ evaluated during the run, by round: θ is the same at every site,
+        so each round's first evaluation counts, whichever site made it."""
+        points: dict[int, float] = {}
+        for site in self.sites:
+            for r in self.timelines[site]:
+                if r.heldout_perplexity is not None:
+                    points.setdefault(r.round, r.heldout_perplexity)
+        return sorted(points.items())
+
+    def committed_tokens(self) -> dict[int, int]:
+        """round -> tokens the run had committed through it: the least any site's record says (a
+        site lagging the log may count the next round's too)."""
+        out: dict[int, int] = {}
+        for recs in self.timelines.values():
+            for r in recs:
+                if r.committed_tokens is not None:
+                    out[r.round] = min(out.get(r.round, r.committed_tokens), r.committed_tokens)
+        return out
+
+    def reference_at(self) -> list[tuple[int, int, float]]:
+        """(round, tokens, reference perplexity) at the tokens of every round with a held-out point
+        (in-run or checkpoint), within the reference's range."""
+        tokens = self.committed_tokens()
+        rounds = sorted({r for r, _ in self.heldout()} | {r for r, _ in self.perplexity})
+        out = []
+        for rnd in rounds:
+            if rnd in tokens and (ppl := interpolate(self.reference, tokens[rnd])) is not None:
+                out.append((rnd, tokens[rnd], ppl))
+        return out
 
     def loss(self, site: str) -> list[tuple[int, float]]:
         return [(r.round, r.loss) for r in self.timelines[site] if r.tokens > 0 and not math.isnan(r.loss)]
@@ -79,13 +124,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("png", "md"), default="png", help="png picture or md text summary")
     p.add_argument("--heldout-documents", type=int, default=0, metavar="N",
                    help="evaluate the round checkpoints on the held-out split of the shipped corpus cut to "
-                        "N documents (what `peer serve --max-documents N` trained on); 0: no perplexity panel")
+                        "N documents (what `peer serve --max-documents N` trained on); 0: only the in-run points")
+    p.add_argument("--reference", type=Path, metavar="FILE",
+                   help="a centralised run's held-out perplexity by tokens (JSON [{tokens, perplexity}, ...] or "
+                        "CSV tokens,perplexity), drawn at the tokens the mesh had committed at each held-out point")
     p.set_defaults(func=_report)
+
+
+def read_reference(path: Path) -> list[tuple[int, float]]:
+    """(tokens, perplexity) points of a reference file (module docstring), sorted by tokens."""
+    text = path.read_text(encoding="utf-8")
+    rows = json.loads(text) if path.suffix == ".json" else list(csv.DictReader(text.splitlines()))
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{path}: expected a list of {{tokens, perplexity}} points")
+    try:
+        points = sorted((int(row["tokens"]), float(row["perplexity"])) for row in rows)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: every point needs tokens and perplexity ({err!r})") from None
+    if not points or any(not (math.isfinite(p) and p > 0) for _, p in points):
+        raise ValueError(f"{path}: no points, or a perplexity that is not a positive number")
+    return points
+
+
+def interpolate(points: list[tuple[int, float]], tokens: int) -> float | None:
+    """The perplexity `points` (sorted by tokens) give at `tokens`, log-linearly between the two
+    around it; None outside their range."""
+    for (t0, p0), (t1, p1) in zip(points, points[1:]):
+        if t0 <= tokens <= t1:
+            w = 0.0 if t1 == t0 else (tokens - t0) / (t1 - t0)
+            return math.exp((1 - w) * math.log(p0) + w * math.log(p1))
+    return points[0][1] if len(points) == 1 and points[0][0] == tokens else None
 
 
 def _report(args: argparse.Namespace) -> int:
     try:
-        data = collect(args.data_dir, args.heldout_documents)
+        data = collect(args.data_dir, args.heldout_documents, args.reference)
     except (OSError, ValueError, KeyError, CorruptStore) as err:
         print(f"ops: error: cannot read the report input: {err}", file=sys.stderr)
         return EXIT_INPUT
@@ -101,7 +174,7 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def collect(data_dirs: list[Path], heldout_documents: int = 0) -> ReportData:
+def collect(data_dirs: list[Path], heldout_documents: int = 0, reference: Path | None = None) -> ReportData:
     """Reads the data dirs; the site of a dir is the one its timeline names (else the dir's name)."""
     timelines: dict[str, list[RoundTimeline]] = {}
     leases: dict[str, dict[str, int]] = {}
@@ -116,6 +189,8 @@ def collect(data_dirs: list[Path], heldout_documents: int = 0) -> ReportData:
     data = ReportData(sorted(timelines), timelines, _member_events(data_dirs[0]), leases=leases)
     if heldout_documents > 0:
         data.perplexity = _perplexity(data_dirs[0], heldout_documents)
+    if reference is not None:
+        data.reference = read_reference(reference)
     return data
 
 
@@ -192,6 +267,16 @@ _MARK = {"join": ("tab:green", "join"), "leave": ("tab:orange", "graceful leave"
 
 def render(data: ReportData, out: Path) -> None:
     """Draws the panels into a PNG at `out`."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def figure(data: ReportData):  # -> matplotlib Figure (lazy matplotlib: `ops` starts fast)
+    """The report's panels, in a figure of 2 x 3 axes (the held-out perplexity is the second)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,12 +303,7 @@ def render(data: ReportData, out: Path) -> None:
             ax_tok.plot(*zip(*toks), color=color, label=site)
     if not any(data.loss(s) for s in data.sites):
         ax_loss.text(0.5, 0.5, "no loss recorded", ha="center", va="center", transform=ax_loss.transAxes)
-    if data.perplexity:
-        ax_ppl.plot(*zip(*data.perplexity), marker="o", color="black", label="θ (same at every site)")
-        ax_ppl.set_yscale("log")
-    else:
-        ax_ppl.text(0.5, 0.5, "not evaluated\n(ops report --heldout-documents N)", ha="center", va="center",
-                    transform=ax_ppl.transAxes)
+    _heldout_panel(ax_ppl, data)
     xs = range(len(data.sites))
     bottom = [0] * len(data.sites)
     for kind, color in zip(LEASE_KINDS, ("tab:blue", "tab:orange", "tab:red")):
@@ -255,9 +335,25 @@ def render(data: ReportData, out: Path) -> None:
             ax.legend(fontsize="small", ncols=2 if ax is ax_time else 1)
     last_round = max((r.round for rs in data.timelines.values() for r in rs), default=0)
     fig.suptitle(f"sitemesh run: {len(data.sites)} sites ({', '.join(data.sites)}), {last_round} rounds", fontsize=14)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
+    return fig
+
+
+def _heldout_panel(ax, data: ReportData) -> None:  # ax: matplotlib Axes (lazy matplotlib)
+    """θ's held-out perplexity by round: evaluated during the run, from checkpoints, and the
+    centralised reference at the tokens the mesh had committed at those rounds."""
+    if pts := data.heldout():
+        ax.plot(*zip(*pts), marker="s", color="black", label="θ during the run")
+    if data.perplexity:
+        ax.plot(*zip(*data.perplexity), marker="o", color="tab:gray", label="θ checkpoints")
+    if ref := data.reference_at():
+        rounds, _, ppl = zip(*ref)
+        ax.plot(rounds, ppl, marker="x", linestyle="--", color="tab:purple",
+                label="centralised reference, same tokens")
+    if pts or data.perplexity:
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "not evaluated\n(peer serve --eval-every N,\nops report --heldout-documents N)",
+                ha="center", va="center", transform=ax.transAxes)
 
 
 def markdown(data: ReportData) -> str:
@@ -279,4 +375,11 @@ def markdown(data: ReportData) -> str:
         lines += ["", "Membership: " + "; ".join(f"{e.site} {e.kind} after round {e.round}" for e in data.members)]
     if data.perplexity:
         lines += ["", "Held-out perplexity: " + ", ".join(f"round {r}: {p:.1f}" for r, p in data.perplexity)]
+    if in_run := data.heldout():
+        committed = data.committed_tokens()
+        reference = {r: p for r, _, p in data.reference_at()}
+        lines += ["", "Held-out perplexity during the run: " + ", ".join(
+            f"round {r}" + (f" ({committed[r]} tokens)" if r in committed else "") + f": {p:.1f}"
+            + (f" (reference {reference[r]:.1f}, ratio {p / reference[r]:.3f})" if r in reference else "")
+            for r, p in in_run)]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from peer.core.election import ElectionConfig
 from peer.core.leases import LeaseConfig
 from peer.logstore import CorruptStore
 from peer.core.membership import MembershipConfig
+from peer.heldout import default_eval_every
 from peer.node import JoinFailed, Node
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
@@ -100,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "stands in for it: SparseLoCo)")
     train.add_argument("--checkpoint-every", type=int, default=0,
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
+    train.add_argument("--eval-every", type=int, metavar="N",
+                       help="the leader evaluates θ on the held-out set every N committed rounds and the last, "
+                            "into timeline.jsonl, metrics and TensorBoard (0: never; default: the smallest N whose "
+                            "evaluations cost under 2%% of the rounds' compute, --eval-samples / (0.04 x H x batch))")
+    train.add_argument("--eval-samples", type=int, default=256,
+                       help="held-out samples per evaluation (default 256, or all a smaller held-out split has)")
     train.add_argument("--wire", default="bf16", choices=WIRE_FORMATS,
                        help="wire format of pseudo-gradients and mean shards; the same on every site (default bf16; "
                             "sparse: the --wire-density largest of every 4096 entries, all-gathered)")
@@ -173,14 +180,17 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
                         collective_timeout_s=args.collective_timeout)
     return {
         "trainer": TrainerConfig(model=MODEL_PRESETS[args.train], data=data, inner=inner, ranks=ranks,
-                                 wire=args.wire, wire_density=args.wire_density, feedback_decay=args.feedback_decay),
+                                 wire=args.wire, wire_density=args.wire_density, feedback_decay=args.feedback_decay,
+                                 eval_samples=args.eval_samples),
         "rounds": RoundsConfig(inner_steps=args.inner_steps, samples_per_step=args.batch_size,
                                deadline_s=args.round_deadline, data_epochs=args.data_epochs,
                                deadline_k=args.round_deadline_k, budget_s=args.round_budget,
                                start_sites=args.start_sites),
         "outer": OuterConfig(lr=outer.lr if args.outer_lr is None else args.outer_lr,
                              momentum=outer.momentum if args.outer_momentum is None else args.outer_momentum,
-                             checkpoint_every=args.checkpoint_every),
+                             checkpoint_every=args.checkpoint_every,
+                             eval_every=default_eval_every(args.eval_samples, args.inner_steps, args.batch_size)
+                             if args.eval_every is None else args.eval_every),
     }
 
 

@@ -33,7 +33,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from peer.core import rounds as r
-from peer.core import timeline
 from peer.core.commitlog import Entry, RoundCommit
 from peer.core import events as ev
 from peer.core.peer_rounds import Effect, PeerRounds, Seen
@@ -41,6 +40,7 @@ from peer.core.election import Role, SiteId
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
 from peer.core.membership import LEAVING
 from peer.core.leases import LeaseConfig
+from peer.heldout import HeldOut
 from peer.leasing import Leasing
 from peer.vouching import keys_of
 from peer.metrics import exclusion_kind
@@ -77,6 +77,8 @@ class Coordinator:
         self.clock = RoundClock(node.config.site, node.now())
         """Books this site's seconds to round phases; a record per applied round (peer/core/timeline.py)."""
         training.clock = node.now
+        self.heldout = HeldOut(node.data_dir, training.outer.eval_every, self._spawn)
+        """Writes the records in round order, the leader's with θ's held-out perplexity (peer/heldout.py)."""
 
     async def start(self) -> None:
         await self.training.start()
@@ -369,11 +371,12 @@ class Coordinator:
             self.clock.add(round_, phase, seconds)
 
     def _finish_timeline(self, round_: int) -> None:
-        """Closes this site's record of `round_` (θ_round applied): timeline.jsonl and status."""
+        """Closes this site's record of `round_` (θ_round applied): status now; timeline.jsonl and
+        TensorBoard once θ_round's held-out evaluation, if this peer makes one, is done."""
         self._book_spent(round_)
-        record = self.clock.finish(round_, self.node.now())
+        tokens = self.samples_committed * self.training.trainer_config.data.seq_len
+        record = self.clock.finish(round_, self.node.now(), committed_tokens=tokens)
         self.last_timeline = record
-        try:
-            timeline.append(self.node.data_dir, record)
-        except OSError as err:  # the timeline is for people: a full disk must not stop the round
-            log.warning("round %d: timeline not written: %s", round_, err)
+        theta = self.training.weights  # θ_round: bound now, evaluated once the trainer is free
+        due = self.heldout.due(round_, self.node.consensus_status().role is Role.LEADER, self.epoch_complete)
+        self.heldout.closed(record, (lambda: self.training.evaluate(theta)) if due else None)

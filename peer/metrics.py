@@ -220,6 +220,15 @@ def _training_families(node: Node) -> Iterator[Metric]:
     if not math.isnan(training.last_loss):
         yield GaugeMetricFamily("sitemesh_trainer_loss", "Mean inner loss of this site's last round",
                                 value=training.last_loss)
+    evaluated = coord.heldout.last
+    if evaluated is not None and evaluated.heldout_perplexity is not None:  # this peer evaluated θ (peer/heldout.py)
+        yield GaugeMetricFamily("sitemesh_heldout_perplexity", "Held-out perplexity of θ of the round in "
+                                "sitemesh_heldout_round, the last one this peer evaluated",
+                                value=evaluated.heldout_perplexity)
+        yield GaugeMetricFamily("sitemesh_heldout_round", "The round whose θ sitemesh_heldout_perplexity measured",
+                                value=evaluated.round)
+        yield GaugeMetricFamily("sitemesh_heldout_tokens", "Tokens the run had committed through that round",
+                                value=evaluated.committed_tokens or 0)
     peak = _peak_rss_bytes(training.process.pid)
     if peak is not None:
         yield GaugeMetricFamily("sitemesh_trainer_peak_memory_bytes",

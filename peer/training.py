@@ -53,7 +53,7 @@ from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
-from peer.trainer.process import TrainerError, TrainerProcess, map_state, read_state, write_state
+from peer.trainer.process import Evaluation, TrainerError, TrainerProcess, map_state, read_state, write_state
 from peer.transport.channels import PLAINTEXT, Credentials
 
 log = logging.getLogger("sitemesh.training")
@@ -78,6 +78,13 @@ class OuterConfig:
     """Outer momentum μ."""
     checkpoint_every: int = 0
     """Write a Hugging Face checkpoint every N committed rounds (0: only on request)."""
+    eval_every: int = 0
+    """The leader evaluates θ on the held-out set every N committed rounds and the last (0: never;
+    peer/heldout.py)."""
+
+    def __post_init__(self) -> None:
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every={self.eval_every}: give a number of rounds, or 0 for never")
 
 
 SPARSE_OUTER = OuterConfig(lr=1.0, momentum=0.0)
@@ -500,9 +507,11 @@ class SiteTraining:
         self.restarts += 1
         log.warning("trainer restarted (%d so far): %d rank(s)", self.restarts, len(hello.ranks))
 
-    async def evaluate(self) -> float:
+    async def evaluate(self, weights: dict[str, torch.Tensor]) -> Evaluation:
+        """Held-out perplexity of `weights` in the trainer process; its model stays as it was. A
+        trainer that dies meanwhile is restarted by the next train() (its call fails at once)."""
         await self._restarted()
-        base = await asyncio.to_thread(write_state, self._shm("eval"), self.weights)
+        base = await asyncio.to_thread(write_state, self._shm("eval"), weights)
         return await self.process.evaluate(base)
 
     def verify_against(self, index: int, round_: int, weights_hash: bytes) -> str:

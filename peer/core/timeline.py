@@ -21,6 +21,10 @@ measured (`elapsed_s`):
 
 overhead_share = 1 - compute / wall: the share of wall time the accelerators did not train.
 
+A record also says how many tokens the log had committed through its round (the x-axis against a
+centralised run) and, on the site that evaluated θ_round (peer/heldout.py), its held-out perplexity.
+Records written before these fields existed read back with them unset.
+
 Try it:
     .venv/bin/python -c "from peer.core.timeline import *; print(RoundTimeline(1, 'a', compute_s=3, idle_s=1).overhead_share)"
 """
@@ -31,6 +35,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 __all__ = ["PHASES", "TIMELINE_FILE", "RoundClock", "RoundTimeline", "append", "read"]
 
@@ -65,6 +70,16 @@ class RoundTimeline:
     elapsed_s: float | None = None
     """The record's wall time on the site's clock (since the previous record). None: the sum of
     the phases, as in serial rounds (and in records written before overlap existed)."""
+    committed_tokens: int | None = None
+    """Tokens the run had committed, mesh-wide, when θ_round was applied here (every site's ledger;
+    counted from θ_0). None in records written before it was kept."""
+    heldout_perplexity: float | None = None
+    """Held-out perplexity of θ_round, on the site that evaluated it (peer/heldout.py); None elsewhere."""
+    heldout_samples: int | None = None
+    """Held-out samples that perplexity is over (the same fixed set every time in a run)."""
+    heldout_s: float | None = None
+    """The trainer's seconds for that evaluation. Not a phase: it delays this site's next round's
+    training by as much, which that round's record shows as overhead."""
 
     def __post_init__(self) -> None:
         for name in PHASES:
@@ -167,8 +182,9 @@ class RoundClock:
         self._waiting = None
         self.add(round_, "commit_wait", (now - since) - (self._booked(round_) - booked))
 
-    def finish(self, round_: int, now: float) -> RoundTimeline:
-        """Closes `round_`'s record (θ_round is applied here); earlier rounds' leftovers fold in."""
+    def finish(self, round_: int, now: float, committed_tokens: int | None = None) -> RoundTimeline:
+        """Closes `round_`'s record (θ_round is applied here); earlier rounds' leftovers fold in.
+        `committed_tokens`: the run's tokens committed through `round_`, as the caller's ledger says."""
         spent: dict[str, float] = {}
         for r in [r for r in self._spent if r <= round_]:
             for phase, s in self._spent.pop(r).items():
@@ -188,9 +204,9 @@ class RoundClock:
         idle = max(wall - sum(spent.values()), 0.0)
         for name, value in (*spent.items(), ("idle", idle), ("tokens", tokens)):
             self.totals[name] = self.totals.get(name, 0.0) + value
+        phases: dict[str, Any] = {f"{p}_s": s for p, s in spent.items()}  # mypy: not the int fields
         return RoundTimeline(round_, self.site, idle_s=idle, tokens=tokens, inner_steps=steps, loss=loss,
-                             elapsed_s=wall,
-                             **{f"{p}_s": s for p, s in spent.items()})
+                             elapsed_s=wall, committed_tokens=committed_tokens, **phases)
 
     def _booked(self, round_: int) -> float:
         return sum(self._spent.get(round_, {}).values())

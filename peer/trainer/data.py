@@ -136,10 +136,11 @@ class Corpus:
         rows = toks[: n * L].reshape(n, L)[indices]
         return torch.from_numpy(rows.astype(np.int64))
 
-    def heldout(self, num_samples: int) -> torch.Tensor:
+    def heldout(self, num_samples: int, at_most: bool = False) -> torch.Tensor:
         """The fixed evaluation set: `num_samples` packed held-out samples spread evenly over the
         held-out documents of the first shards that hold enough of them (taking only the first
-        samples would measure one or two documents)."""
+        samples would measure one or two documents). `at_most`: every held-out sample there is when
+        the split holds fewer (a small corpus), instead of refusing."""
         L, need, got = self.cfg.seq_len, num_samples * self.cfg.seq_len, []
         sources = [(s, True) for s in self.cfg.heldout_shards] or [(s, False) for s in self.cfg.shards]
         for shard, heldout_only in sources:
@@ -149,6 +150,8 @@ class Corpus:
                 break
         toks = np.concatenate(got) if got else np.zeros(0, dtype=np.uint32)
         available = len(toks) // L
+        if at_most and available:
+            num_samples = min(num_samples, available)
         if available < num_samples:
             raise ValueError(f"held-out split has {available} samples of {L} tokens, {num_samples} requested")
         picks = np.linspace(0, available - 1, num_samples).round().astype(np.int64)

@@ -344,20 +344,33 @@ class Trainer:
     def evaluate(self, state: dict[str, torch.Tensor] | None = None, batch_size: int = 16) -> float:
         """Held-out perplexity of `state` (default: the current weights) on the fixed held-out set.
 
-        Loads `state` into the model; harmless between rounds because every round starts by loading
-        the global weights. A collective under torch.distributed: every rank calls it, rank 0's
-        `state` (or None) counts, and ranks evaluate interleaved slices of the set.
+        The model is left as it was: a round trained ahead (overlap) goes on from it, so the node's
+        evaluation of the committed θ between two rounds must not replace it (peer/heldout.py). A
+        collective under torch.distributed: every rank calls it, rank 0's `state` (or None) counts,
+        and ranks evaluate interleaved slices of the set.
         """
-        if self._broadcast(state is not None):
+        kept = self.model_weights() if self._broadcast(state is not None) else None
+        if kept is not None:
             self._load_from_rank0(state)
-        if self._heldout is None:
-            self._heldout = self.index.corpus.heldout(self.cfg.eval_samples)
+        heldout, bf16 = self.heldout(), self.cfg.inner.autocast_bf16
         if self.fsdp:
             # Every forward is a collective under FSDP: all ranks evaluate the whole set together
             # (each its own copy of it), so their forward counts agree.
-            return perplexity(self.module, self._heldout, self.device, self.cfg.inner.autocast_bf16, batch_size)
-        return perplexity(self.module, self._heldout[self.rank::self.world], self.device,
-                          self.cfg.inner.autocast_bf16, batch_size, self.world)
+            ppl = perplexity(self.module, heldout, self.device, bf16, batch_size)
+            # A forward without a backward leaves the root's parameters unsharded (FSDP2 keeps them
+            # for the backward): shard them again, or loading weights and gathering them fail.
+            self.module.reshard()  # type: ignore[operator]
+        else:
+            ppl = perplexity(self.module, heldout[self.rank::self.world], self.device, bf16, batch_size, self.world)
+        if kept is not None:  # not after a failure: the worker ends a collective that failed (fatal)
+            self._load_from_rank0(kept)
+        return ppl
+
+    def heldout(self) -> torch.Tensor:
+        """The fixed held-out set: `eval_samples` samples, or every one a smaller held-out split has."""
+        if self._heldout is None:
+            self._heldout = self.index.corpus.heldout(self.cfg.eval_samples, at_most=True)
+        return self._heldout
 
 
 def _fully_shard(model: torch.nn.Module, device: torch.device, bf16: bool) -> None:

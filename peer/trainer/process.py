@@ -97,6 +97,17 @@ class TrainOutput:
     """Overlapped rounds: after how many steps θ_{r-1} was folded in; None: not (or not asked)."""
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """Held-out perplexity of one θ (`Trainer.evaluate`)."""
+
+    perplexity: float
+    samples: int
+    """Held-out samples evaluated: TrainerConfig.eval_samples, or all a smaller held-out split has."""
+    seconds: float
+    """The worker's own time for it, without the wait for a command in flight before it."""
+
+
 def write_state(path: str | Path, state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> Path:
     """Write a weight dict as safetensors, atomically: a reader sees the old file or the whole new one.
     `dtype`: every tensor cast to it first, where it is (a pseudo-gradient in the wire dtype; the
@@ -330,10 +341,10 @@ class TrainerProcess:
             folded_at=None if r.get("folded_at") is None else int(r["folded_at"]),
         )
 
-    async def evaluate(self, weights_path: str | Path) -> float:
-        """Held-out perplexity of the weights in `weights_path`."""
+    async def evaluate(self, weights_path: str | Path) -> Evaluation:
+        """Held-out perplexity of the weights in `weights_path` (the model is left as it was)."""
         r = await self._call({"cmd": "evaluate", "weights": str(weights_path)})
-        return float(r["perplexity"])
+        return Evaluation(float(r["perplexity"]), int(r["samples"]), float(r["seconds"]))
 
     async def checkpoint(
         self,

@@ -27,7 +27,9 @@ keeps serving):
         the node has written θ_{r-1} there, it is folded in (Trainer.train_round). "folded_at" says
         after how many steps; null: it came too late for this round (Δ is right either way). A
         fresh worker's model is θ_0, so the node then sends "weights" (its newest θ) with "fold".
-    {"cmd": "evaluate", "weights": PATH} -> {"perplexity": p}
+    {"cmd": "evaluate", "weights": PATH} -> {"perplexity": p, "samples": n (held-out samples evaluated),
+                                              "seconds": t (this command's, from the weights read on)}
+        The model is left as it was (Trainer.evaluate): a round trained ahead goes on from it.
     {"cmd": "checkpoint", "weights": PATH, "momentum": PATH or null, "dir": DIR, "round": r,
      "cursor": [[b, s, e], ...] (optional), "extra": {...} (optional)}
         -> {"dir": DIR, "weights_hash": h}   (checkpoint.save_checkpoint: atomic, HF-loadable)
@@ -308,10 +310,11 @@ class Worker:
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         state = self._read_weights(msg, "weights")
+        started = time.perf_counter()
         ppl = self._collective("evaluate", lambda: self.trainer.evaluate(state))
         if not math.isfinite(ppl):
             raise CommandError(f"perplexity is {ppl}: the weights hold NaN or inf")
-        return {"perplexity": ppl}
+        return {"perplexity": ppl, "samples": len(self.trainer.heldout()), "seconds": time.perf_counter() - started}
 
     def checkpoint(self, msg: dict[str, Any]) -> dict[str, Any]:
         rnd = _int(msg, "round", "the round number, an integer >= 0")

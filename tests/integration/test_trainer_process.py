@@ -122,8 +122,8 @@ def test_two_steps_return_a_pseudo_gradient_of_what_was_trained(worker: Started)
     assert any(t.abs().max() > 0 for t in delta.values())
     # θ_local = θ_0 − Δ is the better model on held-out data than θ_0.
     local = write_state(worker.dir / "local.safetensors", {n: theta0[n] - delta[n] for n in theta0})
-    before = worker.run(worker.proc.evaluate(worker.hello.weights))
-    after = worker.run(worker.proc.evaluate(local))
+    before = worker.run(worker.proc.evaluate(worker.hello.weights)).perplexity
+    after = worker.run(worker.proc.evaluate(local)).perplexity
     assert math.isfinite(before) and before == pytest.approx(4096, rel=0.5)
     assert after < before
 
@@ -182,7 +182,7 @@ def test_bad_commands_get_a_clear_error_and_the_worker_keeps_serving(worker: Sta
     assert "missing field 'steps'" in error(p._call(no_steps))
     assert "budget_s must be null or seconds > 0, got -1" in error(p.train(1, h.weights, [(b, 0, 4)], 1, budget_s=-1))
     assert worker.run(p.train(1, h.weights, [(b, 0, 8)], 4, budget_s=1e-6)).steps == 1  # a time box
-    assert math.isfinite(worker.run(p.evaluate(h.weights)))  # still serving
+    assert math.isfinite(worker.run(p.evaluate(h.weights)).perplexity)  # still serving
 
 
 def test_a_cancelled_call_does_not_hand_its_late_reply_to_the_next(worker: Started) -> None:
@@ -192,7 +192,7 @@ def test_a_cancelled_call_does_not_hand_its_late_reply_to_the_next(worker: Start
         await asyncio.sleep(0)  # the command is on the pipe; the worker is busy with it
         train.cancel()
         # The worker still answers the train first; that reply must be skipped, not returned here.
-        return await worker.proc.evaluate(worker.hello.weights)
+        return (await worker.proc.evaluate(worker.hello.weights)).perplexity
 
     assert math.isfinite(worker.run(scenario()))
 

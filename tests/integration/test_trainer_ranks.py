@@ -78,6 +78,34 @@ def test_two_rank_site_delta_equals_one_rank_site_delta(tmp_path: Path, parallel
     assert out2.losses == pytest.approx(out1.losses, rel=1e-5)  # type: ignore[attr-defined]
 
 
+async def _resumed_round(cfg: TrainerConfig, workdir: Path, evaluate: bool) -> tuple[dict[str, torch.Tensor],
+                                                                                      float | None]:
+    """Round 1 from θ_0, maybe an evaluation of θ_0 (as the leader evaluates the committed θ between
+    rounds), then round 2 going on from the model (a round trained ahead): its Δ."""
+    proc = TrainerProcess(threads=1)
+    hello = await proc.start(cfg, workdir)
+    try:
+        (b1, _), (b2, _) = hello.blocks[:2]
+        await proc.train(1, hello.weights, [(b1, 0, BATCH)], 1, 0)
+        ppl = (await proc.evaluate(hello.weights)).perplexity if evaluate else None
+        out = await proc.train(2, None, [(b2, 0, BATCH)], 1, 1)
+        return read_state(out.pseudo_gradient), ppl
+    finally:
+        await proc.stop()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_an_evaluation_between_rounds_leaves_every_ranks_model_as_it_was(tmp_path: Path, parallel: str) -> None:
+    cache = tmp_path / "tokens"
+    plain, _ = asyncio.run(_resumed_round(config(cache, 2, parallel=parallel), tmp_path / "plain", evaluate=False))
+    evaluated, ppl = asyncio.run(_resumed_round(config(cache, 2, parallel=parallel), tmp_path / "eval", evaluate=True))
+    _, one_rank = asyncio.run(_resumed_round(config(cache, 1), tmp_path / "one", evaluate=True))
+    for n, d in plain.items():  # round 2 went on from round 1's model, not from the θ evaluated
+        torch.testing.assert_close(evaluated[n], d)
+    assert ppl == pytest.approx(one_rank, rel=1e-5)  # the ranks' slices add up to the whole set
+
+
 async def _tail_round(cfg: TrainerConfig, workdir: Path, tail: int = 5) -> tuple[tuple, int]:
     proc = TrainerProcess(threads=1)
     hello = await proc.start(cfg, workdir)

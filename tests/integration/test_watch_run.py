@@ -53,6 +53,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                              for p in cluster.peers.values()), 300.0, "the data epoch to complete")
         wait_for(lambda: len({status(p.address)["training"]["applied_round"] for p in cluster.peers.values()}) == 1,
                  60.0, "both peers to apply the last round")
+        # The leader's record of the last round waits for its held-out evaluation (peer/heldout.py).
+        last = status(cluster.peers["a"].address)["training"]["applied_round"]
+        wait_for(lambda: all([r.round for r in timeline.read(cluster.workdir / s)][-1:] == [last] for s in SITES),
+                 30.0, "every site's record of the last round")
         yield cluster
     finally:
         cluster.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,21 @@ def test_a_dropped_run_books_no_more_compute() -> None:
 def test_compute_is_not_an_added_phase() -> None:
     with pytest.raises(ValueError, match="computed"):
         RoundClock("a", now=0.0).add(1, "compute", 1.0)
+
+
+def test_tokens_and_heldout_fields_round_trip_and_old_records_still_read(tmp_path: Path) -> None:
+    clock = RoundClock("a", now=0.0)
+    clock.trained(3, tokens=4096, inner_steps=8, loss=5.25)
+    rec = clock.finish(3, now=2.0, committed_tokens=12_288)
+    assert rec.committed_tokens == 12_288 and rec.heldout_perplexity is None
+    evaluated = replace(rec, heldout_perplexity=412.5, heldout_samples=64, heldout_s=0.45)
+    timeline.append(tmp_path, evaluated)
+    # A line written before the fields existed (and before overlap: no measured wall time).
+    old = {"round": 2, "site": "a", "compute_s": 1.0, "idle_s": 0.5, "tokens": 10, "loss": 4.5,
+           "inner_steps": 2, **{f"{p}_s": 0.0 for p in PHASES if p not in ("compute", "idle")}}
+    with open(tmp_path / timeline.TIMELINE_FILE, "a") as f:
+        f.write(json.dumps(old) + "\n")
+    back, legacy = timeline.read(tmp_path)
+    assert back == evaluated
+    assert (legacy.committed_tokens, legacy.heldout_perplexity, legacy.heldout_samples) == (None, None, None)
+    assert legacy.wall_s == pytest.approx(1.5)

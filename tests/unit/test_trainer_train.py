@@ -182,3 +182,17 @@ def test_a_fold_that_never_comes_leaves_delta_measured_from_where_the_round_star
     end = t.model_weights()
     for n in start:
         assert torch.allclose(r.pseudo_gradient[n], start[n] - end[n]), n
+
+
+def test_evaluating_another_theta_leaves_the_model_as_it_was(index: BlockIndex) -> None:
+    """A round trained ahead goes on from the model (overlap): evaluating the committed θ between two
+    rounds must not replace it. A set larger than the held-out split is cut to the split."""
+    t = make(index)
+    theta = t.model_weights()
+    r = t.train_round(theta, queue(index), 2)
+    local = t.model_weights()
+    assert t.evaluate(theta) == pytest.approx(t.evaluate(theta))  # the same fixed set every time
+    assert all(torch.equal(local[n], w) for n, w in t.model_weights().items())
+    assert t.evaluate() == pytest.approx(t.evaluate({n: theta[n] - r.pseudo_gradient[n] for n in theta}))
+    more = Trainer(TrainerConfig(t.cfg.model, index.cfg, t.cfg.inner, eval_samples=10**6), index=index)
+    assert 0 < len(more.heldout()) < 10**6 and math.isfinite(more.evaluate(theta))
