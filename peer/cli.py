@@ -31,7 +31,7 @@ from peer.node import JoinFailed, Node
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
-from peer.training import OuterConfig
+from peer.training import SPARSE_OUTER, OuterConfig
 
 EXIT_USAGE = 2
 
@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time-boxed rounds: each site trains as many of the H inner steps as fit in this "
                             "many seconds (at least one); the token-weighted mean absorbs the unequal work "
                             "(default 0: every site runs all H)")
-    train.add_argument("--outer-lr", type=float, default=OuterConfig.lr,
-                       help=f"outer Nesterov learning rate (default {OuterConfig.lr})")
+    train.add_argument("--outer-lr", type=float,
+                       help=f"outer Nesterov learning rate (default {OuterConfig.lr}; {SPARSE_OUTER.lr} with --wire "
+                            "sparse)")
     train.add_argument("--outer-momentum", type=float, default=OuterConfig.momentum,
                        help=f"outer momentum (default {OuterConfig.momentum}: plain averaging, the best measured "
                             "up to 33 rounds; keep 0 with --wire sparse, whose decayed error feedback stands in "
@@ -186,7 +187,9 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
                                deadline_s=args.round_deadline, data_epochs=args.data_epochs,
                                deadline_k=args.round_deadline_k, budget_s=args.round_budget,
                                start_sites=args.start_sites),
-        "outer": OuterConfig(lr=args.outer_lr, momentum=args.outer_momentum,
+        "outer": OuterConfig(lr=args.outer_lr if args.outer_lr is not None else
+                             SPARSE_OUTER.lr if args.wire == "sparse" else OuterConfig.lr,
+                             momentum=args.outer_momentum,
                              checkpoint_every=args.checkpoint_every,
                              eval_every=default_eval_every(args.eval_samples, args.inner_steps, args.batch_size)
                              if args.eval_every is None else args.eval_every),
