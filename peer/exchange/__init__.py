@@ -22,7 +22,7 @@ token from the OpenBulk RPC per connection) where both ends offer it, else over 
 
 Lower level: `client.fetch_manifest` / `client.fetch_into` fetch one object into preallocated
 tensors; `codec.encode` / `codec.decode` work without any network. Modules: codec (layout, chunks,
-hashes, manifest <-> proto), chunkwire (Chunk messages without copies), store, service, bulk,
+hashes), protoconv (manifest <-> proto), chunkwire (Chunk messages without copies), store, service, bulk,
 client, allreduce, feedback. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
 """
 

@@ -29,7 +29,7 @@ import grpc
 import torch
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
-from peer.exchange import bulk, chunkwire, codec
+from peer.exchange import bulk, chunkwire, codec, protoconv
 from peer.exchange.buffers import ChunkBuffers
 from peer.exchange.service import SERVICE
 from peer.exchange.store import MeanInputs
@@ -173,7 +173,7 @@ class ExchangeClient:
         await old.close()
 
     async def announce(self, manifest: codec.Manifest, timeout_s: float = 10.0) -> None:
-        await self._stub.Announce(codec.manifest_to_proto(manifest), timeout=timeout_s)
+        await self._stub.Announce(protoconv.manifest_to_proto(manifest), timeout=timeout_s)
 
     async def get_manifest(
         self, key: codec.ObjectKey, wait_s: float = 0.0, inputs: MeanInputs = ()
@@ -181,7 +181,7 @@ class ExchangeClient:
         """The peer's manifest for `key` (validated), waiting up to `wait_s` for it; None if it has none.
         `inputs`: for a mean shard, the contributors it must average (see ManifestRequest)."""
         request = exchange_pb2.ManifestRequest(
-            key=codec.key_to_proto(key),
+            key=protoconv.key_to_proto(key),
             wait_ms=int(wait_s * 1000),
             contributors=[exchange_pb2.MeanInput(site=s, address=a, root_hash=r) for s, a, r in inputs],
         )
@@ -191,7 +191,7 @@ class ExchangeClient:
             if err.code() == grpc.StatusCode.NOT_FOUND:
                 return None
             raise
-        manifest = codec.manifest_from_proto(reply)
+        manifest = protoconv.manifest_from_proto(reply)
         if manifest.key != key:
             raise codec.ManifestError(f"{self.address} answered {manifest.key} when asked for {key}")
         return manifest
@@ -264,7 +264,7 @@ class ExchangeClient:
 
     def stream(self, manifest: codec.Manifest, first: int, end: int, timeout_s: float) -> grpc.aio.UnaryStreamCall:
         request = exchange_pb2.FetchRequest(
-            key=codec.key_to_proto(manifest.key), root_hash=manifest.root_hash, first_chunk=first, end_chunk=end
+            key=protoconv.key_to_proto(manifest.key), root_hash=manifest.root_hash, first_chunk=first, end_chunk=end
         )
         return self._fetch_chunks(request, timeout=timeout_s)
 
@@ -452,7 +452,7 @@ async def _one_bulk_stream(
     (not the default executor: an InThread sink may wait there for other streams, the reducer's lockstep).
     Each chunk must arrive within policy.stall_s and the whole attempt within `timeout_s`."""
     loop = asyncio.get_running_loop()
-    request = exchange_pb2.FetchRequest(key=codec.key_to_proto(manifest.key), root_hash=manifest.root_hash,
+    request = exchange_pb2.FetchRequest(key=protoconv.key_to_proto(manifest.key), root_hash=manifest.root_hash,
                                         first_chunk=progress.next, end_chunk=end)
     deadline = time.monotonic() + max(timeout_s, 0.001)
     done: asyncio.Future[None] = loop.create_future()

@@ -2,7 +2,7 @@
 
 The byte layout (tensors sorted by name, row-major, no padding, little-endian bf16/fp16/fp32) and
 the chunk and root hash rules are specified in `protos/sitemesh/v1/exchange.proto`; this module is
-the one implementation of them, and the one place where manifests convert to and from protos.
+the one implementation of them (peer/exchange/protoconv.py converts manifests to and from protos).
 
 Encoding writes straight from the source tensors (any device) into one preallocated uint8 buffer
 with `copy_`, which converts dtype and device in one pass; decoding copies one verified chunk at a
@@ -758,60 +758,3 @@ def decode(encoded: Encoded, dest: Mapping[str, torch.Tensor], *, made_here: boo
         if not made_here:
             verify_chunk(encoded.manifest, i, data)
         decode_verified_chunk(encoded.manifest, i, data, dest)
-
-
-# ---- proto conversion (the only place where exchange manifests cross to and from protobuf) ----
-
-
-def key_to_proto(key: ObjectKey) -> pb.ObjectKey:
-    return pb.ObjectKey(round=key.round, site=key.site, kind=key.kind.value)
-
-
-def key_from_proto(msg: pb.ObjectKey) -> ObjectKey:
-    try:
-        kind = ObjectKind(msg.kind)
-    except ValueError:
-        raise ManifestError(f"unknown object kind {msg.kind}") from None
-    if not msg.site:
-        raise ManifestError("empty site in object key")
-    return ObjectKey(msg.round, msg.site, kind)
-
-
-def manifest_to_proto(m: Manifest) -> pb.Manifest:
-    return pb.Manifest(
-        key=key_to_proto(m.key),
-        wire_dtype=m.layout.wire.value,
-        tensors=[
-            pb.TensorLayout(name=e.name, shape=e.shape, offset=e.offset, dtype=e.dtype) for e in m.layout.tensors
-        ],
-        layout_bytes=m.layout.total_bytes,
-        range_start=m.range_start,
-        range_end=m.range_end,
-        chunk_size=m.chunk_size,
-        chunk_hashes=m.chunk_hashes,
-        chunk_scale_exp=m.scale_exps if any(m.scale_exps) else [],
-        root_hash=m.root_hash,
-        tokens=m.tokens,
-        contributors=m.contributors,
-        contributor_roots=m.contributor_roots,
-        sparse_keep=m.layout.keep,
-    )
-
-
-def manifest_from_proto(msg: pb.Manifest) -> Manifest:
-    """A validated Manifest; ManifestError says which rule the message breaks."""
-    try:
-        wire = WireDtype(msg.wire_dtype)
-    except ValueError:
-        raise ManifestError(f"unsupported wire dtype {msg.wire_dtype}: this peer decodes "
-                            f"{[w.name.lower() for w in WireDtype]}; upgrade it or send one of those") from None
-    entries = tuple(TensorEntry(t.name, tuple(t.shape), t.offset, t.dtype) for t in msg.tensors)
-    layout = Layout(wire, entries, msg.layout_bytes, msg.sparse_keep)
-    hashes = tuple(msg.chunk_hashes)
-    exps = tuple(msg.chunk_scale_exp) or (0,) * len(hashes)
-    m = Manifest(
-        key_from_proto(msg.key), layout, msg.range_start, msg.range_end, msg.chunk_size, hashes, exps,
-        msg.root_hash, msg.tokens, tuple(msg.contributors), tuple(msg.contributor_roots),
-    )  # fmt: skip
-    m.validate()
-    return m

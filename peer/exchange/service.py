@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from peer.exchange import chunkwire, codec
+from peer.exchange import chunkwire, codec, protoconv
 from peer.exchange.store import AnnouncementRefused, ExchangeStore, MeanInputs, reduced_over
 from peer.gen.sitemesh.v1 import common_pb2, exchange_pb2, exchange_pb2_grpc
 
@@ -34,7 +34,7 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
 
     async def Announce(self, request: exchange_pb2.Manifest, context: grpc.aio.ServicerContext) -> common_pb2.Accepted:
         try:
-            manifest = codec.manifest_from_proto(request)
+            manifest = protoconv.manifest_from_proto(request)
         except codec.ManifestError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"manifest refused: {err}")
         try:
@@ -64,7 +64,7 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
             what = f" reduced over {[s for s, _, _ in inputs]}" if inputs else ""
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no {key}{what} here")
             raise AssertionError("unreachable: context.abort raises")
-        return codec.manifest_to_proto(encoded.manifest)
+        return protoconv.manifest_to_proto(encoded.manifest)
 
     async def FetchChunks(
         self, request: exchange_pb2.FetchRequest, context: grpc.aio.ServicerContext
@@ -106,7 +106,7 @@ class Refusal(Exception):
 def resolve_fetch(store: ExchangeStore, request: exchange_pb2.FetchRequest) -> codec.Encoded:
     """The object a FetchRequest may stream from `store`, or Refusal saying why not (both planes)."""
     try:
-        key = codec.key_from_proto(request.key)
+        key = protoconv.key_from_proto(request.key)
     except codec.ManifestError as err:
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
     encoded = store.get(key)
@@ -123,7 +123,7 @@ def resolve_fetch(store: ExchangeStore, request: exchange_pb2.FetchRequest) -> c
 
 async def _key(msg: exchange_pb2.ObjectKey, context: grpc.aio.ServicerContext) -> codec.ObjectKey:
     try:
-        return codec.key_from_proto(msg)
+        return protoconv.key_from_proto(msg)
     except codec.ManifestError as err:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         raise  # unreachable: abort raises; keeps type checkers from seeing an implicit None

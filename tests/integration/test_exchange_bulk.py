@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from ops.certs import make_run
-from peer.exchange import bulk, codec
+from peer.exchange import bulk, codec, protoconv
 from peer.exchange.bulk import BulkConfig, BulkServer
 from peer.exchange.client import (
     ExchangeClient,
@@ -74,7 +74,7 @@ def _exact(dest: dict[str, torch.Tensor], enc: codec.Encoded) -> bool:
 
 def _request(enc: codec.Encoded, first: int = 0, end: int | None = None, root: bytes | None = None) -> bytes:
     m = enc.manifest
-    return exchange_pb2.FetchRequest(key=codec.key_to_proto(m.key), root_hash=m.root_hash if root is None else root,
+    return exchange_pb2.FetchRequest(key=protoconv.key_to_proto(m.key), root_hash=m.root_hash if root is None else root,
                                      first_chunk=first, end_chunk=m.num_chunks if end is None else end
                                      ).SerializeToString()  # fmt: skip
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 import torch
 
-from peer.exchange import codec
+from peer.exchange import codec, protoconv
 from peer.exchange.bulk import BulkServer
 from peer.exchange.chunkwire import WireChunk
 from peer.exchange.client import (
@@ -337,7 +337,7 @@ def test_refusals_carry_a_clear_status_and_the_server_keeps_serving() -> None:
         async with serving(store) as address:
             client = ExchangeClient(address, plane="grpc")
             stub = client._stub
-            key = codec.key_to_proto(enc.manifest.key)
+            key = protoconv.key_to_proto(enc.manifest.key)
 
             async def status_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -354,7 +354,7 @@ def test_refusals_carry_a_clear_status_and_the_server_keeps_serving() -> None:
             unknown_round = codec.ObjectKey(99, "a")
             assert await client.get_manifest(unknown_round) is None
             assert await client.get_manifest(codec.ObjectKey(7, "zz")) is None
-            code, details = await stream_status(exchange_pb2.FetchRequest(key=codec.key_to_proto(unknown_round)))
+            code, details = await stream_status(exchange_pb2.FetchRequest(key=protoconv.key_to_proto(unknown_round)))
             assert code == grpc.StatusCode.NOT_FOUND and "round 99" in details
             root = enc.manifest.root_hash
             code, details = await stream_status(exchange_pb2.FetchRequest(key=key, root_hash=b"x" * 32))
@@ -364,11 +364,11 @@ def test_refusals_carry_a_clear_status_and_the_server_keeps_serving() -> None:
             assert (await stream_status(req))[0] == grpc.StatusCode.OUT_OF_RANGE
             bad_kind = exchange_pb2.ManifestRequest(key=exchange_pb2.ObjectKey(round=7, site="a", kind=0))
             assert (await status_of(stub.GetManifest(bad_kind)))[0] == grpc.StatusCode.INVALID_ARGUMENT
-            tampered = codec.manifest_to_proto(enc.manifest)
+            tampered = protoconv.manifest_to_proto(enc.manifest)
             tampered.chunk_hashes[0] = b"\1" * 32
             code, details = await status_of(stub.Announce(tampered))
             assert code == grpc.StatusCode.INVALID_ARGUMENT and "root_hash" in details
-            oversized = codec.manifest_to_proto(enc.manifest)
+            oversized = protoconv.manifest_to_proto(enc.manifest)
             oversized.key.site = "x" * (9 << 20)
             assert (await status_of(stub.Announce(oversized)))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
             # An out-of-range request is our own bug: refused at once, not retried.

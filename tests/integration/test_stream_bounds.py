@@ -22,7 +22,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ops.certs import make_run
-from peer.exchange import codec
+from peer.exchange import codec, protoconv
 from peer.exchange.service import add_exchange_service
 from peer.exchange.store import MAX_ANNOUNCED_PER_SITE, ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
@@ -61,7 +61,7 @@ def _unreading_channel(address: str, creds: Credentials) -> grpc.aio.Channel:
 
 def _fetch(stub: exchange_pb2_grpc.ExchangeStub, held: codec.Encoded) -> grpc.aio.UnaryStreamCall:
     m = held.manifest
-    return stub.FetchChunks(exchange_pb2.FetchRequest(key=codec.key_to_proto(m.key), root_hash=m.root_hash,
+    return stub.FetchChunks(exchange_pb2.FetchRequest(key=protoconv.key_to_proto(m.key), root_hash=m.root_hash,
                                                       first_chunk=0, end_chunk=m.num_chunks))
 
 
@@ -170,7 +170,7 @@ def test_announcements_held_are_bounded_per_site(tmp_path: Path) -> None:
 
     def manifest(site: str, round_: int) -> exchange_pb2.Manifest:
         enc = codec.encode({"w": torch.ones(8)}, round=round_, site=site, tokens=1, chunk_size=16)
-        return codec.manifest_to_proto(enc.manifest)
+        return protoconv.manifest_to_proto(enc.manifest)
 
     async def scenario() -> None:
         server, address, _, _ = await _serve(certs)

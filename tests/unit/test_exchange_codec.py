@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.exchange import codec
+from peer.exchange import codec, protoconv
 from peer.exchange.codec import WireDtype
 from tests.support.exchange import rehashed
 
@@ -42,7 +42,7 @@ def test_round_trip_matches_the_wire_dtype(shape_by_name, wire, chunk_size, seed
     m = enc.manifest
     assert m.layout.total_bytes == sum(t.numel() for t in src.values()) * wire.itemsize
     assert m.num_chunks == math.ceil(m.layout.total_bytes / chunk_size)
-    assert codec.manifest_from_proto(codec.manifest_to_proto(m)) == m
+    assert protoconv.manifest_from_proto(protoconv.manifest_to_proto(m)) == m
     dest = {n: torch.full_like(t, float("nan")) for n, t in src.items()}
     codec.decode(enc, dest)
     for entry in m.layout.tensors:
@@ -222,10 +222,10 @@ def test_manifest_layout_rules_are_enforced_on_the_proto() -> None:
         (lambda p: setattr(p.key, "kind", 9), "kind"),
         (lambda p: setattr(p.tensors[0], "dtype", "int8"), "dtype"),
     ]:
-        msg = codec.manifest_to_proto(enc.manifest)
+        msg = protoconv.manifest_to_proto(enc.manifest)
         mutate(msg)
         with pytest.raises(codec.ManifestError, match=reason):
-            codec.manifest_from_proto(msg)
+            protoconv.manifest_from_proto(msg)
 
 
 def test_encoding_reads_non_contiguous_sources_correctly() -> None:

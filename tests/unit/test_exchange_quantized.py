@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.exchange import codec
+from peer.exchange import codec, protoconv
 from peer.exchange.codec import QUANT_GROUP, WireDtype
 from peer.gen.sitemesh.v1 import exchange_pb2 as pb
 from tests.support.exchange import decoded, rehashed
@@ -37,7 +37,7 @@ def test_round_trip_is_within_half_a_step_of_each_group(sizes, wire, chunk_size,
     assert m.layout.total_bytes == sum(sizes.values())
     assert enc.data.numel() == m.wire_nbytes == sum(
         wire.wire_bytes(b - a) for a, b in map(m.chunk_bounds, range(m.num_chunks)))
-    assert codec.manifest_from_proto(codec.manifest_to_proto(m)) == m
+    assert protoconv.manifest_from_proto(protoconv.manifest_to_proto(m)) == m
     out = decoded(enc)
     flat_src = torch.cat([src[e.name] for e in m.layout.tensors]) if m.layout.tensors else torch.empty(0)
     flat_out = torch.cat([out[e.name] for e in m.layout.tensors]) if m.layout.tensors else torch.empty(0)
@@ -84,10 +84,10 @@ def test_a_chunk_of_another_format_is_refused(wire: WireDtype) -> None:
 
 def test_a_format_this_peer_does_not_know_is_refused_with_the_known_ones() -> None:
     enc = codec.encode({"w": torch.randn(10)}, round=1, site="s", tokens=1, wire=WireDtype.INT4)
-    msg = codec.manifest_to_proto(enc.manifest)
+    msg = protoconv.manifest_to_proto(enc.manifest)
     msg.wire_dtype = 9
     with pytest.raises(codec.ManifestError, match=r"unsupported wire dtype 9: this peer decodes \['bf16'.*'int4', 'sparse'\]"):
-        codec.manifest_from_proto(msg)
+        protoconv.manifest_from_proto(msg)
     assert pb.WIRE_DTYPE_INT4 == WireDtype.INT4.value
     with pytest.raises(codec.CodecError, match="unknown wire format 'int3'"):
         WireDtype.named("int3")

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.exchange import codec, sparse
+from peer.exchange import codec, protoconv, sparse
 from peer.exchange.codec import WireDtype
 from tests.support.exchange import decoded, rehashed
 
@@ -37,7 +37,7 @@ def test_each_group_sends_its_largest_entries_within_a_third_of_its_scale(sizes,
     assert m.layout.keep == keep
     assert enc.data.numel() == m.wire_nbytes == sum(
         sparse.wire_bytes(b - a, keep) for a, b in map(m.chunk_bounds, range(m.num_chunks)))
-    assert codec.manifest_from_proto(codec.manifest_to_proto(m)) == m
+    assert protoconv.manifest_from_proto(protoconv.manifest_to_proto(m)) == m
     x, y = _flat(src, m), _flat(decoded(enc), m)
     for i in range(m.num_chunks):  # groups restart at every chunk
         a, b = m.chunk_bounds(i)
@@ -156,14 +156,14 @@ def test_a_payload_longer_or_shorter_than_its_manifest_says_is_refused(delta: in
 
 @pytest.mark.parametrize("keep", [0, sparse.GROUP + 1])
 def test_a_manifest_with_unsupported_parameters_is_refused(keep: int) -> None:
-    msg = codec.manifest_to_proto(_encoded().manifest)
+    msg = protoconv.manifest_to_proto(_encoded().manifest)
     msg.sparse_keep = keep
     with pytest.raises(codec.ManifestError, match=f"sparse_keep {keep}: this peer decodes 1 to 4096"):
-        codec.manifest_from_proto(msg)
-    dense = codec.manifest_to_proto(codec.encode({"w": torch.randn(10)}, round=1, site="s", tokens=1).manifest)
+        protoconv.manifest_from_proto(msg)
+    dense = protoconv.manifest_to_proto(codec.encode({"w": torch.randn(10)}, round=1, site="s", tokens=1).manifest)
     dense.sparse_keep = 64
     with pytest.raises(codec.ManifestError, match="only sparse keeps entries"):
-        codec.manifest_from_proto(dense)
+        protoconv.manifest_from_proto(dense)
 
 
 def test_non_finite_input_is_refused_at_encode() -> None:
