@@ -204,10 +204,19 @@ class Reducer:
             self._reduce(index, {})
         self._next = self._end
 
+    def _chunk(self, site: str, index: int, held: Mapping[str, memoryview]) -> torch.Tensor | memoryview:
+        """`site`'s chunk `index`: from the local store, or as its stream handed it over."""
+        return self._local[site].chunk(index) if site in self._local else held[site]
+
+    def _refused(self, site: str, index: int, err: codec.BadEncoding) -> codec.BadEncoding:
+        """`err` (a chunk of `site` that breaks its format) said with the round, chunk and sender."""
+        return type(err)(f"round {self._manifests[site].key.round}, chunk {index}: {err} in "
+                         f"{site}'s pseudo-gradient; it is refused")
+
     def _values(self, site: str, index: int, held: Mapping[str, memoryview]) -> tuple[torch.Tensor, float]:
-        data = self._local[site].chunk(index) if site in self._local else held[site]
         m = self._manifests[site]
-        return codec.chunk_values(data, m.layout.wire, m.scale_exps[index], m.chunk_elements(index), m.layout.keep)
+        return codec.chunk_values(self._chunk(site, index, held), m.layout.wire, m.scale_exps[index],
+                                  m.chunk_elements(index), m.layout.keep)
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
         sink = self._emit
@@ -223,8 +232,7 @@ class Reducer:
             try:
                 values, multiplier = self._values(site, index, held)
             except codec.BadEncoding as err:
-                raise type(err)(f"round {self._manifests[site].key.round}, chunk {index}: {err} in "
-                                f"{site}'s pseudo-gradient; it is refused") from None
+                raise self._refused(site, index, err) from None
             # Weight and fp16 scale in one multiply: w * 2^-e is exact, so this equals scaling then
             # weighting.
             terms.append((values, self._weights[site] * multiplier))
@@ -241,7 +249,7 @@ class Reducer:
     def _reduce_bf16(self, index: int, held: Mapping[str, memoryview], sink: WireSink) -> None:
         """The bf16 wire's reduction and rounding in one compiled pass over the chunks' bytes as they
         lie (kernels.py: no tensor per chunk); the same bits as the torch path above."""
-        data = [self._local[s].chunk(index) if s in self._local else held[s] for s in self._order]
+        data = [self._chunk(s, index, held) for s in self._order]
         factors = [self._weights[s] * 2.0 ** -self._manifests[s].scale_exps[index] for s in self._order]
         out = sink.into(index)
         if not kernels.bf16_weighted_sum(data, factors, out):
@@ -256,12 +264,10 @@ class Reducer:
         acc = self._acc[:n]
         acc.zero_()
         for site in self._order:
-            data = self._local[site].chunk(index) if site in self._local else held[site]
             try:
-                where, values = codec.sparse_entries(data, n, self._keep)
+                where, values = codec.sparse_entries(self._chunk(site, index, held), n, self._keep)
             except codec.BadEncoding as err:
-                raise type(err)(f"round {self._manifests[site].key.round}, chunk {index}: {err} in "
-                                f"{site}'s pseudo-gradient; it is refused") from None
+                raise self._refused(site, index, err) from None
             # Indices strictly increasing (checked): the gather, add and put touch each element once.
             acc[where] += values.mul_(self._weights[site])
         if not codec.is_finite(acc):

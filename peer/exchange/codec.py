@@ -17,6 +17,7 @@ e = codec.encode({'w': torch.randn(3, 5)}, round=1, site='a', tokens=10); print(
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import functools
 import math
@@ -424,12 +425,8 @@ def _dequantize(data: torch.Tensor, wire: WireDtype, n: int, keep: int) -> torch
     """fp32 values of a quantized chunk of `n` elements (uint8 `data` of wire_bytes(n)); ScaleError
     on a scale that is NaN, Inf or not > 0 (sparse: negative), SparseIndexError on bad indices."""
     if wire is WireDtype.SPARSE:
-        try:
+        with _sparse_refusals():
             return sparse.decode(data, n, keep)
-        except sparse.BadScale as err:
-            raise ScaleError(str(err)) from None
-        except sparse.BadIndex as err:
-            raise SparseIndexError(str(err)) from None
     groups = -(-n // QUANT_GROUP)
     scale = data[: 4 * groups].clone().view(torch.float32)  # clone: received bytes may be unaligned
     if not (is_finite(scale) and (groups == 0 or float(scale.min()) > 0)):
@@ -460,8 +457,15 @@ def sparse_entries(data: torch.Tensor | bytes | memoryview, elements: int, keep:
     """(element indices, fp32 values) of one verified sparse chunk of `elements` elements, the
     indices strictly increasing; BadEncoding as chunk_values. For a reduction that adds only what
     was sent instead of a dense chunk of zeros per site."""
-    try:
+    with _sparse_refusals():
         return sparse.entries(wire_view(data, None), elements, keep)
+
+
+@contextlib.contextmanager
+def _sparse_refusals() -> Iterator[None]:
+    """sparse.py's errors as this codec's: a bad scale is a ScaleError, the rest SparseIndexError."""
+    try:
+        yield
     except sparse.BadScale as err:
         raise ScaleError(str(err)) from None
     except sparse.BadIndex as err:

@@ -17,32 +17,44 @@ from tests.integration.peers import Cluster, status, wait_for
 from tests.integration.test_training_mesh import EPOCH_S, TRAIN, _committed_samples, _epoch_samples_of
 
 PRESET = "lan"
+SITES = ("a", "b", "c")
+DOCS = 12  # half again the shared test's data: every site gets a block
+
+
+def _start_three(cluster: Cluster, wire: str) -> list[str]:
+    """Sites a, b, c training with `wire`; the first round waits for all three (a's trainer could
+    otherwise train the epoch alone while the others start, and these tests need at least two
+    contributors in a round). Returns their flags, for a restart."""
+    train = [*TRAIN, "--wire", wire, "--start-sites", "3"]
+    train[train.index("--max-documents") + 1] = str(DOCS)
+    a = cluster.start("a", extra=train)
+    cluster.start("b", join=[a.address], extra=train)
+    cluster.start("c", join=[a.address], extra=train)
+    return train
+
+
+def _training(cluster: Cluster, site: str) -> dict:
+    return status(cluster.peers[site].address)["training"]
+
+
+def _epoch_once_and_same_theta(cluster: Cluster) -> None:
+    """Waits for the epoch's end on every peer, then: the same θ everywhere (I7), every sample once."""
+    wait_for(lambda: any((t := _training(cluster, s)) and t["epoch_complete"] for s in SITES), EPOCH_S,
+             "the epoch to end")
+    wait_for(lambda: len({_training(cluster, s)["applied_round"] for s in SITES}) == 1, 60.0,
+             "every peer to apply it")
+    assert len({_training(cluster, s)["weights_hash"] for s in SITES}) == 1, "I7: every peer holds the same θ"
+    counts = _committed_samples(cluster.workdir / "a")
+    assert max(counts.values()) == 1 and set(counts) == _epoch_samples_of(DOCS)
 
 
 @pytest.mark.timeout(600)
 def test_three_int4_sites_train_an_epoch_by_reduce_scatter_and_agree_on_theta(cluster: Cluster) -> None:
-    # The first round waits for all three sites (a's trainer could otherwise train the epoch alone
-    # while the others start; this test needs at least two contributors in a round), and half again
-    # the shared test's data leaves every site a block.
-    train = [*TRAIN, "--wire", "int4", "--start-sites", "3"]
-    docs = 12
-    train[train.index("--max-documents") + 1] = str(docs)
-    a = cluster.start("a", extra=train)
-    cluster.start("b", join=[a.address], extra=train)
-    cluster.start("c", join=[a.address], extra=train)
-    sites = ("a", "b", "c")
-
-    def training(s: str) -> dict:
-        return status(cluster.peers[s].address)["training"]
-
-    wait_for(lambda: any((t := training(s)) and t["epoch_complete"] for s in sites), EPOCH_S, "the epoch to end")
-    wait_for(lambda: len({training(s)["applied_round"] for s in sites}) == 1, 60.0, "every peer to apply it")
-    assert len({training(s)["weights_hash"] for s in sites}) == 1, "I7: every peer holds the same θ"
-    counts = _committed_samples(cluster.workdir / "a")
-    assert max(counts.values()) == 1 and set(counts) == _epoch_samples_of(docs)
-    trained = [s for s in sites if " trained: " in cluster.peers[s].log()]  # a late joiner may get no lease
+    _start_three(cluster, "int4")
+    _epoch_once_and_same_theta(cluster)
+    trained = [s for s in SITES if " trained: " in cluster.peers[s].log()]  # a late joiner may get no lease
     assert len(trained) >= 2, trained
-    for s in sites:
+    for s in SITES:
         log = cluster.peers[s].log()
         assert "reduced the shards of" not in log, log[-3000:]
         assert (cluster.workdir / s / "state" / RESIDUAL_FILE).exists() == (s in trained), s
@@ -53,29 +65,15 @@ def test_three_sparse_sites_all_gather_agree_on_theta_and_keep_feedback_across_a
     """`--wire sparse`: every peer sums the sites' sparse pseudo-gradients itself (no mean shards),
     every peer holds the same θ, the epoch is trained exactly once, and b's error-feedback residual,
     on disk when b is killed, is loaded by the restarted b."""
-    train = [*TRAIN, "--wire", "sparse", "--start-sites", "3"]
-    docs = 12
-    train[train.index("--max-documents") + 1] = str(docs)
-    a = cluster.start("a", extra=train)
-    cluster.start("b", join=[a.address], extra=train)
-    cluster.start("c", join=[a.address], extra=train)
-    sites = ("a", "b", "c")
+    train = _start_three(cluster, "sparse")
     residual = cluster.workdir / "b" / "state" / RESIDUAL_FILE
-
-    def training(s: str) -> dict:
-        return status(cluster.peers[s].address)["training"]
-
     wait_for(residual.exists, EPOCH_S, "b to send a sparse pseudo-gradient")
     cluster.peers["b"].proc.send_signal(signal.SIGKILL)
     cluster.peers["b"].proc.wait(timeout=10)
     assert residual.exists()
-    cluster.start("b", join=[a.address], extra=train)
-    wait_for(lambda: any((t := training(s)) and t["epoch_complete"] for s in sites), EPOCH_S, "the epoch to end")
-    wait_for(lambda: len({training(s)["applied_round"] for s in sites}) == 1, 60.0, "every peer to apply it")
-    assert len({training(s)["weights_hash"] for s in sites}) == 1, "I7: every peer holds the same θ"
-    counts = _committed_samples(cluster.workdir / "a")
-    assert max(counts.values()) == 1 and set(counts) == _epoch_samples_of(docs)
+    cluster.start("b", join=[cluster.peers["a"].address], extra=train)
+    _epoch_once_and_same_theta(cluster)
     assert "error feedback: residual of the last round sent loaded" in cluster.peers["b"].log()
-    for s in sites:
+    for s in SITES:
         log = cluster.peers[s].log()
         assert "mean shard" not in log, log[-3000:]
