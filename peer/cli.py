@@ -27,11 +27,12 @@ from peer.core.leases import LeaseConfig
 from peer.logstore import CorruptStore
 from peer.core.membership import MembershipConfig
 from peer.heldout import default_eval_every
-from peer.node import JoinFailed, Node
+from peer.join_errors import JoinFailed
+from peer.node import Node
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
-from peer.training import SPARSE_OUTER, OuterConfig
+from peer.outer_config import SPARSE_OUTER, OuterConfig
 
 EXIT_USAGE = 2
 

@@ -43,11 +43,11 @@ else:  # pragma: no cover - exercised on 3.10 sites only
     import tomli as tomllib
 
 from peer.core.election import ElectionConfig
-from peer.exchange.client import DEFAULT_PLANE, PLANES
+from peer.exchange.planes import DEFAULT_PLANE, PLANES
 from peer.core.membership import MembershipConfig
 from peer.core.leases import LeaseConfig
 from peer.core.rounds import RoundsConfig
-from peer.training import OuterConfig
+from peer.outer_config import OuterConfig
 from peer.trainer.config import TrainerConfig
 
 _ADDRESS_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")

@@ -40,7 +40,8 @@ from peer.core.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
 from peer.metrics import PeerEvents
-from peer.transport.admin_rpc import AdminServicer
+from peer.admin_rpc import AdminServicer
+from peer.join_errors import JoinFailed, JoinRefused
 from peer.dirlock import lock_dir
 from peer.transport.channels import ChannelPool, bind, new_server
 from peer.transport.guard import site_security
@@ -51,7 +52,7 @@ from peer.transport.wire import MAX_MEMBERS
 from peer.transport.leases_rpc import LEASES
 from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
-from peer.exchange import add_exchange_service
+from peer.exchange.service import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.core.rounds import EmptyRounds
 from peer.core.seat_leave import SayLeft, SeatLeave
@@ -71,15 +72,6 @@ SERVICE_NAMES = (
     exchange_pb2.DESCRIPTOR.services_by_name["Exchange"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
-
-
-class JoinFailed(RuntimeError):
-    """No seed answered within the join timeout."""
-
-
-class JoinRefused(JoinFailed):
-    """A seed refused this site for good: it trains something other than the run (its reason says
-    which field differs); retrying cannot help, the run file must be fixed."""
 
 
 class Node:

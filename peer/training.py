@@ -35,25 +35,21 @@ from safetensors.torch import load_file, save_file
 from peer.core.audit import universe_to_json
 from peer.core.commitlog import RoundCommit, SampleRange
 from peer.durable import replace_atomic, temp_sibling, write_atomic
-from peer.exchange import (
-    ExchangeClient,
-    ExchangeStore,
-    FetchStats,
-    codec,
-    fetch_into,
-    fetch_manifest,
-    publish_pseudo_gradient,
-)
-from peer.exchange.allreduce import all_to_all_mean, reduce_scatter_mean, reduce_shard
+from peer.exchange import codec
+from peer.exchange.allreduce import all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean, reduce_shard
 from peer.exchange.buffers import EncodeBuffers, ExchangeMemory
 from peer.exchange.bulk import BulkConfig, BulkServer
-from peer.exchange.client import DEFAULT_PLANE
+from peer.exchange.client import ExchangeClient, FetchStats, fetch_into, fetch_manifest
+from peer.exchange.store import ExchangeStore
+from peer.exchange.planes import DEFAULT_PLANE
 from peer.exchange.feedback import ErrorFeedback
 from peer.exchange.store import MeanInputs
 from peer.outer import outer_step, state_dict_hash
+from peer.outer_config import OuterConfig
 from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import TrainerConfig
-from peer.trainer.process import Evaluation, TrainerError, TrainerProcess, map_state, read_state, write_state
+from peer.trainer.process import Evaluation, TrainerError, TrainerProcess
+from peer.trainer.tensor_files import map_state, read_state, write_state
 from peer.transport.channels import PLAINTEXT, Credentials
 
 log = logging.getLogger("sitemesh.training")
@@ -68,33 +64,6 @@ OWNER_WAIT_S = 120.0
 stuck owner then costs a round this much and all-to-all bytes for its shard, never the round."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
-
-
-@dataclass(frozen=True)
-class OuterConfig:
-    # Plain averaging by default: at 12 and 33 rounds (H=10, 3 sites, 4 seeds) it came within 3-6 %
-    # of one trainer on the same tokens, where DiLoCo's 0.7/0.9 was 56 % worse and 1.0/0.5 33 %
-    # (docs/decisions/outer-defaults.md; longer runs not measured yet).
-    lr: float = 1.0
-    """Outer (Nesterov) learning rate η."""
-    momentum: float = 0.0
-    """Outer momentum μ (0: none; DiLoCo's own runs of hundreds of rounds use 0.9 with lr 0.7)."""
-    checkpoint_every: int = 0
-    """Write a Hugging Face checkpoint every N committed rounds (0: only on request)."""
-    eval_every: int = 0
-    """The leader evaluates θ on the held-out set every N committed rounds and the last (0: never;
-    peer/heldout.py)."""
-
-    def __post_init__(self) -> None:
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every={self.eval_every}: give a number of rounds, or 0 for never")
-
-
-SPARSE_OUTER = OuterConfig(lr=1.3, momentum=0.0)
-"""The outer step with the sparse wire (SparseLoCo): no momentum, each site's decayed error feedback
-stands in for it, and a step of 1.3 makes up for the mass the decay drops: 0.976 of plain dense
-averaging's perplexity over 4 seeds at 33 rounds, where lr 1.0 gave 1.026
-(docs/decisions/exchange-sparse-wire.md)."""
 
 
 @dataclass(frozen=True)

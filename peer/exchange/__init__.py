@@ -20,35 +20,9 @@ Chunk bytes travel over the bulk data plane (bulk: plain TCP, TLS under mutual T
 token from the OpenBulk RPC per connection) where both ends offer it, else over gRPC FetchChunks
 (`ExchangeClient(plane=...)`, `peer serve --exchange-plane`).
 
+The package imports nothing itself, so the run file's settings (planes) load without torch or grpc.
 Lower level: `client.fetch_manifest` / `client.fetch_into` fetch one object into preallocated
 tensors; `codec.encode` / `codec.decode` work without any network. Modules: codec (layout, chunks,
 hashes), protoconv (manifest <-> proto), chunkwire (Chunk messages without copies), store, service, bulk,
 client, allreduce, feedback. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
 """
-
-from peer.exchange.allreduce import MeanReport, all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean
-from peer.exchange.client import (
-    ExchangeClient,
-    FetchError,
-    FetchPolicy,
-    FetchStats,
-    fetch_into,
-    fetch_manifest,
-)
-from peer.exchange.service import add_exchange_service
-from peer.exchange.store import ExchangeStore
-
-__all__ = [
-    "ExchangeClient",
-    "ExchangeStore",
-    "FetchError",
-    "FetchPolicy",
-    "FetchStats",
-    "MeanReport",
-    "add_exchange_service",
-    "all_to_all_mean",
-    "fetch_into",
-    "fetch_manifest",
-    "publish_pseudo_gradient",
-    "reduce_scatter_mean",
-]

@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from peer.exchange import bulk, chunkwire, codec, protoconv
 from peer.exchange.buffers import ChunkBuffers
+from peer.exchange.planes import DEFAULT_PLANE, PLANES
 from peer.exchange.service import SERVICE
 from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
@@ -114,9 +115,6 @@ class _Retry(Exception):
     """One attempt failed in a way another attempt (same or next source) may fix."""
 
 
-PLANES = ("bulk", "grpc")
-DEFAULT_PLANE = "bulk"
-"""Chunks move over the bulk data plane where the peer offers one (docs/decisions/exchange-bulk-plane.md)."""
 BULK_MISSES = 2
 """Bulk connections in a row that fail before their first frame, after which a client fetches over
 FetchChunks: one can be a passing fault, two say the port cannot be reached from here (a firewall,

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from peer.trainer.config import RanksConfig, TrainerConfig
+from peer.trainer.parent_death import die_with_parent
 
 log = logging.getLogger("peer.trainer.launch")
 
@@ -69,12 +70,6 @@ def srun_command(ranks: RanksConfig, worker_args: Sequence[str], env: dict[str, 
             f"--ntasks-per-node={ranks.nproc_per_node}", "--kill-on-bad-exit=1", "--input=0",
             "--export=ALL", *ranks.srun_args, *shlex.split(env.get(SRUN_ARGS_ENV, "")), sys.executable, *WORKER,
             *worker_args]
-
-
-def _die_with_parent() -> None:
-    from peer.trainer.worker import _die_with_parent as die
-
-    die()
 
 
 def _local(ranks: RanksConfig, worker_args: list[str]) -> int:
@@ -110,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s trainer-launch[%(process)d] %(levelname)s %(message)s")
     # Our own output must not reach the node's reply pipe, which the ranks inherit as fd 1.
     sys.stdout = sys.stderr
-    _die_with_parent()
+    die_with_parent()
     ranks = TrainerConfig.from_json(args.config.read_text()).ranks
     if ranks.launcher == "srun":
         env = dict(os.environ)

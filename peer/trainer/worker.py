@@ -58,7 +58,6 @@ DataConfig.shipped(max_documents=40, seq_len=32, block_samples=16)).to_json())" 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import math
@@ -78,7 +77,8 @@ from peer.trainer.checkpoint import Checkpoint, save_checkpoint
 from peer.trainer.config import HANDOFF_DTYPES, TrainerConfig
 from peer.trainer.inner import Trainer
 from peer.trainer.model import count_parameters
-from peer.trainer.process import read_state, write_state
+from peer.trainer.parent_death import die_with_parent
+from peer.trainer.tensor_files import read_state, write_state
 from peer.trainer.ranks import MISSING_RANKS_TIMEOUT_S, Rank, join, leave
 
 EXIT_OUT_OF_STEP = 3
@@ -374,15 +374,6 @@ def serve(worker: Worker, commands: IO[str], replies: IO[str]) -> int:
     return 0
 
 
-def _die_with_parent() -> None:
-    """Have Linux SIGKILL us when the node dies. End of stdin also says so, but only once the command
-    in flight is done, and an orphan still in a long round would hold the GPU that the restarted
-    node's new worker needs. (A node that died before this call is caught by the end of stdin.)"""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, type=Path,
@@ -400,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     # The node owns shutdown: a Ctrl-C in its terminal reaches this process group too, and the node
     # may still want a final checkpoint from us. We exit on "stop" or when stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

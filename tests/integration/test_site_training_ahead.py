@@ -14,8 +14,9 @@ from peer.core.commitlog import Contributor, RoundCommit
 from peer.core.samples import SampleRange
 from peer.outer import state_dict_hash
 from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig
-from peer.trainer.process import read_state
-from peer.training import OuterConfig, SiteTraining
+from peer.trainer.tensor_files import read_state
+from peer.outer_config import OuterConfig
+from peer.training import SiteTraining
 
 STEPS = 2
 

@@ -24,7 +24,8 @@ import torch
 
 from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.inner import SLOW_ENV
-from peer.trainer.process import TrainerError, TrainerProcess, read_state, write_state
+from peer.trainer.process import TrainerError, TrainerProcess
+from peer.trainer.tensor_files import read_state, write_state
 
 STEPS, BATCH, SEQ = 3, 8, 32
 SLOWDOWN = 50

@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from peer.exchange import codec
-from peer.trainer.process import map_state, write_state
+from peer.trainer.tensor_files import map_state, write_state
 
 SHAPES = {"model.layers.1.w": (300, 7), "model.embed.weight": (1000, 3), "b": (5,), "a.norm": (0,), "z": (2, 2, 2)}
 CHUNK = 4096

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from peer.core.commitlog import RoundCommit
-from peer.exchange import publish_pseudo_gradient
+from peer.exchange.allreduce import publish_pseudo_gradient
 from peer.outer import state_dict_hash
 from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig
-from peer.training import InvalidContribution, OuterConfig, SiteTraining
+from peer.outer_config import OuterConfig
+from peer.training import InvalidContribution, SiteTraining
 from tests.support.exchange import random_model, serving
 
 SIZES = {"w": (33, 7), "b": (5,)}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from peer.config import ConfigError, parse_address
+from peer.join_errors import JoinFailed
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
 from peer.core.timeline import PHASES, RoundTimeline
 from peer.transport.wire import to_proto
@@ -81,8 +82,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return admin_pb2.LeaveReply(notified=max(live - 1, 0))
 
     async def Join(self, request, context):  # noqa: N802
-        from peer.node import JoinFailed
-
         if not request.seeds:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinRequest.seeds is empty: give host:port of a member")
         try:
