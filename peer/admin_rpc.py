@@ -14,7 +14,7 @@ from peer.core.timeline import PHASES, RoundTimeline
 from peer.transport.wire import to_proto
 
 if TYPE_CHECKING:
-    from peer.node import Node
+    from peer.runtime_view import PeerView
 
 
 def timeline_to_proto(rec: RoundTimeline) -> admin_pb2.RoundTimeline:
@@ -25,7 +25,7 @@ def timeline_to_proto(rec: RoundTimeline) -> admin_pb2.RoundTimeline:
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: PeerView) -> None:
         self._node = node
 
     async def Status(self, request, context):  # noqa: N802 - generated name

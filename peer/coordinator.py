@@ -43,12 +43,12 @@ from peer.core.leases import LeaseConfig
 from peer.heldout import HeldOut
 from peer.leasing import Leasing
 from peer.vouching import keys_of
-from peer.metrics import exclusion_kind
+from peer.peer_events import exclusion_kind
 from peer.core.timeline import RoundClock, RoundTimeline
 from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
 
 if TYPE_CHECKING:
-    from peer.node import Node
+    from peer.runtime_view import Runtime
 
 log = logging.getLogger("sitemesh.rounds")
 
@@ -56,7 +56,7 @@ LIVE = ("ALIVE", "SUSPECT")
 
 
 class Coordinator:
-    def __init__(self, node: Node, training: SiteTraining, config: r.RoundsConfig, leases: LeaseConfig) -> None:
+    def __init__(self, node: Runtime, training: SiteTraining, config: r.RoundsConfig, leases: LeaseConfig) -> None:
         self.node = node
         self.training = training
         self.config = config

@@ -6,7 +6,7 @@
 The cores already hold almost every number an operator wants (members by state, epoch, commit
 index, leases held, the last round's timeline), so a custom Collector reads them at scrape time
 instead of counters sprinkled through protocol code. The few things that are events rather than
-state (suspicions, refutations, commit latencies, exclusions) are counted in `PeerEvents`, a plain
+state (suspicions, refutations, commit latencies, exclusions) are counted in `PeerEvents` (peer_events.py), a plain
 object the node and the coordinator update where the event happens.
 
 The HTTP server runs in its own thread (prometheus_client's); every family is built on the node's
@@ -16,13 +16,11 @@ event loop, which owns the cores, so a scrape never reads a core mid-update.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import math
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,90 +31,15 @@ from prometheus_client.registry import Collector
 from peer.core.commitlog import RoundCommit
 from peer.core.lease_types import EventKind
 from peer.core.timeline import PHASES
+from peer.peer_events import EXCLUSION_KINDS
 
 if TYPE_CHECKING:
-    from peer.node import Node
+    from peer.runtime_view import PeerView
 
 log = logging.getLogger("sitemesh.metrics")
 
 SCRAPE_TIMEOUT_S = 5.0
 """How long a scrape waits for the event loop; a loop busier than that is itself worth a failed scrape."""
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-# Exclusion reasons are free text (they name blocks and samples); the label is the kind, so the
-# number of series stays bounded. First match wins.
-_EXCLUSION_KINDS = (
-    ("did not report", "no_report"),
-    ("trained nothing usable", "training_failed"),
-    ("were not leased", "not_leased"),
-    ("already committed", "already_committed"),
-    ("already included", "duplicate"),
-    ("is for round", "wrong_round"),
-)
-
-
-def exclusion_kind(reason: str) -> str:
-    """The bounded label of a leader's exclusion reason (rounds.Decide.excluded)."""
-    return next((kind for text, kind in _EXCLUSION_KINDS if text in reason), "invalid")
-
-
-@dataclass
-class Histogram:
-    """Cumulative-bucket histogram in seconds (what HistogramMetricFamily wants), no locking:
-    observed and read on the node's event loop only."""
-
-    buckets: tuple[float, ...] = LATENCY_BUCKETS_S
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-
-    def __post_init__(self) -> None:
-        if list(self.buckets) != sorted(self.buckets) or not self.buckets:
-            raise ValueError(f"histogram buckets must be a non-empty ascending tuple, got {self.buckets}")
-        self.counts = [0] * (len(self.buckets) + 1)
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self.total += seconds
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip((*self.buckets, math.inf), self.counts):
-            running += n
-            out.append(("+Inf" if bound == math.inf else repr(bound), running))
-        return out
-
-
-@dataclass
-class PeerEvents:
-    """Event counts the cores do not keep as state."""
-
-    suspicions: int = 0
-    """Members this peer saw become SUSPECT."""
-    refutations: int = 0
-    """SUSPECT members that came back ALIVE (they refuted the suspicion with a new incarnation)."""
-    excluded: Counter[str] = field(default_factory=Counter)
-    """Contributions this peer, as leader, left out of a round, by exclusion_kind."""
-    commit_latency: Histogram = field(default_factory=Histogram)
-    """Leader: seconds from proposing a round's commit to knowing it committed."""
-    _proposed: dict[int, float] = field(default_factory=dict)
-
-    def member_changed(self, old: str | None, new: str) -> None:
-        if new == "SUSPECT":
-            self.suspicions += 1
-        elif old == "SUSPECT" and new == "ALIVE":
-            self.refutations += 1
-
-    def proposed(self, round_: int, now: float) -> None:
-        self._proposed[round_] = now
-
-    def committed(self, round_: int, now: float) -> None:
-        started = self._proposed.pop(round_, None)
-        if started is not None:
-            self.commit_latency.observe(max(now - started, 0.0))
-        for old in [r for r in self._proposed if r < round_]:
-            del self._proposed[old]  # proposals that lost their leadership never commit
-
 
 def _peak_rss_bytes(pid: int | None) -> float | None:
     """VmHWM of a process (Linux): the trainer worker's peak resident memory."""
@@ -130,7 +53,7 @@ def _peak_rss_bytes(pid: int | None) -> float | None:
     return float(m.group(1)) * 1024 if m else None
 
 
-def families(node: Node) -> Iterator[Metric]:
+def families(node: PeerView) -> Iterator[Metric]:
     """Every sitemesh metric family of `node`, read now (call on the node's event loop)."""
     ev = node.events
     members = GaugeMetricFamily("sitemesh_members", "Members of the mesh by state, as this peer sees them",
@@ -172,7 +95,7 @@ def families(node: Node) -> Iterator[Metric]:
                                 value=len(entry.body.contributors))
     excluded = CounterMetricFamily("sitemesh_rounds_excluded",
                                    "Contributions this peer, as leader, left out of a round", labels=["reason"])
-    for kind in sorted({k for _, k in _EXCLUSION_KINDS} | {"invalid"}):
+    for kind in EXCLUSION_KINDS:
         excluded.add_metric([kind], ev.excluded.get(kind, 0))
     yield excluded
     refused = CounterMetricFamily("sitemesh_refused_implausible",
@@ -188,7 +111,7 @@ def families(node: Node) -> Iterator[Metric]:
     yield from _training_families(node)
 
 
-def _training_families(node: Node) -> Iterator[Metric]:
+def _training_families(node: PeerView) -> Iterator[Metric]:
     coord = node.coordinator
     assert coord is not None
     training = coord.training
@@ -283,7 +206,7 @@ def _training_families(node: Node) -> Iterator[Metric]:
 class PeerCollector(Collector):
     """Builds the families on the node's loop; `collect` runs in the HTTP server's thread."""
 
-    def __init__(self, node: Node, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, node: PeerView, loop: asyncio.AbstractEventLoop) -> None:
         self._node = node
         self._loop = loop
 
@@ -295,7 +218,7 @@ class PeerCollector(Collector):
         yield from future.result(timeout=SCRAPE_TIMEOUT_S)
 
 
-def serve(node: Node, listen: str) -> int:
+def serve(node: PeerView, listen: str) -> int:
     """Starts the /metrics endpoint on `listen` (host:port, port 0 picks one); returns the bound port.
     Call from the node's event loop."""
     from peer.config import parse_address

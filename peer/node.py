@@ -39,7 +39,7 @@ from peer.durable import write_atomic
 from peer.core.election import Role, SiteId
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
-from peer.metrics import PeerEvents
+from peer.peer_events import PeerEvents
 from peer.admin_rpc import AdminServicer
 from peer.join_errors import JoinFailed, JoinRefused
 from peer.dirlock import lock_dir

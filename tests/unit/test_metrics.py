@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from peer.metrics import Histogram, PeerEvents, exclusion_kind
+from peer.peer_events import Histogram, PeerEvents, exclusion_kind
 
 
 def test_histogram_buckets_are_cumulative() -> None:
