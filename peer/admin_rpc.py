@@ -10,6 +10,7 @@ import grpc
 from peer.config import ConfigError, parse_address
 from peer.join_errors import JoinFailed
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
+from peer.core.membership_types import MemberState
 from peer.core.timeline import PHASES, RoundTimeline
 from peer.transport.wire import to_proto
 
@@ -78,7 +79,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Leave(self, request, context):  # noqa: N802
         # The reply must go out before the server stops, so the leave runs after we return.
         asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._node.leave()))
-        live = sum(1 for v in self._node.members() if v.state.name in ("ALIVE", "SUSPECT"))
+        live = sum(1 for v in self._node.members() if v.state in (MemberState.ALIVE, MemberState.SUSPECT))
         return admin_pb2.LeaveReply(notified=max(live - 1, 0))
 
     async def Join(self, request, context):  # noqa: N802

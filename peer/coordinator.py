@@ -39,20 +39,21 @@ from peer.core.peer_rounds import Effect, PeerRounds, Seen
 from peer.core.election import Role, SiteId
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
 from peer.core.membership import LEAVING
+from peer.core.membership_types import MemberState
 from peer.core.leases import LeaseConfig
 from peer.heldout import HeldOut
 from peer.leasing import Leasing
 from peer.vouching import keys_of
-from peer.peer_events import exclusion_kind
 from peer.core.timeline import RoundClock, RoundTimeline
-from peer.training import HashMismatch, InvalidContribution, SiteTraining, Unavailable
+from peer.round_exchange import InvalidContribution, Unavailable
+from peer.training import HashMismatch, SiteTraining
 
 if TYPE_CHECKING:
     from peer.runtime_view import Runtime
 
 log = logging.getLogger("sitemesh.rounds")
 
-LIVE = ("ALIVE", "SUSPECT")
+LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 
 
 class Coordinator:
@@ -143,7 +144,7 @@ class Coordinator:
     def _seen(self) -> Seen:
         """What consensus, membership and the trainer's state say now."""
         status = self.node.consensus_status()
-        members = [v for v in self.node.members() if v.state.name in LIVE]
+        members = [v for v in self.node.members() if v.state in LIVE]
         live = frozenset(v.site for v in members)
         leaving = frozenset(v.site for v in members if v.meta is not None and LEAVING in v.meta.labels)
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.training.applied_round,
@@ -239,11 +240,11 @@ class Coordinator:
         elif isinstance(effect, r.Broadcast):
             log.info("round %d open", effect.msg.round)
             for view in self.node.members():
-                if view.state.name == "ALIVE":
+                if view.state is MemberState.ALIVE:
                     self.node.send_round_message(view.address, effect.msg)
         elif isinstance(effect, r.SendOpen):
             to = self.node.member(effect.site)
-            if to is not None and to.state.name == "ALIVE":
+            if to is not None and to.state is MemberState.ALIVE:
                 log.info("%s", effect.why)
                 self.node.send_round_message(to.address, effect.msg)
         elif isinstance(effect, r.EpochComplete):
@@ -256,7 +257,7 @@ class Coordinator:
         elif isinstance(effect, ev.Fold):
             self._spawn(self.training.fold(effect.round))
         elif isinstance(effect, ev.Excluded):
-            self.node.events.excluded[exclusion_kind(effect.reason)] += 1
+            self.node.events.excluded[effect.kind.value] += 1
         elif isinstance(effect, ev.Fetch):
             self._fetch = self._spawn(self._outcome(effect, self._fetch))
         elif isinstance(effect, ev.CancelFetch):
@@ -287,7 +288,7 @@ class Coordinator:
             asyncio.get_running_loop().call_soon(self.receive_lease, msg)
             return
         view = self.node.member(site)
-        if view is not None and view.state.name in LIVE:
+        if view is not None and view.state in LIVE:
             self.node.send_lease_message(view.address, msg)
 
     def _contribute(self, report: r.Contribution) -> None:
@@ -304,7 +305,7 @@ class Coordinator:
         self.node.send_round_message(leader.address, replace(report, header=header))
 
     def _addresses(self) -> dict[str, str]:
-        return {v.site: v.address for v in self.node.members() if v.state.name == "ALIVE"}
+        return {v.site: v.address for v in self.node.members() if v.state is MemberState.ALIVE}
 
     # ----- long effects: each ends in one completion event -------------------------------------
     async def _train(self, t: ev.Train) -> None:

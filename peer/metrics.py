@@ -164,7 +164,7 @@ def _training_families(node: PeerView) -> Iterator[Metric]:
     refetches = CounterMetricFamily("sitemesh_exchange_refetches",
                                     "Chunk streams from each peer restarted after a fault (stall, transport "
                                     "error, truncated stream, corrupt or misplaced chunk)", labels=["peer"])
-    for site, s in sorted(training.fetched.items()):
+    for site, s in sorted(training.exchange.fetched.items()):
         received.add_metric([site], s.bytes)
         mismatches.add_metric([site], s.corrupt_chunks)
         refetches.add_metric([site], s.corrupt_chunks + s.misplaced_chunks + s.truncated_streams + s.stalls
@@ -173,7 +173,7 @@ def _training_families(node: PeerView) -> Iterator[Metric]:
     sent = CounterMetricFamily("sitemesh_exchange_sent_bytes",
                                "Chunk bytes this peer's exchange service streamed to other peers, by object kind "
                                "(pseudo_gradient, mean_shard, global_state)", labels=["kind"])
-    for kind, n in sorted(training.store.sent_bytes.items()):
+    for kind, n in sorted(training.exchange.store.sent_bytes.items()):
         sent.add_metric([kind], n)
     yield sent
     yield mismatches
@@ -182,7 +182,7 @@ def _training_families(node: PeerView) -> Iterator[Metric]:
                                   "Bulk data-plane connections this peer refused, by status (INVALID_ARGUMENT: "
                                   "not a bulk request; UNAUTHENTICATED: unknown, used or expired token; "
                                   "RESOURCE_EXHAUSTED: too many connections)", labels=["status"])
-    for status, n in sorted(training.bulk_refusals().items()):
+    for status, n in sorted(training.exchange.bulk_refusals().items()):
         refused.add_metric([status], n)
     yield refused
 

@@ -7,8 +7,10 @@ One asyncio event loop owns every core, so cores need no locks: RPC handlers and
 feed them events in turn and execute the effects they return, in order. Training runs in other
 processes (docs/decisions/node-asyncio.md) so nothing here is starved by a CUDA sync or a GC pause.
 
-Cores wired here: membership (SWIM/Lifeguard) and consensus (election + round-commit log). Their
-only coupling is this file: membership's state changes are fed to consensus as alive/left/dead.
+The node executes the effects of membership (SWIM/Lifeguard, behind member_admission.py's gate)
+and consensus (election + round-commit log), feeding membership's state changes to consensus as
+alive/left/dead, and hands the round and lease cores to the coordinator (coordinator.py), which
+runs their effects through the node's sends and proposals (runtime_view.Runtime).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import json
 import logging
 import random
 import tempfile
@@ -35,12 +36,13 @@ from peer.core import agreement
 from peer.core import membership as m
 from peer.core.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
-from peer.durable import write_atomic
 from peer.core.election import Role, SiteId
+from peer.core.member_admission import MemberAdmission
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
 from peer.peer_events import PeerEvents
 from peer.admin_rpc import AdminServicer
+from peer.applied_pointer import Applied, AppliedPointer
 from peer.join_errors import JoinFailed, JoinRefused
 from peer.dirlock import lock_dir
 from peer.transport.channels import ChannelPool, bind, new_server
@@ -123,8 +125,10 @@ class Node:
         self.identity: agreement.TrainingIdentity | None = None
         """What this site trains (model, tokenizer, data by content), published in its membership
         labels and checked against every sender's (peer/core/agreement.py); None without a trainer."""
-        self._refused_config: dict[str, str] = {}
-        """site -> the last config refusal logged for it (a refused site is logged once per reason)."""
+        self._applied = AppliedPointer(self.data_dir / "state")
+        """What a peer without a trainer applied (a training peer's θ store keeps its own)."""
+        self._admission = MemberAdmission(config.site, MAX_MEMBERS, config.membership.probe_interval_s)
+        """Who is let into membership at all: no duplicate site, no table overflow, no other run."""
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
                                     config.exchange_plane, config.trainer_threads)
@@ -160,8 +164,8 @@ class Node:
         bulk_plane = None
         if self.coordinator is not None:
             training = self.coordinator.training
-            bulk_plane = training.serve_bulk(host)
-            add_exchange_service(self._server, training.store, bulk_plane)
+            bulk_plane = training.exchange.serve_bulk(host)
+            add_exchange_service(self._server, training.exchange.store, bulk_plane)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -180,7 +184,7 @@ class Node:
             self.metrics_port = metrics.serve(self, self.config.metrics_listen)
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self._spawn(self._timer_loop())
+        self.spawn(self._timer_loop())
         if self.coordinator is not None:
             # Builds the trainer process (tokenizing the corpus on first use); the mesh already
             # answers meanwhile, so this site is a live member that trains once ready.
@@ -208,7 +212,8 @@ class Node:
         self._store = FileStore(self.data_dir / "consensus")
         founders = None if self.config.join else {SiteId(self.config.site): self.address}
         # What this peer applied is fsynced apart from the log: the log must still reach it.
-        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._load_applied()
+        mine = self._applied.load()
+        applied = self.coordinator.training.pointer() if self.coordinator is not None else (mine.index, mine.round)
         durable = self._store.load_or_init(c.DurableState.fresh(founders), keep_through=applied[0])
         if self._store.recovered:
             log.warning("commit log repaired at start-up: %s", self._store.recovered)
@@ -334,59 +339,15 @@ class Node:
         is refused, if it is."""
         if self._stopped.is_set():
             return None
-        refused = self._duplicate_site(msg) or self._table_full(msg) or self._other_config(msg)
+        refused = self._admission.check(msg, self.address, self._core().members(), self._clock(), self.identity)
+        if refused is not None and not refused.final:
+            return refused.reason
         if refused is not None:
-            return refused
-        self._spawn(self._execute(self._core().receive(msg, self._clock())))
+            if refused.first:
+                log.warning("refused %s: %s", msg.from_site, refused.reason)
+            return Refused(refused.reason)
+        self.spawn(self._execute(self._core().receive(msg, self._clock())))
         self.wake()
-        return None
-
-    def _table_full(self, msg: m.Message) -> str | None:
-        """At most MAX_MEMBERS members are held: rumours of more new sites are refused whole."""
-        rumours = msg.members if isinstance(msg, m.PushPull) else getattr(msg, "updates", ())
-        known = {view.site for view in self._core().members()}
-        new = {u.site for u in rumours} - known
-        if new and len(known) + len(new) > MAX_MEMBERS:
-            return f"{len(new)} new members would pass the limit of {MAX_MEMBERS} members this peer holds"
-        return None
-
-    def _other_config(self, msg: m.Message) -> Refused | None:
-        """A sender whose own metadata in `msg` says it trains something other than the run is
-        refused for good, before membership (and so consensus, the lease ring, the rounds) ever
-        counts it: its leases would name blocks nobody else can train (issue #38)."""
-        sender = msg.from_site
-        rumours = msg.members if isinstance(msg, m.PushPull) else getattr(msg, "updates", ())
-        own = next((u.meta for u in rumours if u.site == sender and u.meta is not None), None)
-        if own is None or sender == self.config.site:
-            return None
-        live = ((v.site, v.meta.labels) for v in self._core().members()
-                if v.meta is not None and v.state in (m.MemberState.ALIVE, m.MemberState.SUSPECT))
-        run = agreement.the_runs(self.config.site, self.identity, live)
-        why = agreement.check_member(run, sender, own.labels)
-        if why is None:
-            self._refused_config.pop(sender, None)
-            return None
-        if self._refused_config.get(sender) != why:
-            self._refused_config[sender] = why
-            log.warning("refused %s: %s", sender, why)
-        return Refused(why)
-
-    def _duplicate_site(self, msg: m.Message) -> str | None:
-        """A second live process under a site name already in the run is refused: it would take over
-        the site's gossip, and its leave would evict the real one. A restarted site (the old process
-        silent for a few probe periods) is welcome."""
-        sender = getattr(msg, "from_address", None)
-        if sender is None:
-            return None
-        if msg.from_site == self.config.site and sender != self.address:
-            return f"site {msg.from_site} is this peer ({self.address}); a second process with its name is refused"
-        view = self._core().member(msg.from_site)
-        if view is None or view.state is not m.MemberState.ALIVE or view.address == sender:
-            return None
-        quiet = self._clock() - view.last_heard
-        if quiet < self.config.membership.probe_interval_s * 3:
-            return (f"site {msg.from_site} is live at {view.address} (heard {quiet:.1f} s ago); a second "
-                    f"process with its name at {sender} is refused: stop one of them")
         return None
 
     def deliver_consensus(self, msg: c.Message) -> None:
@@ -530,7 +491,7 @@ class Node:
                     # Back up, or a new process at a new address: a one-way round open sent meanwhile
                     # may be lost (docs/decisions/rounds-open-resend.md).
                     self.coordinator.member_up(effect.site)
-                self.events.member_changed(effect.old.name if effect.old else None, effect.new.name)
+                self.events.member_changed(effect.old, effect.new)
                 self.wake()  # the live sites changed: the leader may open, or stop waiting
             elif isinstance(effect, m.Rejected):
                 self._log_refusal("membership", effect.from_site, f"{effect.what} ({effect.kind.value})",
@@ -539,7 +500,7 @@ class Node:
             await asyncio.gather(*sends)
         else:
             for coro in sends:
-                self._spawn(coro)
+                self.spawn(coro)
 
     def _execute_consensus(self, effects: Sequence[c.Effect]) -> None:
         """Runs consensus effects strictly in order: a Persist* is fsynced before any later Send."""
@@ -550,12 +511,13 @@ class Node:
             if store.persist(effect):
                 continue
             if isinstance(effect, c.Send):
-                self._spawn(self._raft.send(effect.address, effect.msg))
+                self.spawn(self._raft.send(effect.address, effect.msg))
             elif isinstance(effect, c.Committed):
                 committed.append(effect.entry)
             elif isinstance(effect, c.SnapshotInstalled):
                 store.save_commit_index(effect.snapshot.last_index)
-                self._save_applied(effect.snapshot.last_index, effect.snapshot.last_round)
+                if self.coordinator is None:  # a training peer's pointer moves with its θ (catch_up)
+                    self._applied.save(Applied(effect.snapshot.last_index, effect.snapshot.last_round))
             elif isinstance(effect, c.LeaderChanged):
                 log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
                 if self.coordinator is not None:
@@ -595,21 +557,7 @@ class Node:
             # The training state records what it applied, once θ_r is durable.
             self.coordinator.on_entries(entries)
         else:
-            self._save_applied(entries[-1].index, self.applied_round)
-
-    def _applied_path(self) -> Path:
-        return self.data_dir / "applied.json"
-
-    def _load_applied(self) -> tuple[int, int]:
-        try:
-            doc = json.loads(self._applied_path().read_text())
-            return int(doc["index"]), int(doc["round"])
-        except FileNotFoundError:
-            return 0, 0
-
-    def _save_applied(self, index: int, round_: int) -> None:
-        """Atomically records what this peer's state reflects (write, fsync, rename)."""
-        write_atomic(self._applied_path(), json.dumps({"index": index, "round": round_}))
+            self._applied.save(Applied(entries[-1].index, self.applied_round))
 
     async def _wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Re-checks `predicate` whenever the node handled something (a message, a timer, a send
@@ -641,9 +589,6 @@ class Node:
 
     def spawn(self, coro: object) -> None:
         """Runs `coro` on the loop; the node keeps it alive and cancels it at stop."""
-        self._spawn(coro)
-
-    def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

@@ -12,27 +12,13 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from peer.core.exclusion import ExclusionKind
+from peer.core.membership_types import MemberState
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-# Exclusion reasons are free text (they name blocks and samples); the label is the kind, so the
-# number of series stays bounded. First match wins.
-_EXCLUSION_KINDS = (
-    ("did not report", "no_report"),
-    ("trained nothing usable", "training_failed"),
-    ("were not leased", "not_leased"),
-    ("already committed", "already_committed"),
-    ("already included", "duplicate"),
-    ("is for round", "wrong_round"),
-)
-
-
-EXCLUSION_KINDS = tuple(sorted({kind for _, kind in _EXCLUSION_KINDS} | {"invalid"}))
-"""Every label exclusion_kind returns, so each series exists from the first scrape."""
-
-
-def exclusion_kind(reason: str) -> str:
-    """The bounded label of a leader's exclusion reason (rounds.Decide.excluded)."""
-    return next((kind for text, kind in _EXCLUSION_KINDS if text in reason), "invalid")
+EXCLUSION_KINDS = tuple(kind.value for kind in ExclusionKind)
+"""Every label of the exclusion counter, so each series exists from the first scrape."""
 
 
 @dataclass
@@ -71,15 +57,15 @@ class PeerEvents:
     refutations: int = 0
     """SUSPECT members that came back ALIVE (they refuted the suspicion with a new incarnation)."""
     excluded: Counter[str] = field(default_factory=Counter)
-    """Contributions this peer, as leader, left out of a round, by exclusion_kind."""
+    """Contributions this peer, as leader, left out of a round, by ExclusionKind value."""
     commit_latency: Histogram = field(default_factory=Histogram)
     """Leader: seconds from proposing a round's commit to knowing it committed."""
     _proposed: dict[int, float] = field(default_factory=dict)
 
-    def member_changed(self, old: str | None, new: str) -> None:
-        if new == "SUSPECT":
+    def member_changed(self, old: MemberState | None, new: MemberState) -> None:
+        if new is MemberState.SUSPECT:
             self.suspicions += 1
-        elif old == "SUSPECT" and new == "ALIVE":
+        elif old is MemberState.SUSPECT and new is MemberState.ALIVE:
             self.refutations += 1
 
     def proposed(self, round_: int, now: float) -> None:

@@ -35,6 +35,7 @@ from peer.core import vouchers
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import SampleRange
 from peer.core.election import SiteId
+from peer.core.exclusion import ExclusionKind
 from peer.core.lease_types import BlockId, Spans, Voucher, fmt, intersect, normalize, of_range, subtract
 from peer.core.ring import RingView
 
@@ -79,14 +80,20 @@ class Admission:
     reason: str
     freed: tuple[SampleRange, ...]
     """Ranges going back to free (all of them when excluded, none when included)."""
+    kind: ExclusionKind | None = None
+    """Why it is excluded, as a kind (None when included)."""
 
 
 def admit_contribution(c: Contribution, round_: int, ledger: EpochLedger,
                        taken: dict[BlockId, Spans], credit: Credit | None = None) -> Admission:
     """Decide one contribution; on inclusion, its samples are added to `taken` (this round's)."""
-    why = _why_not(c, round_, ledger, taken) or (_not_credited(c, round_, credit) if credit else "")
-    if why:
-        return Admission(c.site, False, f"excluded: {why}", c.ranges)
+    found = _why_not(c, round_, ledger, taken)
+    if found is None and credit is not None:  # a signature check only for what passed the rest
+        not_credited = _not_credited(c, round_, credit)
+        found = (ExclusionKind.INVALID, not_credited) if not_credited else None
+    if found is not None:
+        kind, why = found
+        return Admission(c.site, False, f"excluded: {why}", c.ranges, kind)
     for r in c.ranges:
         b = BlockId(r.block_id)
         taken[b] = normalize(taken.get(b, ()) + of_range(r))
@@ -121,11 +128,12 @@ def _not_credited(c: Contribution, round_: int, credit: Credit) -> str:
     return ""
 
 
-def _why_not(c: Contribution, round_: int, ledger: EpochLedger, taken: dict[BlockId, Spans]) -> str:
+def _why_not(c: Contribution, round_: int, ledger: EpochLedger,
+             taken: dict[BlockId, Spans]) -> tuple[ExclusionKind, str] | None:
     if c.round != round_:
-        return f"contribution is for round {c.round}, closing round {round_}"
+        return ExclusionKind.WRONG_ROUND, f"contribution is for round {c.round}, closing round {round_}"
     if not c.ranges:
-        return "no samples named"
+        return ExclusionKind.INVALID, "no samples named"
     vouched: dict[BlockId, Spans] = {}
     for v in c.vouchers:
         vouched[v.block_id] = normalize(vouched.get(v.block_id, ()) + v.spans)
@@ -133,17 +141,19 @@ def _why_not(c: Contribution, round_: int, ledger: EpochLedger, taken: dict[Bloc
     for r in c.ranges:
         b, span = BlockId(r.block_id), of_range(r)
         if b not in ledger.sizes or r.end > ledger.size(b):
-            return f"range {r.start}..{r.end} of block {b} is not in the dataset"
+            return ExclusionKind.INVALID, f"range {r.start}..{r.end} of block {b} is not in the dataset"
         if intersect(span, own.get(b, ())):
-            return f"block {b}: range {r.start}..{r.end} named twice"
+            return ExclusionKind.INVALID, f"block {b}: range {r.start}..{r.end} named twice"
         own[b] = normalize(own.get(b, ()) + span)
         missing = subtract(span, vouched.get(b, ()))
         if missing:
-            return f"block {b}: samples {fmt(missing)} were not leased to {c.site} for round {round_}"
+            return ExclusionKind.NOT_LEASED, f"block {b}: samples {fmt(missing)} were not leased to {c.site} for round {round_}"
         done = intersect(span, ledger.done(b))
         if done:
-            return f"block {b}: samples {fmt(done)} already committed in data epoch {ledger.data_epoch}"
+            return (ExclusionKind.ALREADY_COMMITTED,
+                    f"block {b}: samples {fmt(done)} already committed in data epoch {ledger.data_epoch}")
         clash = intersect(span, taken.get(b, ()))
         if clash:
-            return f"block {b}: samples {fmt(clash)} already included in round {round_} from another site"
-    return ""
+            return (ExclusionKind.DUPLICATE,
+                    f"block {b}: samples {fmt(clash)} already included in round {round_} from another site")
+    return None

@@ -53,8 +53,8 @@ class Decision:
         if isinstance(event, ev.DecideRound):
             d = event.decide
             out: list[ev.Effect] = [ev.Note(d.why)] if d.why else []
-            out += [ev.Excluded(d.round, site, reason) for site, reason in d.excluded]
-            out += [ev.Note(f"round {d.round}: {site}: {reason}") for site, reason in d.excluded]
+            out += [ev.Excluded(d.round, e.site, e.kind, e.reason) for e in d.excluded]
+            out += [ev.Note(f"round {d.round}: {e.site}: {e.reason}") for e in d.excluded]
             admitted = list(d.admitted)
             for c in [c for c in admitted if c.site not in event.live]:
                 admitted.remove(c)

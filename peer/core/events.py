@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from peer.core.commitlog import RoundCommit
+from peer.core.exclusion import ExclusionKind
 from peer.core.lease_types import Send as LeaseSend
 from peer.core.rounds import Contribution, Decide, RoundOpen
 from peer.core.samples import SampleRange
@@ -33,7 +34,7 @@ class LeasesChanged:
 
 @dataclass(frozen=True)
 class Opened:
-    """The current leader opened a round (the executor refused stale epochs already)."""
+    """The current leader opened a round (PeerRounds.round_message refused stale epochs already)."""
 
     msg: RoundOpen
 
@@ -219,10 +220,11 @@ class CancelFetch:
 
 @dataclass(frozen=True)
 class Excluded:
-    """Leader: `site` is not in `round`, for `reason` (counted by kind in the metrics)."""
+    """Leader: `site` is not in `round`, for `reason` (counted by `kind` in the metrics)."""
 
     round: int
     site: str
+    kind: ExclusionKind
     reason: str
 
 

@@ -165,7 +165,7 @@ class PeerRounds:
             if seen.leading:
                 # A leaving leader must not commit its own pseudo-gradient: once it is gone nobody
                 # else holds it (every other peer fetches it to apply the round), and no round after
-                # would open to prove a staying peer has θ (seed 582 of the whole-peer simulator).
+                # would open to prove a staying peer has θ (docs/decisions/rounds-leaving-leader.md).
                 out += self._lead(self.leader.withdraw(self.site, now), now, seen)
         out += self.core.handle(event, now)
         return self._all_leave(out, now, seen) if self.leaving else out

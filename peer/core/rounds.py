@@ -6,9 +6,9 @@ leader's business: sites train samples they hold data leases on (DARL, peer/core
 report exactly those, with the lease owners' vouchers. The leader decides when every expected site
 reported or the deadline passed: `admit_round` (peer/core/admission.py) includes a contribution only if
 every range is vouched for that site and round and none is committed in the data epoch (I6);
-anything else is excluded with a reason and its samples go back to free. The node turns a
-`Decide` into the outer step and a RoundCommit proposal; the commit log alone says which samples
-are trained (I4, I5).
+anything else is excluded with a reason and its samples go back to free. A peer's round router
+(peer_rounds.py) turns a `Decide` into the fetch and outer step the coordinator runs, then a
+RoundCommit proposal; the commit log alone says which samples are trained (I4, I5).
 
     .venv/bin/python -m pytest tests/unit/test_rounds.py -q
 """
@@ -25,6 +25,7 @@ from peer.core import admission
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import Round, RoundCommit, SampleRange
 from peer.core.election import Header, SiteId
+from peer.core.exclusion import Exclusion, ExclusionKind
 from peer.core.lease_types import Voucher
 
 
@@ -164,8 +165,8 @@ class Decide:
 
     round: int
     admitted: tuple[Contribution, ...]
-    excluded: tuple[tuple[str, str], ...]
-    """(site, reason) of every expected site or contribution that is not in the round."""
+    excluded: tuple[Exclusion, ...]
+    """Every expected site or contribution that is not in the round, with why."""
     why: str = ""
     """Why a round with nothing admitted is committed anyway, and when the next one opens (empty: it
     has contributions to decide)."""
@@ -423,15 +424,18 @@ class RoundLeader:
         decisions = admission.admit_round(o.round, (c.accounting() for c in offers.values()), self.ledger,
                                           self.credit)
         admitted = tuple(offers[d.site] for d in decisions if d.included)
-        excluded: list[tuple[str, str]] = [(d.site, d.reason) for d in decisions if not d.included]
-        excluded += [(s, f"excluded: {s} trained nothing usable in round {o.round} (its training failed)")
+        excluded = [Exclusion(d.site, d.kind, d.reason) for d in decisions if d.kind is not None]
+        excluded += [Exclusion(s, ExclusionKind.TRAINING_FAILED,
+                               f"excluded: {s} trained nothing usable in round {o.round} (its training failed)")
                      for s in failed]
-        excluded += [(s, f"excluded: {s} is dead (membership), its reported pseudo-gradient cannot be fetched")
+        excluded += [Exclusion(s, ExclusionKind.DEPARTED,
+                               f"excluded: {s} is dead (membership), its reported pseudo-gradient cannot be fetched")
                      for s in gone]
-        excluded += [(s, f"excluded: {s} leads this round and is leaving: once it is gone nobody would "
-                         "hold its pseudo-gradient") for s in withdrawn]
-        excluded += [(s, f"excluded: {s} did not report (" + ("membership declared it dead or left)" if s in o.dead
-                                                                else "deadline passed)"))
+        excluded += [Exclusion(s, ExclusionKind.LEAVING_LEADER, f"excluded: {s} leads this round and is leaving: "
+                               "once it is gone nobody would hold its pseudo-gradient") for s in withdrawn]
+        excluded += [Exclusion(s, ExclusionKind.DEPARTED, f"excluded: {s} did not report (membership declared it "
+                               "dead or left)") if s in o.dead else
+                     Exclusion(s, ExclusionKind.NO_REPORT, f"excluded: {s} did not report (deadline passed)")
                      for s in sorted(self._waiting(o))]
         self._decided_round(o.round, len(admitted), now)
         why = "" if admitted else (f"round {o.round}: no contribution admitted ({self._empty} such round(s) in a "

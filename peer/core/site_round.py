@@ -274,8 +274,7 @@ class SiteRound:
         last boxed round fits in the budget, a quarter to spare and at least one step's worth, and
         one step's worth in its first (a probe of its pace). A slow site that took H x batch would
         start block after block it cannot train in the budget: a started block cannot be stolen, so
-        faster sites would idle while it holds them (measured in tests/integration/test_time_boxed.py:
-        the fast site trained in 7 of 30 rounds; with the pace but no probe, in 5 of 24)."""
+        faster sites would idle while it holds them (docs/decisions/rounds-time-boxed-quota.md)."""
         full = self.config.samples_per_round
         budget = self._budget(open_)
         if budget is None:

@@ -225,7 +225,7 @@ class Control:
             if isinstance(e, r.Broadcast):
                 self.open, self.opening, self._next_resend = e.msg, self.opening + 1, now  # tell every site now
             elif isinstance(e, r.Decide):
-                self.truth.excluded.extend(e.excluded)
+                self.truth.excluded.extend((x.site, x.reason) for x in e.excluded)
                 self._decide(self.decision.handle(ev.DecideRound(e, frozenset(self._voters)), now), now)
 
     def _decide(self, effects: Sequence[ev.Effect], now: float) -> None:

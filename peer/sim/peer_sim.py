@@ -62,6 +62,7 @@ from typing import Any
 
 from peer.core import rounds as r
 from peer.core.commitlog import Entry, RoundCommit
+from peer.core.exclusion import ExclusionKind
 from peer.core.consensus_checks import RefusalKind
 from peer.core.consensus import Committed, ConsensusCore, DurableState, LeaderChanged, Rejected
 from peer.core.consensus import Message as ConsensusMessage
@@ -376,7 +377,7 @@ class PeerNode:
             w.opens_resent += 1
             return [SimSend(effect.site, effect.msg)] if effect.site in self.live else []
         elif isinstance(effect, ev.Excluded):
-            if effect.reason.endswith("did not report (deadline passed)"):
+            if effect.kind is ExclusionKind.NO_REPORT:
                 w.waited_out(self, effect.round, effect.site)
             if w.faulty is not None:
                 w.faulty.excluded(effect.round, effect.site)

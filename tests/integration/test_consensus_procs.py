@@ -186,4 +186,4 @@ def _log_lines(text: str) -> list[tuple[float, str]]:
 def _applied_round(data_dir: Path) -> int:
     import json
 
-    return int(json.loads((data_dir / "applied.json").read_text())["round"])
+    return int(json.loads((data_dir / "state" / "applied.json").read_text())["round"])

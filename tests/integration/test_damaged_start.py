@@ -26,7 +26,7 @@ def test_a_log_cut_below_what_was_applied_is_refused_and_repaired(cluster: Clust
     c.proc.send_signal(signal.SIGKILL)
     c.proc.wait()
     data_dir = cluster.workdir / "c"
-    applied = json.loads((data_dir / "applied.json").read_text())["index"]
+    applied = json.loads((data_dir / "state" / "applied.json").read_text())["index"]
     store = FileStore(data_dir / "consensus")
     store.reload()
     cut = store._offsets[applied - 3 - store.log.snapshot.last_index]  # at a record boundary: no torn bytes

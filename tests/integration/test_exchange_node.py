@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from peer.training import RESIDUAL_FILE
+from peer.round_exchange import RESIDUAL_FILE
 from tests.integration.peers import Cluster, status, wait_for
 from tests.integration.test_training_mesh import EPOCH_S, TRAIN, _committed_samples, _epoch_samples_of
 

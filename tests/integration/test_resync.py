@@ -21,7 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from peer.training import FLIP_THETA_ENV, MOMENTUM_PREFIX
+from peer.theta_store import MOMENTUM_PREFIX
+from peer.training import FLIP_THETA_ENV
 from tests.integration.peers import Cluster, ops, status, wait_for
 
 PRESET = "lan"

@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from peer.peer_events import Histogram, PeerEvents, exclusion_kind
+from peer.core.exclusion import ExclusionKind
+from peer.core.membership_types import MemberState
+from peer.peer_events import EXCLUSION_KINDS, Histogram, PeerEvents
 
 
 def test_histogram_buckets_are_cumulative() -> None:
@@ -33,13 +35,11 @@ def test_commit_latency_only_for_rounds_this_peer_proposed() -> None:
 
 def test_suspicions_and_refutations() -> None:
     ev = PeerEvents()
-    for old, new in (("ALIVE", "SUSPECT"), ("SUSPECT", "ALIVE"), ("ALIVE", "SUSPECT"), ("SUSPECT", "DEAD"),
-                     (None, "ALIVE")):
+    alive, suspect, dead = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD
+    for old, new in ((alive, suspect), (suspect, alive), (alive, suspect), (suspect, dead), (None, alive)):
         ev.member_changed(old, new)
     assert (ev.suspicions, ev.refutations) == (2, 1)
 
 
-def test_exclusion_reasons_map_to_few_labels() -> None:
-    assert exclusion_kind("excluded: c did not report (deadline passed or it left the mesh)") == "no_report"
-    assert exclusion_kind("excluded: block 3: samples 1..4 were not leased to b for round 2") == "not_leased"
-    assert exclusion_kind("excluded: something new") == "invalid"
+def test_every_exclusion_kind_is_a_label_from_the_first_scrape() -> None:
+    assert set(EXCLUSION_KINDS) == {k.value for k in ExclusionKind} and "not_leased" in EXCLUSION_KINDS

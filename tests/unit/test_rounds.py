@@ -9,6 +9,7 @@ import pytest
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import SampleRange
 from peer.core.election import Epoch, Header, SiteId
+from peer.core.exclusion import Exclusion, ExclusionKind
 from peer.core.lease_types import Gen, Voucher, of_range
 from peer.core.rounds import (Broadcast, Contribution, Decide, EpochComplete, RoundLeader, RoundOpen, RoundsConfig,
                               SendOpen)
@@ -17,6 +18,14 @@ UNIVERSE = {10: 8, 11: 8, 12: 4}  # 20 samples
 CFG = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=5.0, idle_wait_s=1.0)
 H = Header(SiteId("a"), "h:1", Epoch(3), 0)
 
+
+
+def reasons(decide: Decide) -> dict[str, str]:
+    return {e.site: e.reason for e in decide.excluded}
+
+
+def kinds(decide: Decide) -> dict[str, ExclusionKind]:
+    return {e.site: e.kind for e in decide.excluded}
 
 def _leader() -> RoundLeader:
     return RoundLeader(CFG, EpochLedger(UNIVERSE))
@@ -61,7 +70,7 @@ def test_unvouched_samples_exclude_the_whole_contribution() -> None:
     leader.receive(_report("a", 1, SampleRange(10, 0, 4), vouched=False), 1.0)
     (decide,) = leader.receive(_report("b", 1, SampleRange(11, 0, 4)), 1.0)
     assert [c.site for c in decide.admitted] == ["b"]
-    (reason,) = [why for site, why in decide.excluded if site == "a"]
+    (reason,) = [e.reason for e in decide.excluded if e.site == "a"]
     assert "samples 0..4 were not leased to a for round 1" in reason
 
 
@@ -73,7 +82,8 @@ def test_samples_committed_earlier_in_the_epoch_are_excluded() -> None:
     _open(leader, ["a"], committed=1)
     (decide,) = leader.receive(_report("a", 2, SampleRange(10, 0, 4)), 1.0)
     assert decide.admitted == ()
-    assert "already committed in data epoch 0" in dict(decide.excluded)["a"]
+    assert "already committed in data epoch 0" in reasons(decide)["a"]
+    assert kinds(decide) == {"a": ExclusionKind.ALREADY_COMMITTED}
 
 
 def test_two_sites_naming_the_same_samples_admit_only_the_first_in_site_order() -> None:
@@ -82,7 +92,8 @@ def test_two_sites_naming_the_same_samples_admit_only_the_first_in_site_order() 
     leader.receive(_report("b", 1, SampleRange(10, 0, 4)), 1.0)
     (decide,) = leader.receive(_report("a", 1, SampleRange(10, 2, 3)), 1.0)
     assert [c.site for c in decide.admitted] == ["a"]
-    assert "already included in round 1 from another site" in dict(decide.excluded)["b"]
+    assert "already included in round 1 from another site" in reasons(decide)["b"]
+    assert kinds(decide)["b"] is ExclusionKind.DUPLICATE
 
 
 def test_a_report_without_pseudo_gradient_is_excluded_so_its_claims_settle() -> None:
@@ -91,7 +102,8 @@ def test_a_report_without_pseudo_gradient_is_excluded_so_its_claims_settle() -> 
     leader.receive(_report("a", 1, SampleRange(10, 0, 4), tokens=0), 1.0)
     (decide,) = leader.receive(_report("b", 1), 1.0)  # b trained nothing
     assert isinstance(decide, Decide), "a's claimed samples need this round's commit to be freed"
-    assert decide.admitted == () and "training failed" in dict(decide.excluded)["a"]
+    assert decide.admitted == () and "training failed" in reasons(decide)["a"]
+    assert kinds(decide) == {"a": ExclusionKind.TRAINING_FAILED}
 
 
 def test_deadline_decides_without_the_silent_site() -> None:
@@ -101,7 +113,7 @@ def test_deadline_decides_without_the_silent_site() -> None:
     assert leader.tick(CFG.deadline_s - 0.1, H, 0, ["a", "b"], b"") == []
     (decide,) = leader.tick(CFG.deadline_s, H, 0, ["a", "b"], b"")
     assert [c.site for c in decide.admitted] == ["a"]
-    assert "did not report" in dict(decide.excluded)["b"]
+    assert "did not report" in reasons(decide)["b"]
 
 
 def test_a_silent_site_that_left_the_mesh_is_not_waited_for() -> None:
@@ -186,7 +198,7 @@ def test_a_site_that_reported_then_died_is_dropped_at_once_not_at_the_deadline()
     leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 1.2)
     (decide,) = leader.receive(_report("b", 1, SampleRange(11, 0, 4)), 1.4)
     assert isinstance(decide, Decide) and [c.site for c in decide.admitted] == ["a", "b"]
-    assert dict(decide.excluded)["c"] == "excluded: c is dead (membership), its reported pseudo-gradient cannot be fetched"
+    assert reasons(decide)["c"] == "excluded: c is dead (membership), its reported pseudo-gradient cannot be fetched"
 
 
 # What happened to site c in round 1 before membership said it is up again -> whether the leader
@@ -236,7 +248,8 @@ def test_member_down_decides_when_the_dead_site_was_the_last_one_waited_for() ->
     assert leader.member_down("z", 0.4) == [], "not in the round"
     (decide,) = leader.member_down("c", 0.5)  # membership event, no tick needed
     assert [c.site for c in decide.admitted] == ["a", "b"]
-    assert dict(decide.excluded)["c"] == "excluded: c did not report (membership declared it dead or left)"
+    assert reasons(decide)["c"] == "excluded: c did not report (membership declared it dead or left)"
+    assert kinds(decide)["c"] is ExclusionKind.DEPARTED
 
 
 def test_member_down_after_its_report_drops_it_when_the_others_come_in() -> None:
@@ -245,7 +258,7 @@ def test_member_down_after_its_report_drops_it_when_the_others_come_in() -> None
     leader.receive(_report("c", 1, SampleRange(12, 0, 4)), 0.1)
     assert leader.member_down("c", 0.2) == [], "a is still training"
     (decide,) = leader.receive(_report("a", 1, SampleRange(10, 0, 4)), 0.3)
-    assert [c.site for c in decide.admitted] == ["a"] and "c is dead" in dict(decide.excluded)["c"]
+    assert [c.site for c in decide.admitted] == ["a"] and "c is dead" in reasons(decide)["c"]
 
 
 def _paced_round(leader: RoundLeader, rnd: int, opened: float, delays: dict[str, float]) -> RoundOpen:
@@ -283,7 +296,7 @@ def test_a_site_that_missed_the_adaptive_deadline_is_excluded_alone_and_its_late
     leader.receive(_report("a", 3, SampleRange(10, 0, 1)), 205.0)
     (decide,) = leader.tick(210.0, H, 2, ["a", "b"], b"base")
     assert isinstance(decide, Decide) and [c.site for c in decide.admitted] == ["a"]
-    assert decide.excluded == (("b", "excluded: b did not report (deadline passed)"),)
+    assert decide.excluded == (Exclusion("b", ExclusionKind.NO_REPORT, "excluded: b did not report (deadline passed)"),)
     # b's report comes in late: its pace (40 s) still moves the next deadline up.
     assert leader.receive(_report("b", 3, SampleRange(11, 0, 1)), 240.0) == []
     leader.on_commit(3)

@@ -11,6 +11,7 @@ import pytest
 
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import Contributor, Round, RoundCommit
+from peer.core.exclusion import Exclusion, ExclusionKind
 from peer.core import events as ev
 from peer.core.round_core import RoundCore
 from peer.core.site_round import BASE_WAIT_S, SiteRound
@@ -357,7 +358,7 @@ def _contribution(site: str, tokens: int = 10) -> Contribution:
 
 
 def _decide(*sites: str) -> ev.DecideRound:
-    return ev.DecideRound(Decide(1, tuple(_contribution(s) for s in sites), (("z", "excluded: z did not report"),)),
+    return ev.DecideRound(Decide(1, tuple(_contribution(s) for s in sites), (Exclusion("z", ExclusionKind.NO_REPORT, "excluded: z did not report"),)),
                           frozenset(sites))
 
 

@@ -19,7 +19,9 @@ from peer.exchange.allreduce import publish_pseudo_gradient
 from peer.outer import state_dict_hash
 from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig
 from peer.outer_config import OuterConfig
-from peer.training import InvalidContribution, SiteTraining
+from peer.round_exchange import InvalidContribution
+from peer.theta_store import AppliedState, state_tensors
+from peer.training import SiteTraining
 from tests.support.exchange import random_model, serving
 
 SIZES = {"w": (33, 7), "b": (5,)}
@@ -38,9 +40,9 @@ def test_a_manifest_whose_tokens_differ_from_the_round_is_an_invalid_contributio
         a, b = site("a", tmp_path), site("b", tmp_path)
         delta = {n: v * 0.01 for n, v in random_model(1, SIZES).items()}
         # b reported (and the round names) 40 tokens, but its manifest, the averaging weight, says 50.
-        encoded = await publish_pseudo_gradient(b.store, delta, round=1, site="b", tokens=50)
+        encoded = await publish_pseudo_gradient(b.exchange.store, delta, round=1, site="b", tokens=50)
         root = encoded.manifest.root_hash
-        async with serving(b.store) as address:
+        async with serving(b.exchange.store) as address:
             with pytest.raises(InvalidContribution, match="manifest says 50 tokens, the round names 40") as err:
                 await a.outcome(1, [("b", address, root, 40)])
             assert err.value.site == "b"
@@ -57,8 +59,8 @@ def test_a_root_its_site_does_not_serve_is_that_sites_invalid_contribution(tmp_p
     async def scenario() -> None:
         a, b = site("a", tmp_path), site("b", tmp_path)
         delta = {n: v * 0.01 for n, v in random_model(1, SIZES).items()}
-        encoded = await publish_pseudo_gradient(b.store, delta, round=1, site="b", tokens=40)
-        async with serving(b.store) as address:
+        encoded = await publish_pseudo_gradient(b.exchange.store, delta, round=1, site="b", tokens=40)
+        async with serving(b.exchange.store) as address:
             with pytest.raises(InvalidContribution, match="b serves a pseudo-gradient with root ") as err:
                 await a.outcome(1, [("b", address, b"\x5a" * 32, 40)])
             assert err.value.site == "b"
@@ -73,8 +75,8 @@ def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tm
     async def scenario() -> None:
         healthy, behind = site("b", tmp_path, seed=7), site("a", tmp_path, seed=8)
         healthy.applied_round, healthy.applied_index = 3, 12
-        await healthy._publish_state(3, healthy.weights, healthy.momentum)
-        async with serving(healthy.store) as address:
+        await healthy.exchange.publish_state(3, state_tensors(healthy.weights, healthy.momentum))
+        async with serving(healthy.exchange.store) as address:
             peers = {"b": address}
             wrong = bytes(32)
             assert not await behind.catch_up(3, 12, wrong, peers), "a state whose hash is not committed"
@@ -94,14 +96,14 @@ def test_a_round_is_written_in_the_background_and_the_next_apply_waits_for_it(tm
     only after r's writes finished, so they never read a newer θ."""
     t = site("a", tmp_path)
     release, writing = threading.Event(), threading.Event()
-    persist = t._persist
+    persist = t.states.persist
 
-    def slow_persist(index: int, round_: int, result: object) -> None:
+    def slow_persist(state: AppliedState) -> None:
         writing.set()
         release.wait(30)
-        persist(index, round_, result)  # type: ignore[arg-type]
+        persist(state)
 
-    t._persist = slow_persist  # type: ignore[method-assign]
+    t.states.persist = slow_persist  # type: ignore[method-assign]
 
     async def scenario() -> None:
         first = await t.outcome(1, [])
