@@ -29,7 +29,6 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from peer.core import rounds as r
@@ -148,7 +147,7 @@ class Coordinator:
         live = frozenset(v.site for v in members)
         leaving = frozenset(v.site for v in members if v.meta is not None and LEAVING in v.meta.labels)
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.training.applied_round,
-                    self.training.weights_hash, live, leaving)
+                    self.training.weights_hash, live, leaving, status.leader)
 
     # ----- from the node -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -250,8 +249,8 @@ class Coordinator:
         elif isinstance(effect, r.EpochComplete):
             log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
                      effect.data_epochs, effect.samples)
-        elif isinstance(effect, ev.Report):
-            self._contribute(effect.contribution)
+        elif isinstance(effect, ev.SendReport):
+            self._send_report(effect)
         elif isinstance(effect, ev.Train):
             self._spawn(self._train(effect))
         elif isinstance(effect, ev.Fold):
@@ -291,18 +290,15 @@ class Coordinator:
         if view is not None and view.state in LIVE:
             self.node.send_lease_message(view.address, msg)
 
-    def _contribute(self, report: r.Contribution) -> None:
-        """Tells the current leader: it may have changed while we trained (a successor reopens the
-        same round)."""
-        status = self.node.consensus_status()
-        leader = self.node.member(status.leader) if status.leader else None
+    def _send_report(self, effect: ev.SendReport) -> None:
+        report = effect.contribution
+        leader = self.node.member(effect.leader) if effect.leader is not None else None
         if leader is None:
             log.info("round %d: no leader known; the report waits for the next open", report.round)
             return
-        header = replace(report.header, epoch=status.epoch)
         log.info("round %d: reported %d samples, %d tokens to %s", report.round,
                  sum(x.num_samples for x in report.ranges), report.tokens, leader.site)
-        self.node.send_round_message(leader.address, replace(report, header=header))
+        self.node.send_round_message(leader.address, report)
 
     def _addresses(self) -> dict[str, str]:
         return {v.site: v.address for v in self.node.members() if v.state is MemberState.ALIVE}

@@ -198,9 +198,20 @@ class Fold:
 
 @dataclass(frozen=True)
 class Report:
-    """Send `contribution` to the current leader (the executor stamps its epoch)."""
+    """Send `contribution` to the current leader: PeerRounds addresses it (`SendReport`), since the
+    round core does not know who leads."""
 
     contribution: Contribution
+
+
+@dataclass(frozen=True)
+class SendReport:
+    """Send `contribution` to `leader`; its header carries the epoch consensus knows now (a successor
+    that reopened the round accepts a report made under its predecessor). `leader` None: none is
+    known, the report is not sent and waits for the next open (which asks again)."""
+
+    contribution: Contribution
+    leader: str | None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ to do goes out as effects: the round cores' (`peer.core.events`), the lease core
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
 from peer.core import events as ev
@@ -33,7 +33,7 @@ from peer.core.round_core import RoundCore
 from peer.core.site_round import SiteRound
 from peer.core.timeline import RoundClock
 
-Effect = Union[ev.Effect, LeaseEffect, r.Broadcast, r.SendOpen, r.EpochComplete]
+Effect = Union[ev.Effect, ev.SendReport, LeaseEffect, r.Broadcast, r.SendOpen, r.EpochComplete]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class Seen:
     """The sites membership counts live (alive or suspect): a round is opened for them."""
     leaving: frozenset[str] = frozenset()
     """Live sites whose graceful leave has started (membership's `LEAVING` label)."""
+    leader: str | None = None
+    """The leader of `epoch` as consensus knows it (None: none known); reports go there."""
 
 
 class PeerRounds:
@@ -168,7 +170,16 @@ class PeerRounds:
                 # would open to prove a staying peer has θ (docs/decisions/rounds-leaving-leader.md).
                 out += self._lead(self.leader.withdraw(self.site, now), now, seen)
         out += self.core.handle(event, now)
-        return self._all_leave(out, now, seen) if self.leaving else out
+        out = self._all_leave(out, now, seen) if self.leaving else out
+        return [self._addressed(e, seen) for e in out]
+
+    def _addressed(self, effect: Effect, seen: Seen) -> Effect:
+        """A report goes to the leader consensus knows now, under its epoch: the leader may have
+        changed while the site trained (a successor reopens the same round)."""
+        if not isinstance(effect, ev.Report):
+            return effect
+        c = effect.contribution
+        return ev.SendReport(replace(c, header=replace(c.header, epoch=Epoch(seen.epoch))), seen.leader)
 
     def _all_leave(self, out: list[Effect], now: float, seen: Seen) -> list[Effect]:
         """While this peer leaves: tell the round core whether a round after its last can still

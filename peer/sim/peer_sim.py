@@ -343,7 +343,7 @@ class PeerNode:
     def _seen(self) -> Seen:
         status = self.raft.status()
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.disk.round,
-                    self.disk.weights_hash, frozenset(self.live), frozenset(self.leavers & self.live))
+                    self.disk.weights_hash, frozenset(self.live), frozenset(self.leavers & self.live), status.leader)
 
     def _feed(self, event: ev.Event, now: float) -> list[Any]:
         return self._run_all(self.rounds.handle(event, now, self._seen()), now)
@@ -381,7 +381,7 @@ class PeerNode:
                 w.waited_out(self, effect.round, effect.site)
             if w.faulty is not None:
                 w.faulty.excluded(effect.round, effect.site)
-        elif isinstance(effect, ev.Report):
+        elif isinstance(effect, ev.SendReport):
             c = effect.contribution
             first = c.tokens and (c.round, c.pseudo_gradient_root) not in self._reported
             if first and w.checked(self.site) and (self.disk.round, self.disk.weights_hash) != (
@@ -392,13 +392,12 @@ class PeerNode:
                 w.violations.append(f"{self.site} reported round {c.round} at θ of round {self.disk.round}, not at "
                                     f"the open's base θ_{c.round - 1}")
             self._reported.add((c.round, c.pseudo_gradient_root))
-            leader = self.raft.leader
-            if leader is None:
+            if effect.leader is None:
                 return []
-            msg = replace(c, header=replace(c.header, epoch=self.raft.hard.epoch))
+            msg = c
             if w.faulty is not None and self.site == w.faulty.name:
                 msg = w.faulty.report(self, msg)  # its modified build lies in some reports
-            return [SimSend(leader, msg)]
+            return [SimSend(effect.leader, msg)]
         if isinstance(effect, ev.Train):
             # A real trainer's pace varies from round to round: in a time-boxed round it then reaches
             # fewer samples than the site took for it (which go back on their leases), or all of them.

@@ -25,8 +25,8 @@ THETA0 = b"theta0"
 LIVE = frozenset({"a", "b", "c"})
 
 
-def _seen(leading: bool = True, epoch: int = 1) -> Seen:
-    return Seen(leading, epoch, 0, 0, THETA0, LIVE)
+def _seen(leading: bool = True, epoch: int = 1, leader: str | None = "a") -> Seen:
+    return Seen(leading, epoch, 0, 0, THETA0, LIVE, leader=leader)
 
 
 class Peer:
@@ -58,8 +58,9 @@ class Peer:
     def train_and_report(self, msg: r.RoundOpen) -> r.Contribution:
         (train,) = [e for e in self.pump(self.rounds.round_message(msg, 1.0, _seen()), 1.0) if isinstance(e, ev.Train)]
         out = self.pump(self.rounds.handle(ev.TrainDone(1, train.ranges, 160, b"root-a"), 2.0, _seen()), 2.0)
-        (report,) = [e.contribution for e in out if isinstance(e, ev.Report)]
-        return dataclasses.replace(report, header=dataclasses.replace(report.header, epoch=Epoch(1)))  # as sent
+        (send,) = [e for e in out if isinstance(e, ev.SendReport)]
+        assert send.leader == "a" and send.contribution.header.epoch == 1, "addressed to the leader, its epoch"
+        return send.contribution
 
 
 def _idle(site: str) -> r.Contribution:
@@ -170,3 +171,18 @@ def test_a_leaving_peer_hears_that_nobody_stays_only_when_every_other_live_membe
     assert p.rounds.core.site._nobody_stays
     p.rounds.handle(ev.Tick(), 0.7, dataclasses.replace(_all_leaving(leading=False), leaving=frozenset({"b"})))
     assert not p.rounds.core.site._nobody_stays, "c is staying after all"
+
+
+def test_a_report_goes_to_the_leader_consensus_knows_now_under_its_epoch() -> None:
+    """The leader may change while a site trains: the report is addressed when training is done,
+    to the leader and epoch of that moment (a successor reopens the same round); with no leader
+    known it is not sent."""
+    p = Peer()
+    (train,) = [e for e in p.pump(p.rounds.round_message(p.open_round(), 1.0, _seen()), 1.0)
+                if isinstance(e, ev.Train)]
+    done = ev.TrainDone(1, train.ranges, 160, b"root-a")
+    now_seen = _seen(leading=False, epoch=3, leader="b")
+    out = p.pump(p.rounds.handle(done, 2.0, now_seen), 2.0, now_seen)
+    (send,) = [e for e in out if isinstance(e, ev.SendReport)]
+    assert (send.leader, send.contribution.header.epoch) == ("b", 3)
+    assert not [e for e in out if isinstance(e, ev.Report)], "no report leaves PeerRounds unaddressed"
