@@ -31,7 +31,7 @@ import grpc
 from ops import local_mesh, report
 from ops.certs import make_run
 from ops.mesh import status_document
-from peer.core import timeline
+from peer import timeline_file
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.core.timeline import RoundTimeline
 from peer.transport.channels import Credentials, open_blocking_channel
@@ -216,7 +216,7 @@ def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: d
         applied = min(rounds)
         same = len({d["training"]["weights_hash"] for d in docs.values()}) == 1
         ok &= same
-        records = {s: timeline.read(workdir / s) for s in live}
+        records = {s: timeline_file.read(workdir / s) for s in live}
         # A site writes its record just after status shows the round applied; a round a state
         # transfer skipped has no record at that site, but a later one does.
         done = min((recs[-1].round if recs else 0) for recs in records.values())

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops.audit import read_ledger
-from peer.core import timeline
+from peer import timeline_file
 from peer.core.commitlog import RoundCommit, VoterChange
 from peer.logstore import CorruptStore, FileStore
 from peer.core.timeline import RoundTimeline
@@ -181,7 +181,7 @@ def collect(data_dirs: list[Path], heldout_documents: int = 0, reference: Path |
     for d in data_dirs:
         if not d.is_dir():
             raise ValueError(f"{d} is not a directory: give each site's --data-dir")
-        records = timeline.read(d)
+        records = timeline_file.read(d)
         site = records[0].site if records else d.name
         timelines[site] = records
         kinds = Counter(e.kind.value for e in read_ledger(d))

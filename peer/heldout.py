@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from peer.core import timeline
+from peer import timeline_file
 from peer.core.timeline import RoundTimeline
 from peer.tensorboard_log import TENSORBOARD_DIR, TensorBoardLog
 from peer.trainer.process import Evaluation
@@ -96,7 +96,7 @@ class HeldOut:
         held, self._held = self._held, []
         for record in held:
             try:
-                timeline.append(self.data_dir, record)
+                timeline_file.append(self.data_dir, record)
             except OSError as err:  # the timeline is for people: a full disk must not stop the round
                 log.warning("round %d: timeline not written: %s", record.round, err)
             self.board.write(record)

@@ -1,7 +1,7 @@
 """Where a site's round time went: one record per outer round, kept in `<data-dir>/timeline.jsonl`.
 
-Every site appends one JSON line per round it took part in (the site half of the round, measured
-on the site's own clock). Operations read the same records: `ops status` shows the last one,
+Every site appends one JSON line per round it took part in (peer/timeline_file.py; the site half of
+the round, measured on the site's own clock). Operations read the same records: `ops status` shows the last one,
 metrics export its phases, `ops report` draws them. In serial rounds the phases partition the
 round's wall time; with overlap (RoundsConfig.overlap) compute runs beside publish, exchange,
 commit_wait and outer, so they may sum to more than the wall time, which the record keeps as
@@ -31,15 +31,11 @@ Try it:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "TIMELINE_FILE", "RoundClock", "RoundTimeline", "append", "read"]
-
-TIMELINE_FILE = "timeline.jsonl"
+__all__ = ["PHASES", "RoundClock", "RoundTimeline"]
 
 PHASES = ("gather", "compute", "publish", "exchange", "commit_wait", "outer", "persist", "idle")
 """The phases of a round at a site, in the order they happen."""
@@ -210,27 +206,3 @@ class RoundClock:
 
     def _booked(self, round_: int) -> float:
         return sum(self._spent.get(round_, {}).values())
-
-
-def append(data_dir: Path, record: RoundTimeline) -> None:
-    """Appends one round's record. Not fsynced: the timeline is for people, losing a tail is harmless."""
-    with open(data_dir / TIMELINE_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
-
-
-def read(data_dir: Path) -> list[RoundTimeline]:
-    """Every record in a data dir's timeline, oldest first; a torn last line (a crash) is skipped."""
-    path = data_dir / TIMELINE_FILE
-    if not path.exists():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        try:
-            out.append(RoundTimeline.from_json(json.loads(line)))
-        except (json.JSONDecodeError, TypeError, ValueError) as err:
-            if i == len(lines) - 1:
-                continue  # a torn tail from a crash mid-append
-            raise ValueError(
-                f"{path}: line {i + 1} is not a timeline record; move the file aside to reset it") from err
-    return out

@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from peer.core import timeline
+from peer import timeline_file
 from tests.integration.peers import ops
 
 
@@ -22,7 +22,7 @@ def test_demo_narrates_every_round_and_compares_with_the_baseline(tmp_path: Path
     assert "waiting for the sites to join" in out
     (workdir,) = tmp_path.iterdir()
     lines = re.findall(r"^round +(\d+) +[\d.]+s +\d+ tok/s +overhead +\d+% +loss (?:[\d.]+|nan)(.*)$", out, re.MULTILINE)
-    last = max(r.round for r in timeline.read(workdir / "snellius"))
+    last = max(r.round for r in timeline_file.read(workdir / "snellius"))
     assert [int(r) for r, _ in lines] == list(range(1, last + 1)), out  # every round, in order, with its timings
     # The log's view (leader, voters, samples) on the last round of each look at the peers, the last one included.
     assert re.match(r" +leader \S+ +voters \S+ +samples 141/141 ", lines[-1][1]), out

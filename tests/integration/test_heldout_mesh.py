@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from peer.core import timeline
+from peer import timeline_file
 from peer.core.timeline import RoundTimeline
 from peer.tensorboard_log import TENSORBOARD_DIR
 from peer.trainer.blocks import BlockIndex
@@ -47,9 +47,9 @@ def test_the_leader_evaluates_theta_into_timeline_metrics_tensorboard_and_report
              60.0, "both peers to apply the last round")
     last = status(a.address)["training"]["applied_round"]
     # The last round's record waits for its evaluation (peer/heldout.py) before it is written.
-    wait_for(lambda: all([r.round for r in timeline.read(cluster.workdir / s)][-1:] == [last] for s in SITES),
+    wait_for(lambda: all([r.round for r in timeline_file.read(cluster.workdir / s)][-1:] == [last] for s in SITES),
              30.0, "every record in timeline.jsonl")
-    records = {s: timeline.read(cluster.workdir / s) for s in SITES}
+    records = {s: timeline_file.read(cluster.workdir / s) for s in SITES}
 
     # θ is the same at every site: one evaluation per round, by the leader of the moment.
     evaluated: dict[int, RoundTimeline] = {}

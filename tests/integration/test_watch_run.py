@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ops import report
 from peer.exchange.bulk import MAGIC, TOKEN_BYTES
 from ops.audit import read_round_commits
-from peer.core import timeline
+from peer import timeline_file
+from peer.core.timeline import PHASES
 from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
 
 DOCS = 8  # 141 samples in 3 blocks: several rounds of both sites
@@ -55,7 +56,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                  60.0, "both peers to apply the last round")
         # The leader's record of the last round waits for its held-out evaluation (peer/heldout.py).
         last = status(cluster.peers["a"].address)["training"]["applied_round"]
-        wait_for(lambda: all([r.round for r in timeline.read(cluster.workdir / s)][-1:] == [last] for s in SITES),
+        wait_for(lambda: all([r.round for r in timeline_file.read(cluster.workdir / s)][-1:] == [last] for s in SITES),
                  30.0, "every site's record of the last round")
         yield cluster
     finally:
@@ -71,7 +72,7 @@ def _transferred_round(log: Path) -> int:
 @pytest.mark.timeout(420)
 def test_every_site_records_every_round_it_applied(run: Cluster) -> None:
     for site in SITES:
-        records = timeline.read(run.workdir / site)
+        records = timeline_file.read(run.workdir / site)
         applied = status(run.peers[site].address)["training"]["applied_round"]
         # A site whose trainer built after the other had committed rounds alone (a loaded machine)
         # takes θ of that round by state transfer and records from it on; its log must say so. Every
@@ -80,7 +81,7 @@ def test_every_site_records_every_round_it_applied(run: Cluster) -> None:
         assert [r.round for r in records] == list(range(first, applied + 1)), f"{site}: one record per round"
         for rec in records:
             assert rec.site == site
-            for phase in timeline.PHASES:
+            for phase in PHASES:
                 assert getattr(rec, f"{phase}_s") >= 0.0
             assert 0.0 <= rec.overhead_share <= 1.0
         trained = [r for r in records if r.tokens > 0]
@@ -102,7 +103,7 @@ def test_status_shows_each_sites_last_round(run: Cluster) -> None:
     for site in SITES:
         doc = status(run.peers[site].address)
         last = doc["training"]["last_round"]
-        rec = timeline.read(run.workdir / site)[-1]
+        rec = timeline_file.read(run.workdir / site)[-1]
         assert last["round"] == rec.round == doc["training"]["applied_round"]
         assert last["compute_s"] == pytest.approx(rec.compute_s, abs=1e-3)
         assert last["overhead_share"] == pytest.approx(rec.overhead_share, abs=1e-3)
@@ -114,7 +115,7 @@ def test_status_shows_each_sites_last_round(run: Cluster) -> None:
     rows = {line.split()[0]: line.split() for line in lines[head + 1:head + 3]}
     assert set(rows) == set(SITES), table.stdout  # b's row comes from b itself
     for site, row in rows.items():
-        rec = timeline.read(run.workdir / site)[-1]
+        rec = timeline_file.read(run.workdir / site)[-1]
         assert row[1] == str(rec.round) and row[8] == f"{100 * rec.overhead_share:.0f}%"
 
 
@@ -151,15 +152,15 @@ def test_metrics_of_a_live_peer(run: Cluster) -> None:
         assert m["sitemesh_consensus_leader"] == {(("site", doc["leader"]),): 1.0}
         assert m["sitemesh_rounds_committed_total"][()] == doc["committed_round"]
         assert m["sitemesh_round_applied"][()] == doc["training"]["applied_round"]
-        rec = timeline.read(run.workdir / site)[-1]
+        rec = timeline_file.read(run.workdir / site)[-1]
         phases = m["sitemesh_round_last_phase_seconds"]
         assert phases[(("phase", "compute"),)] == pytest.approx(rec.compute_s)
         # Serial rounds: the phases partition the wall time. With overlap compute runs beside the
         # exchange and the commit wait, so they sum to more; either way the metric is the record's.
-        assert sum(phases.values()) == pytest.approx(sum(getattr(rec, f"{p}_s") for p in timeline.PHASES))
+        assert sum(phases.values()) == pytest.approx(sum(getattr(rec, f"{p}_s") for p in PHASES))
         assert sum(phases.values()) >= rec.wall_s - 1e-6
         assert m["sitemesh_round_last_overhead_ratio"][()] == pytest.approx(rec.overhead_share)
-        records = timeline.read(run.workdir / site)
+        records = timeline_file.read(run.workdir / site)
         assert m["sitemesh_trainer_tokens_total"][()] == sum(r.tokens for r in records) > 0
         assert m["sitemesh_round_phase_seconds_total"][(("phase", "compute"),)] == pytest.approx(
             sum(r.compute_s for r in records))
@@ -211,7 +212,7 @@ def test_report_draws_the_run(run: Cluster, tmp_path: Path) -> None:
     data = report.collect(dirs, heldout_documents=DOCS)
     assert data.sites == list(SITES)
     for site in SITES:
-        records = timeline.read(run.workdir / site)
+        records = timeline_file.read(run.workdir / site)
         assert data.seconds(site) == [(r.round, r.compute_s, r.wall_s - r.compute_s) for r in records]
         assert data.tokens_cumulative(site)[-1][1] == sum(r.tokens for r in records) > 0
         assert data.loss(site) and all(0 < loss < 20 for _, loss in data.loss(site))
@@ -231,7 +232,7 @@ def test_report_draws_the_run(run: Cluster, tmp_path: Path) -> None:
     md = ops("report", *(a for d in dirs for a in ("--data-dir", str(d))), "--format", "md")
     assert md.returncode == 0, md.stderr
     rows = [line for line in md.stdout.splitlines() if line.startswith(("| a ", "| b "))]
-    assert len(rows) == 2 and all(f"| {len(timeline.read(run.workdir / r[2]))} |" in r for r in rows)
+    assert len(rows) == 2 and all(f"| {len(timeline_file.read(run.workdir / r[2]))} |" in r for r in rows)
 
 
 def test_report_refuses_a_dir_without_rounds(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from peer.core import timeline
+from peer import timeline_file
 from peer.core.timeline import RoundTimeline
 from peer.heldout import HeldOut, default_eval_every
 from peer.trainer.process import Evaluation
@@ -44,13 +44,13 @@ def _run(tmp_path: Path, evaluate_round_1: Evaluation | Exception) -> list[Round
         held.closed(RoundTimeline(1, "a", idle_s=1.0, committed_tokens=100), evaluate)
         assert not held.due(2, leading=True, last=False)  # one evaluation at a time
         held.closed(RoundTimeline(2, "a", idle_s=1.0, committed_tokens=200), None)
-        assert timeline.read(tmp_path) == []  # round 2 waits behind round 1
+        assert timeline_file.read(tmp_path) == []  # round 2 waits behind round 1
         release.set()
         await asyncio.gather(*tasks)
         held.closed(RoundTimeline(3, "a", idle_s=1.0, committed_tokens=300), None)  # written at once
 
     asyncio.run(scenario())
-    return timeline.read(tmp_path)
+    return timeline_file.read(tmp_path)
 
 
 def test_records_wait_for_the_evaluation_and_leave_in_round_order(tmp_path: Path) -> None:

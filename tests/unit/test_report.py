@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from ops import report
-from peer.core import timeline
+from peer import timeline_file
 from peer.core.timeline import RoundTimeline
 
 
@@ -18,7 +18,7 @@ def _site(root: Path, site: str, rounds: list[tuple[int, float, float, int]], gr
     d = root / site
     (d / "leases").mkdir(parents=True)
     for r, compute, idle, tokens in rounds:
-        timeline.append(d, RoundTimeline(r, site, compute_s=compute, idle_s=idle, exchange_s=0.5, tokens=tokens,
+        timeline_file.append(d, RoundTimeline(r, site, compute_s=compute, idle_s=idle, exchange_s=0.5, tokens=tokens,
                                          loss=8.0 - r))
     events = [{"kind": "grant", "epoch": 0, "block": i, "gen": 1, "site": site, "at": 1.0} for i in range(grants)]
     events += [{"kind": "steal", "epoch": 0, "block": 9, "gen": 2, "site": site, "at": 2.0}] * steals
@@ -52,7 +52,7 @@ def test_in_run_heldout_points_and_the_reference_at_the_same_tokens(tmp_path: Pa
         d = tmp_path / site
         d.mkdir()
         for r, tokens, ppl in rounds:
-            timeline.append(d, RoundTimeline(r, site, compute_s=1.0, idle_s=0.5, tokens=500, loss=7.0 - r,
+            timeline_file.append(d, RoundTimeline(r, site, compute_s=1.0, idle_s=0.5, tokens=500, loss=7.0 - r,
                                              committed_tokens=tokens, heldout_perplexity=ppl))
     reference = tmp_path / "reference.json"
     reference.write_text(json.dumps([{"tokens": 1000, "perplexity": 1000.0}, {"tokens": 3000, "perplexity": 250.0},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.core import timeline
+from peer import timeline_file
 from peer.core.timeline import PHASES, RoundClock, RoundTimeline
 
 
@@ -59,10 +59,10 @@ def test_unknown_phase_is_refused() -> None:
 def test_file_round_trip_and_torn_tail(tmp_path: Path) -> None:
     recs = [RoundTimeline(r, "a", compute_s=1.0 * r, idle_s=0.5, tokens=10, loss=4.5) for r in (1, 2)]
     for rec in recs:
-        timeline.append(tmp_path, rec)
-    with open(tmp_path / timeline.TIMELINE_FILE, "a") as f:
+        timeline_file.append(tmp_path, rec)
+    with open(tmp_path / timeline_file.TIMELINE_FILE, "a") as f:
         f.write('{"round": 3, "si')  # a crash mid-append
-    assert timeline.read(tmp_path) == recs
+    assert timeline_file.read(tmp_path) == recs
     assert set(PHASES) <= {k.removesuffix("_s") for k in recs[0].to_json()}
 
 
@@ -78,8 +78,8 @@ def test_with_overlap_the_wall_time_is_the_clocks_not_the_sum_of_overlapping_pha
     assert rec.commit_wait_s == pytest.approx(6.0) and rec.idle_s == 0.0
     assert rec.wall_s == pytest.approx(9.0)
     assert rec.overhead_share == pytest.approx(1 / 9)
-    timeline.append(tmp_path, rec)
-    (back,) = timeline.read(tmp_path)
+    timeline_file.append(tmp_path, rec)
+    (back,) = timeline_file.read(tmp_path)
     assert back.wall_s == pytest.approx(9.0), "the measured wall time survives the file"
 
 
@@ -118,13 +118,13 @@ def test_tokens_and_heldout_fields_round_trip_and_old_records_still_read(tmp_pat
     rec = clock.finish(3, now=2.0, committed_tokens=12_288)
     assert rec.committed_tokens == 12_288 and rec.heldout_perplexity is None
     evaluated = replace(rec, heldout_perplexity=412.5, heldout_samples=64, heldout_s=0.45)
-    timeline.append(tmp_path, evaluated)
+    timeline_file.append(tmp_path, evaluated)
     # A line written before the fields existed (and before overlap: no measured wall time).
     old = {"round": 2, "site": "a", "compute_s": 1.0, "idle_s": 0.5, "tokens": 10, "loss": 4.5,
            "inner_steps": 2, **{f"{p}_s": 0.0 for p in PHASES if p not in ("compute", "idle")}}
-    with open(tmp_path / timeline.TIMELINE_FILE, "a") as f:
+    with open(tmp_path / timeline_file.TIMELINE_FILE, "a") as f:
         f.write(json.dumps(old) + "\n")
-    back, legacy = timeline.read(tmp_path)
+    back, legacy = timeline_file.read(tmp_path)
     assert back == evaluated
     assert (legacy.committed_tokens, legacy.heldout_perplexity, legacy.heldout_samples) == (None, None, None)
     assert legacy.wall_s == pytest.approx(1.5)
