@@ -94,7 +94,7 @@ class Node:
         self._pool = ChannelPool(self.creds)
         delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
-        self._raft = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
+        self._consensus_sender = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
         self._rounds = OneWaySender(ROUNDS, self._pool, delivery_timeout)
         self._leases = OneWaySender(LEASES, self._pool, delivery_timeout)
         self._health = health.aio.HealthServicer()
@@ -109,7 +109,7 @@ class Node:
         self.failed = False
         """True when the peer stopped because of an internal error (exit status 1)."""
         self.data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix=f"sitemesh-{config.site}-"))
-        self.core: m.Membership | None = None
+        self.membership: m.Membership | None = None
         self.consensus: c.ConsensusCore | None = None
         self._store: FileStore | None = None
         self._lock: IO[str] | None = None
@@ -153,7 +153,7 @@ class Node:
             tokens_per_s=self.config.tokens_per_s,
             labels=self.identity.labels() if self.identity is not None else (),
         )
-        self.core = m.Membership(meta, self.config.membership, self._rng, now)
+        self.membership = m.Membership(meta, self.config.membership, self._rng, now)
         self.consensus = self._start_consensus(now)
         self._server.add_generic_rpc_handlers((
             MEMBERSHIP.handler(self.deliver),
@@ -249,7 +249,7 @@ class Node:
                 "runs there, that it serves this run, with certificates of the same run CA, and that this "
                 f"host can reach it; last error: {self._gossip.last_error or 'none'}"
             ) from None
-        if not self._core().joined:
+        if not self._membership().joined:
             return self._joined_elsewhere(seeds)
         return len(self.members())
 
@@ -264,7 +264,7 @@ class Node:
         return len(self.members())
 
     async def _attempt_join(self, seeds: list[str]) -> bool:
-        core = self._core()
+        core = self._membership()
         await self._execute(core.join(seeds, self._clock()), wait=True)
         for seed in seeds:
             if seed in self._gossip.refused:
@@ -278,39 +278,39 @@ class Node:
         Returns the number of members told. When to say LEFT and when to stop is the seat's
         protocol (peer/core/seat_leave.py), which the whole-peer simulator runs too.
         """
-        raft = self._raft_core()
-        me = self._core().member(self.config.site)
+        consensus = self._consensus()
+        me = self._membership().member(self.config.site)
         if me is not None and me.meta is not None and m.LEAVING not in me.meta.labels:
             # Tell the others at once (gossip) that this site will not stay: when every site leaves
             # together, each ends its wait for a round nobody would open (SiteRound._leave).
             meta = dataclasses.replace(me.meta, labels=(*me.meta.labels, m.LEAVING))
-            await self._execute(self._core().set_meta(meta, self._clock()))
+            await self._execute(self._membership().set_meta(meta, self._clock()))
             self.wake()
         if self.coordinator is not None:
             # Rounds and leases first, while this site is still a member the others answer (I8).
             await self.coordinator.prepare_leave(self.coordinator.config.deadline_s)
             await asyncio.sleep(0)  # let the Release sends start before counting what is in flight
             await self._wait_until(lambda: self._leases.in_flight == 0, self.config.membership.probe_timeout_s * 4)
-        voter = raft.is_voter()
-        decision = raft.leave(self._clock())
+        voter = consensus.is_voter()
+        decision = consensus.leave(self._clock())
         log.info("leaving: %s", decision.reason)
         self._execute_consensus(decision.effects)
         election = self.config.election.election_timeout_max_s
         # The leader waits for its removal to commit; a follower for an election first (the leader
         # may be the site that left just before) and then its removal.
-        seat = SeatLeave(decision.accepted, voter, raft.role is Role.LEADER, self._clock(), election * 2, election * 4)
+        seat = SeatLeave(decision.accepted, voter, consensus.role is Role.LEADER, self._clock(), election * 2, election * 4)
         told = 0
         while True:
-            for effect in seat.update(self._clock(), raft.removed()):
+            for effect in seat.update(self._clock(), consensus.removed()):
                 if isinstance(effect, SayLeft):
-                    effects = self._core().leave(self._clock())
+                    effects = self._membership().leave(self._clock())
                     told = sum(1 for e in effects if isinstance(e, m.Send))
                     await self._execute(effects, wait=True)
                 else:
                     log.info("left: %s", effect.reason)
                     self.stop()
                     return told
-            await self._wait_until(raft.removed, seat.next_deadline() - self._clock())
+            await self._wait_until(consensus.removed, seat.next_deadline() - self._clock())
 
     def stop(self) -> None:
         self._stopped.set()
@@ -339,14 +339,14 @@ class Node:
         is refused, if it is."""
         if self._stopped.is_set():
             return None
-        refused = self._admission.check(msg, self.address, self._core().members(), self._clock(), self.identity)
+        refused = self._admission.check(msg, self.address, self._membership().members(), self._clock(), self.identity)
         if refused is not None and not refused.final:
             return refused.reason
         if refused is not None:
             if refused.first:
                 log.warning("refused %s: %s", msg.from_site, refused.reason)
             return Refused(refused.reason)
-        self.spawn(self._execute(self._core().receive(msg, self._clock())))
+        self.spawn(self._execute(self._membership().receive(msg, self._clock())))
         self.wake()
         return None
 
@@ -355,7 +355,7 @@ class Node:
         if self._stopped.is_set():
             return
         # Synchronously: the effects of one message must all run before the next message's.
-        self._execute_consensus(self._raft_core().receive(msg, self._clock()))
+        self._execute_consensus(self._consensus().receive(msg, self._clock()))
         self.wake()
 
     def deliver_round(self, msg: RoundMessage) -> None:
@@ -380,7 +380,7 @@ class Node:
 
     def propose(self, commit: RoundCommit) -> bool:
         """Leader: append the round's decision to the log; False (with the reason logged) if refused."""
-        decision = self._raft_core().propose_round(commit, self._clock())
+        decision = self._consensus().propose_round(commit, self._clock())
         if not decision.accepted:
             log.warning("round %d not proposed: %s", commit.round, decision.reason)
             return False
@@ -389,16 +389,16 @@ class Node:
         return True
 
     def consensus_core(self) -> c.ConsensusCore:
-        return self._raft_core()
+        return self._consensus()
 
     def members(self) -> list[m.MemberView]:
-        return self._core().members()
+        return self._membership().members()
 
     def member(self, site: str) -> m.MemberView | None:
-        return self._core().member(site)
+        return self._membership().member(site)
 
     def consensus_status(self) -> c.Status:
-        return self._raft_core().status()
+        return self._consensus().status()
 
     def now(self) -> float:
         return self._clock()
@@ -411,12 +411,12 @@ class Node:
         return __version__
 
     # ----- internals -----------------------------------------------------------------------
-    def _core(self) -> m.Membership:
-        if self.core is None:
+    def _membership(self) -> m.Membership:
+        if self.membership is None:
             raise RuntimeError("node not started")
-        return self.core
+        return self.membership
 
-    def _raft_core(self) -> c.ConsensusCore:
+    def _consensus(self) -> c.ConsensusCore:
         if self.consensus is None:
             raise RuntimeError("node not started")
         return self.consensus
@@ -432,11 +432,11 @@ class Node:
             self.stop()
 
     async def _timers(self) -> None:
-        core, raft = self._core(), self._raft_core()
+        membership, consensus = self._membership(), self._consensus()
         while not self._stopped.is_set():
             now = self._clock()
-            await self._execute(core.tick(now))
-            self._execute_consensus(raft.tick(now))
+            await self._execute(membership.tick(now))
+            self._execute_consensus(consensus.tick(now))
             if self.coordinator is not None:
                 self.coordinator.tick(now)
             else:
@@ -447,7 +447,7 @@ class Node:
             # own wake() (a Tick fed to the round core) run the next tick at once: a busy loop that
             # kept one core at 100% for the whole run.
             self._wake.clear()
-            deadline = min(core.next_deadline(), raft.next_deadline(), self._next_round_deadline())
+            deadline = min(membership.next_deadline(), consensus.next_deadline(), self._next_round_deadline())
             delay = deadline - self._clock()
             if delay <= 0:
                 await asyncio.sleep(0)  # due now: let the messages and completions waiting run first
@@ -460,22 +460,22 @@ class Node:
     def _next_round_deadline(self) -> float:
         if self.coordinator is not None:
             return self.coordinator.next_deadline()
-        return self._empty_rounds.next_deadline(self._raft_core().role is Role.LEADER)
+        return self._empty_rounds.next_deadline(self._consensus().role is Role.LEADER)
 
     def _maybe_propose_round(self, now: float) -> None:
-        raft = self._raft_core()
-        leading = raft.role is Role.LEADER
+        consensus = self._consensus()
+        leading = consensus.role is Role.LEADER
         if self._empty_rounds.next_deadline(leading) > now:
             return  # not due: spare reading the log
-        status = raft.status()
-        _, _, weights = raft.log.last_round_entry(status.commit_index)
+        status = consensus.status()
+        _, _, weights = consensus.log.last_round_entry(status.commit_index)
         commit = self._empty_rounds.tick(now, leading, status.committed_round, weights)
         if commit is not None:
             self.propose(commit)
 
     async def _execute(self, effects: Sequence[m.Effect], wait: bool = False) -> None:
         sends = []
-        raft = self._raft_core()
+        consensus = self._consensus()
         for effect in effects:
             if isinstance(effect, m.Send):
                 sends.append(self._gossip.send(effect.to, effect.msg))
@@ -483,8 +483,8 @@ class Node:
                 old = effect.old.name.lower() if effect.old else "unknown"
                 log.info("member %s: %s -> %s (incarnation %d): %s",
                          effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason)
-                view = self._core().member(effect.site)
-                raft.member_changed(SiteId(effect.site), effect.new, view.address if view else "")
+                view = self._membership().member(effect.site)
+                consensus.member_changed(SiteId(effect.site), effect.new, view.address if view else "")
                 if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
                     self.coordinator.member_down(effect.site)
                 elif self.coordinator is not None and effect.new is m.MemberState.ALIVE:
@@ -511,7 +511,7 @@ class Node:
             if store.persist(effect):
                 continue
             if isinstance(effect, c.Send):
-                self.spawn(self._raft.send(effect.address, effect.msg))
+                self.spawn(self._consensus_sender.send(effect.address, effect.msg))
             elif isinstance(effect, c.Committed):
                 committed.append(effect.entry)
             elif isinstance(effect, c.SnapshotInstalled):
