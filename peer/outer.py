@@ -80,12 +80,27 @@ def outer_step(
             raise ValueError(f"contribution {i} has negative tokens {n}")
         if delta.keys() != params.keys():
             raise KeyError(f"contribution {i}: pseudo-gradient names differ from the parameters'")
-    momentum = momentum or {}
     live = [c for c in contributions if c[1] > 0]
     if not live:
-        return dict(params), dict(momentum)
+        return dict(params), dict(momentum or {})
+    return nesterov_step(params, momentum, weighted_mean(live, sorted(params)), lr, mu)
+
+
+def nesterov_step(
+    params: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor] | None,
+    mean: Mapping[str, torch.Tensor],
+    lr: float = DEFAULT_LR,
+    mu: float = DEFAULT_MU,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The step of `outer_step` from a mean formed elsewhere (the exchange's reduction, in the same
+    fixed order): new (params, momentum); neither input nor `mean` is changed or kept."""
+    if lr <= 0 or not 0 <= mu < 1:
+        raise ValueError(f"outer lr={lr} must be > 0 and mu={mu} in [0, 1)")
+    if mean.keys() != params.keys():
+        raise KeyError("the mean's names differ from the parameters'")
+    momentum = momentum or {}
     names = sorted(params)
-    mean = weighted_mean(live, names)
     mu_t = torch.tensor(mu, dtype=torch.float32)
     lr_t = torch.tensor(lr, dtype=torch.float32)
     new_params: dict[str, torch.Tensor] = {}

@@ -33,7 +33,7 @@ from peer.core.audit import universe_to_json
 from peer.core.commitlog import RoundCommit, SampleRange
 from peer.durable import write_atomic
 from peer.exchange.planes import DEFAULT_PLANE
-from peer.outer import outer_step, state_dict_hash
+from peer.outer import nesterov_step, state_dict_hash
 from peer.outer_config import OuterConfig
 from peer.round_exchange import RoundExchange
 from peer.theta_store import AppliedState, ThetaStore, split_state, state_tensors
@@ -205,16 +205,16 @@ class SiteTraining:
         roots = tuple((root, tokens) for _, _, root, tokens in contributors)
         if self._cache is not None and (self._cache.round, self._cache.roots) == (round_, roots):
             return self._cache
-        contributions = []
         started = self.clock()
-        if contributors:
-            contributions = [await self.exchange.mean(round_, contributors, self.weights)]
+        mean, tokens = await self.exchange.mean(round_, contributors, self.weights) if contributors else ({}, 0)
         started = self._book("exchange", started)
-        # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
-        weights, momentum = await asyncio.to_thread(outer_step, self.weights, self.momentum, contributions,
-                                                    lr=self.outer.lr, mu=self.outer.momentum)
-        if contributions:
-            self.exchange.give_back(contributions[0][0])
+        if tokens > 0:  # the exchange formed the token-weighted mean; the outer step takes it as it is
+            # Seconds of CPU for a large model: off the event loop, which must keep heartbeating.
+            weights, momentum = await asyncio.to_thread(nesterov_step, self.weights, self.momentum, mean,
+                                                        lr=self.outer.lr, mu=self.outer.momentum)
+            self.exchange.give_back(mean)
+        else:  # an empty round: θ and the momentum stay as they are (outer.py)
+            weights, momentum = dict(self.weights), dict(self.momentum)
         digest = await asyncio.to_thread(state_dict_hash, weights)
         self._book("outer", started)
         self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(digest))
