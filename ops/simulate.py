@@ -38,7 +38,7 @@ from peer.core.vouchers import VoucherKeys
 from peer.sim.faults import parse_faults
 from peer.sim.membership_sim import PRESETS, MembershipScenario
 from peer.sim.membership_sim import run_seed as run_membership_seed
-from peer.sim import consensus_sim, leases_sim, peer_sim
+from peer.sim import consensus_sim, leases_sim, peer_config, peer_sim
 from peer.sim.runner import RunResult
 from peer.transport.channels import Credentials
 from peer.vouching import keys_of
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         if args.protocol == "membership":
             _membership_scenario(args)  # validates --members, --preset
         elif args.protocol == "peer":
-            peer_sim.PeerSimConfig(sites=args.members)  # validates --members
+            peer_config.PeerSimConfig(sites=args.members)  # validates --members
     except ValueError as e:
         print(f"ops simulate: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from peer import config as cfg
 from peer.dirlock import lock_dir
 from peer import logformat
 from peer.core.election import ElectionConfig
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from peer.logstore import CorruptStore
 from peer.core.membership import MembershipConfig
 from peer.heldout import default_eval_every

@@ -45,7 +45,7 @@ else:  # pragma: no cover - exercised on 3.10 sites only
 from peer.core.election import ElectionConfig
 from peer.exchange.planes import DEFAULT_PLANE, PLANES
 from peer.core.membership import MembershipConfig
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from peer.core.rounds import RoundsConfig
 from peer.outer_config import OuterConfig
 from peer.trainer.config import TrainerConfig

@@ -39,7 +39,7 @@ from peer.core.election import Role, SiteId
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
 from peer.core.membership import LEAVING
 from peer.core.membership_types import MemberState
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from peer.heldout import HeldOut
 from peer.leasing import Leasing
 from peer.vouching import keys_of

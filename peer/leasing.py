@@ -1,8 +1,9 @@
 """The node's data-lease edge (DARL): one peer's lease cores, their transport and their disk.
 
 The cores and what they take from the log (ring views from committed voter sets, committed samples
-from RoundCommits) are pure, in peer/core/lease_log.py (the simulator runs the same code); this file
-gives them the clock, a transport (`send(site, msg)`), and the disk: the lease-event ledger
+from RoundCommits) are pure, in peer/core/lease_log.py (the simulator runs the same code), and are
+driven by the node's rounds core (peer/core/peer_rounds.py), which hands their effects to `run`; this
+file gives those effects a transport (`send(site, msg)`) and the disk: the lease-event ledger
 `<data dir>/leases/ledger.jsonl` that `ops audit` reads for grant/reclaim/steal counts, and
 `<data dir>/leases/boot`, the count of this peer's process starts, so that a restarted primary mints
 lease generations above any it minted before (docs/leases.md, "Record and states"), and
@@ -18,14 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from peer.core.audit import EpochLedger, event_to_json
-from peer.core.commitlog import Entry
 from peer.core.lease_log import Effect, LeaseLog
 from peer.durable import write_atomic
 from peer.core.election import SiteId
 from peer.core.lease_client import LeaseClient
-from peer.core.lease_types import EventKind, LeaseEvent, Message, to_ranges
-from peer.core.leases import LeaseConfig, LeaseOwner
-from peer.core.samples import SampleRange
+from peer.core.lease_types import EventKind, LeaseEvent, Message
+from peer.core.lease_config import LeaseConfig
+from peer.core.leases import LeaseOwner
 from peer.core.vouchers import UNSIGNED, VoucherKeys
 
 log = logging.getLogger("sitemesh.leases")
@@ -82,36 +82,8 @@ class Leasing:
     def held(self) -> int:
         return len(self.cores.client.held)
 
-    def apply_entries(self, entries: Sequence[Entry], now: float) -> None:
-        """Committed entries, in log order (scripts/bench_leases drives this edge alone; a node's
-        entries reach the cores through PeerRounds, whose lease effects come to `run`)."""
-        self.run(self.cores.apply_entries(entries, now))
-
     def note_leader_epoch(self, epoch: int) -> None:
         self.cores.note_leader_epoch(epoch)
-
-    def receive(self, msg: Message, now: float) -> None:
-        self.run(self.cores.receive(msg, now))
-
-    def tick(self, now: float) -> None:
-        self.run(self.cores.tick(now))
-
-    def next_deadline(self) -> float:
-        """When the lease cores next need a tick (-inf: now; inf: on messages only)."""
-        return self.cores.next_deadline()
-
-    def take(self, n: int, now: float) -> tuple[SampleRange, ...]:
-        """Up to n samples of started, valid leases, in block order; the client notes them trained
-        (the node's round core calls the client itself; scripts/bench_leases drives this edge)."""
-        return tuple(r for block, spans in self.client.next_samples(n, now) for r in to_ranges(block, spans))
-
-    def end_round(self, round_: int, now: float) -> None:
-        """Claim everything taken since the last claim for `round_` (the owners vouch or refuse)."""
-        self.run(self.client.end_round(round_, now))
-
-    def release_all(self, now: float) -> None:
-        """Give every lease back and take no more (graceful leave, or the run's data is done)."""
-        self.run(self.cores.release_all(now))
 
     def run(self, effects: Sequence[Effect]) -> None:
         """Sends the cores' messages and appends their lease events to the ledger file."""

@@ -32,6 +32,7 @@ from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_dela
 
 from peer import __version__
 from peer.core import consensus as c
+from peer.core import consensus_effects as ce
 from peer.core import agreement
 from peer.core import membership as m
 from peer.core.commitlog import Entry, RoundCommit
@@ -397,7 +398,7 @@ class Node:
     def member(self, site: str) -> m.MemberView | None:
         return self._membership().member(site)
 
-    def consensus_status(self) -> c.Status:
+    def consensus_status(self) -> ce.Status:
         return self._consensus().status()
 
     def now(self) -> float:
@@ -502,7 +503,7 @@ class Node:
             for coro in sends:
                 self.spawn(coro)
 
-    def _execute_consensus(self, effects: Sequence[c.Effect]) -> None:
+    def _execute_consensus(self, effects: Sequence[ce.Effect]) -> None:
         """Runs consensus effects strictly in order: a Persist* is fsynced before any later Send."""
         store = self._store
         assert store is not None
@@ -510,19 +511,19 @@ class Node:
         for effect in effects:
             if store.persist(effect):
                 continue
-            if isinstance(effect, c.Send):
+            if isinstance(effect, ce.Send):
                 self.spawn(self._consensus_sender.send(effect.address, effect.msg))
-            elif isinstance(effect, c.Committed):
+            elif isinstance(effect, ce.Committed):
                 committed.append(effect.entry)
-            elif isinstance(effect, c.SnapshotInstalled):
+            elif isinstance(effect, ce.SnapshotInstalled):
                 store.save_commit_index(effect.snapshot.last_index)
                 if self.coordinator is None:  # a training peer's pointer moves with its θ (catch_up)
                     self._applied.save(Applied(effect.snapshot.last_index, effect.snapshot.last_round))
-            elif isinstance(effect, c.LeaderChanged):
+            elif isinstance(effect, ce.LeaderChanged):
                 log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
                 if self.coordinator is not None:
                     self.coordinator.on_leader_changed(effect.leader, effect.epoch)
-            elif isinstance(effect, c.Rejected):
+            elif isinstance(effect, ce.Rejected):
                 if effect.kind is c.RefusalKind.IMPLAUSIBLE:
                     self._log_refusal("consensus", effect.from_site, effect.what, effect.reason)
                 else:  # fencing a stale epoch is an event operators want to see; log repair is routine

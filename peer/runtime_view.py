@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from peer.config import PeerConfig
 from peer.core.commitlog import RoundCommit
-from peer.core.consensus import ConsensusCore, Status
+from peer.core.consensus import ConsensusCore
+from peer.core.consensus_effects import Status
 from peer.core.lease_types import Message as LeaseMessage
 from peer.core.membership_types import MemberView
 from peer.core.rounds import Message as RoundMessage

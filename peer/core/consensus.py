@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Union
 
 from peer.core.commitlog import (
     AppendEntries,
     AppendReply,
     DurableState,
-    Entry,
     EpochStart,
     InstallSnapshot,
     Log,
@@ -41,7 +38,6 @@ from peer.core.commitlog import (
     Snapshot,
     VoterChange,
     Voters,
-    apply_voter_change,
     quorum_index,
 )
 from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-exported for tests and docs
@@ -52,7 +48,19 @@ from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-expor
     implausible_epoch,
     without_standing,
 )
+from peer.core.consensus_effects import (
+    Committed,
+    Decision,
+    Effect,
+    LeaderChanged,
+    Rejected,
+    Send,
+    SnapshotInstalled,
+    Status,
+    TWO_LEADERS,
+)
 from peer.core.membership_types import MemberState
+from peer.core.voter_set import MemberVerdict, next_voter_change
 from peer.core.election import (
     ElectionConfig,
     Epoch,
@@ -67,94 +75,12 @@ from peer.core.election import (
 )
 
 
-
-@dataclass(frozen=True)
-class Send:
-    to: SiteId
-    address: str
-    msg: Message
-
-
-@dataclass(frozen=True)
-class Committed:
-    """Apply this entry: it is majority-replicated and durable. Emitted once per index, in order."""
-
-    entry: Entry
-
-
-@dataclass(frozen=True)
-class SnapshotInstalled:
-    """The log up to snapshot.last_index was replaced by the leader's snapshot: restore the
-    application state from it (fetch θ by weights_hash) before applying later entries."""
-
-    snapshot: Snapshot
-
-
-@dataclass(frozen=True)
-class LeaderChanged:
-    leader: SiteId | None
-    epoch: Epoch
-
-
-TWO_LEADERS = "two leaders in epoch"
-"""The start of a Rejected reason for a leader's message at the epoch this peer leads itself."""
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A message or request this core refused; for logs and `ops status`. Changes nothing."""
-
-    from_site: SiteId
-    what: str
-    reason: str
-    kind: RefusalKind = RefusalKind.ROUTINE
-
-
-Effect = Union[Send, PersistHardState, PersistLog, PersistSnapshot, Committed, SnapshotInstalled, LeaderChanged,
-               Rejected]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Answer to a local request (propose, leave, voter change): accepted or not, why, effects."""
-
-    accepted: bool
-    reason: str
-    effects: list[Effect]
-    index: LogIndex | None = None
-
-
-@dataclass(frozen=True)
-class Status:
-    """What `ops status` shows (and the simulator compares)."""
-
-    site: SiteId
-    role: Role
-    epoch: Epoch
-    voted_for: SiteId | None
-    leader: SiteId | None
-    lease_expiry: float | None
-    """Leader only: local monotonic time until which it may decide; None otherwise."""
-    committed_round: int
-    commit_index: LogIndex
-    applied_index: LogIndex
-    last_index: LogIndex
-    voters: Voters
-
-
 def fencing_epoch(msg: Message) -> Epoch:
     """The epoch a message is judged by. A pre-vote reply answers a question asked at
     proposed_epoch - 1; every other message is as fresh as its header's epoch."""
     if isinstance(msg, VoteReply) and msg.pre_vote:
         return Epoch(msg.proposed_epoch - 1)
     return msg.header.epoch
-
-
-@dataclass
-class _Member:
-    address: str
-    state: MemberState  # ALIVE, DEAD or LEFT, as membership reports it (SUSPECT is never stored)
-    since: float = 0.0  # core time of the last state change
 
 
 @dataclass
@@ -180,7 +106,7 @@ class ConsensusCore:
     votes: set[SiteId] = field(default_factory=set)
     leaving: bool = False  # `ops leave` ran: the leader removes this voter, and no join is proposed
     voter_note: str = ""  # why the last voter change was (not) proposed, for status and logs
-    members: dict[SiteId, _Member] = field(default_factory=dict)  # membership's verdicts (inputs only)
+    members: dict[SiteId, MemberVerdict] = field(default_factory=dict)  # membership's verdicts (inputs only)
     # Leader-only state, reset at every election win.
     became_leader_at: float = 0.0
     next_heartbeat: float = math.inf
@@ -321,7 +247,7 @@ class ConsensusCore:
     def member_alive(self, site: SiteId, address: str) -> None:
         """Membership sees `site` alive at `address`: replicate to it; the leader adds it as a voter
         once it has caught up with the committed log."""
-        self.members[site] = _Member(address, MemberState.ALIVE)
+        self.members[site] = MemberVerdict(address, MemberState.ALIVE)
 
     def member_left(self, site: SiteId) -> None:
         """Membership reports a graceful leave: the leader removes the voter."""
@@ -487,7 +413,7 @@ class ConsensusCore:
         """Everyone who needs the log: voters and live members (observers, voters-to-be), and members
         that left, while they answer or for 10 election timeouts, so that a leaver learns that its
         removal committed (what `ops leave` waits for, I8) even after a partition."""
-        def leaving(m: _Member, site: SiteId) -> bool:
+        def leaving(m: MemberVerdict, site: SiteId) -> bool:
             silent = self.now - self.ack_time.get(site, self.became_leader_at)
             recent = self.now - m.since < 10 * self.config.election_timeout_max_s
             return m.state is MemberState.LEFT and (silent < self.config.election_timeout_max_s or recent)
@@ -624,7 +550,7 @@ class ConsensusCore:
         known = self.members.get(site)
         address = known.address if known else dict(self.log.voters()).get(site, "")
         since = known.since if known and known.state == state else self.now
-        self.members[site] = _Member(address, state, since)
+        self.members[site] = MemberVerdict(address, state, since)
 
     def _reconcile_voters(self, effects: list[Effect]) -> None:
         """Leader: propose at most one voter change toward what membership reports (thesis 4.1)."""
@@ -634,48 +560,9 @@ class ConsensusCore:
             return  # thesis 4.1 fix: commit an entry of this epoch before changing the voter set
         if self.log.last_config_index() > self.commit_index:
             return  # one change at a time: the previous one is not committed yet
-        change = self._next_voter_change()
+        change, note = next_voter_change(self)
+        if note is not None:
+            self.voter_note = note
         if change is not None:
             self.voter_note = f"proposed {'add' if change.add else 'remove'} {change.site}: {change.reason}"
             self._append_and_replicate(change, effects)
-
-    def _next_voter_change(self) -> VoterChange | None:
-        """The first candidate change that keeps the responsive voters a majority of the new set.
-
-        Priority: confirmed-dead voters first (each removal makes a majority easier to reach), then
-        graceful leaves (this leader's own, then others'), then joins. A change that would leave the
-        voters that answered within election_timeout_min short of a majority waits: removing a live
-        leaver before a dead voter would otherwise strand the rest (e.g. {A, B leaving, C dead})."""
-        voters = dict(self.log.voters())
-        if self.leaving and list(voters) == [self.site]:
-            self.voter_note = "last voter stays in the voter set: the run resumes from its disk"
-            return None
-        def answers(site: SiteId) -> bool:
-            fresh = self.now - self.ack_time.get(site, -math.inf) < self.config.election_timeout_min_s
-            dead = site in self.members and self.members[site].state is MemberState.DEAD
-            return site == self.site or (fresh and not dead)
-
-        for change in self._voter_change_candidates(voters):
-            new = [s for s, _ in apply_voter_change(tuple(sorted(voters.items())), change)]
-            if has_majority(filter(answers, new), new):
-                return change
-            self.voter_note = (f"waiting to {'add' if change.add else 'remove'} {change.site}: the voters that "
-                               f"answer ({', '.join(filter(answers, new))}) would not be a majority")
-        return None
-
-    def _voter_change_candidates(self, voters: dict[SiteId, str]) -> Iterator[VoterChange]:
-        for site in sorted(voters):
-            m = self.members.get(site)
-            silent = self.now - self.ack_time.get(site, self.became_leader_at)
-            if site != self.site and m is not None and m.state is MemberState.DEAD and silent >= self.config.election_timeout_max_s:
-                yield VoterChange(site, voters[site], False, f"dead: membership and no ack for {silent:.1f}s")
-        if self.leaving and self.site in voters:
-            yield VoterChange(self.site, self.address, False, "graceful leave")
-        for site in sorted(voters):
-            m = self.members.get(site)
-            if site != self.site and m is not None and m.state is MemberState.LEFT:
-                yield VoterChange(site, voters[site], False, "graceful leave")
-        if not self.leaving:
-            for site, m in sorted(self.members.items()):
-                if m.state is MemberState.ALIVE and site not in voters and self.match_index.get(site, 0) >= self.commit_index:
-                    yield VoterChange(site, m.address, True, "join")

@@ -51,7 +51,7 @@ from peer.core.lease_types import (
     take,
     to_ranges,
 )
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from peer.core.ring import RingView, score, site_seed
 from peer.core.samples import SampleRange
 

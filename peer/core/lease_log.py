@@ -20,7 +20,8 @@ from peer.core.commitlog import Entry, RoundCommit, VoterChange, Voters, apply_v
 from peer.core.ids import SiteId
 from peer.core.lease_client import LeaseClient
 from peer.core.lease_types import LeaseEvent, Message, Send
-from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.lease_config import LeaseConfig
+from peer.core.leases import LeaseOwner
 from peer.core.ring import RingView
 from peer.core.vouchers import VoucherKeys
 

@@ -22,6 +22,11 @@ found nothing free or stealable (docs/leases.md, "Giving back at the tail"). Eve
 carries (leader epoch, ring version, data epoch) and every lease reference a generation; anything
 stale is refused with a reason ("stale: generation 4294967297 < 4294967298 for block 812").
 
+This class orders the changes and routes the messages; the parts it consults live beside it: the
+quorum count of replicated writes (peer/core/lease_quorum.py), the hand-over of a block to a new
+primary (peer/core/lease_handover.py), the give-back at the tail (peer/core/lease_give_back.py), and
+the timers (peer/core/lease_config.py).
+
     .venv/bin/python -m pytest tests/unit/test_leases.py -q
 """
 
@@ -30,7 +35,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from peer.core.audit import EpochLedger
 from peer.core.election import SiteId
@@ -71,78 +76,14 @@ from peer.core.lease_types import (
     normalize,
     subtract,
 )
+from peer.core.lease_config import LeaseConfig
+from peer.core.lease_give_back import GiveBack
+from peer.core.lease_handover import Handover, sync_requests
+from peer.core.lease_quorum import QuorumAnswers
 from peer.core.ring import RingView, quorum, score
 from peer.core.vouchers import VoucherKeys, signed
 
 Effect = Send | LeaseEvent
-
-
-@dataclass(frozen=True)
-class LeaseConfig:
-    """Timers of the lease protocol."""
-
-    ttl: float = 30.0
-    """How long a lease lives without a renewal, on the owner's clock. Long enough to ride out a few
-    lost heartbeats and a GC pause; short enough that a dead site's prefetched blocks come back well
-    within one round."""
-    renew_every: float = 5.0
-    """Holder's heartbeat period per owner; ttl / renew_every = 6 heartbeats may be lost in a row."""
-    retry_after: float = 2.0
-    """Resend an unanswered replication, sync or request after this long (messages may be lost)."""
-    max_grant: int = 4
-    """Most leases one owner hands to one holder in one reply (the prefetch depth)."""
-    max_round_lag: int = 3
-    """An owner refuses grants, starts and renewals to a holder whose applied round is more than this
-    behind its own: a site cut off from the log (not replicated to) would otherwise keep renewing
-    leases it can never contribute, and the epoch would never end. A few rounds: log replication
-    lags far less."""
-    give_back_faster: float = 1.5
-    """At the data epoch's tail an idle site has a holder give a started block's rest back only if
-    its pace is above this multiple of the holder's: the hand-over costs the block about a round
-    with nobody training it (the holder's claim, then the new grant and start), which only a
-    clearly faster site wins back (docs/decisions/leases-give-back-at-the-tail.md). inf: never."""
-
-    def __post_init__(self) -> None:
-        if (not 0 < self.renew_every < self.ttl or self.retry_after <= 0 or self.max_grant < 1
-                or self.max_round_lag < 1 or not self.give_back_faster >= 1):
-            raise ValueError(f"bad lease config {self}")
-
-    @classmethod
-    def local_test(cls) -> LeaseConfig:
-        """Loopback and the simulator: seconds-scale so that expiry happens within a test."""
-        return cls(ttl=6.0, renew_every=1.0, retry_after=0.5, max_grant=3)
-
-    @classmethod
-    def lan(cls) -> LeaseConfig:
-        """One data centre (and loopback tests of real processes): a dead holder's blocks come back
-        in 10 s."""
-        return cls(ttl=10.0, renew_every=2.0, retry_after=1.0)
-
-    @classmethod
-    def wan(cls) -> LeaseConfig:
-        """Sites across the Internet: the defaults."""
-        return cls()
-
-
-@dataclass
-class _Sync:
-    """A block this peer became primary of, waiting for its previous owners' records."""
-
-    waiting: set[SiteId]
-    needed: int
-    """Complete answers needed: a majority of the previous owner set."""
-    established: int
-    """Lowest rev a record must have to be known current: one the previous view's primary adopted
-    (or wrote) and replicated. Older records may miss writes of a view whose owners are not asked."""
-    got: list[LeaseRecord] = field(default_factory=list)
-    complete: int = 0
-
-
-@dataclass
-class _Deferred:
-    send: Send
-    needs: tuple[tuple[BlockId, int], ...]
-    """(block, rev) that a quorum must hold before `send` goes out."""
 
 
 class LeaseOwner:
@@ -168,18 +109,15 @@ class LeaseOwner:
         """Records of the previous view this peer no longer owns: kept to answer SyncRequests."""
         self.serving: set[BlockId] = set()
         """Blocks this peer is primary of and may change (synced or rebuilt)."""
-        self.syncing: dict[BlockId, _Sync] = {}
+        self.syncing: dict[BlockId, Handover] = {}
+        """Blocks this peer became primary of and waits on its previous owners' records for."""
         self.expiry: dict[BlockId, float] = {}
-        self.wanted: dict[BlockId, tuple[SiteId, float]] = {}
-        """Started blocks an idle site asked for when nothing was free or stealable (the data
-        epoch's tail, where a slow holder keeps a block a fast site could finish): their holders are
-        asked in the renew reply to give back what they have not taken, and the freed rest is
-        granted only to that site until the time here. A hint, kept by the primary alone: lost on
-        a restart or a view change, which costs speed, never correctness."""
+        self.give_back = GiveBack(cfg)
+        """Started blocks an idle site asked for at the data epoch's tail (peer/core/lease_give_back.py)."""
         self.paces: dict[SiteId, float] = {}
         """Each site's pace as its newest holder message said (LeaseHeader.pace; absent: 0)."""
-        self.acks: dict[BlockId, dict[SiteId, int]] = {}
-        self.deferred: list[_Deferred] = []
+        self.writes = QuorumAnswers()
+        """What the replicas acknowledged, and the answers held back until a majority holds them."""
         self.unacked_since: dict[BlockId, float] = {}
         self.sync_sent = 0.0
         """When SyncRequests last went out (set_view sends the first ones)."""
@@ -218,8 +156,7 @@ class LeaseOwner:
             return []
         old = self.view or previous
         self.view = view
-        self.deferred.clear()
-        self.acks.clear()
+        self.writes.clear()
         self.unacked_since.clear()
         self.syncing.clear()
         self.expiry.clear()
@@ -244,8 +181,8 @@ class LeaseOwner:
                 self._adopt(b, held[b], now)
             else:
                 prev = old.owners(b) if old is not None else owners
-                sync = _Sync({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)),
-                             mint_base((old or view).version, 0))
+                sync = Handover({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)),
+                                mint_base((old or view).version, 0))
                 if self.site in prev and trusted:
                     sync.complete += 1
                     sync.got.extend([held[b]] if b in held else [])
@@ -290,9 +227,8 @@ class LeaseOwner:
         self.retired.clear()
         self.syncing.clear()
         self.expiry.clear()
-        self.wanted.clear()
-        self.deferred.clear()
-        self.acks.clear()
+        self.give_back.clear()
+        self.writes.clear()
         self.unacked_since.clear()
         self._dirty.clear()
         self._rebuild_order()
@@ -342,10 +278,6 @@ class LeaseOwner:
             times.append(self.sync_sent + self.cfg.retry_after)
         return min(times) if times else None
 
-    def state_of(self, block: BlockId) -> LeaseState | None:
-        rec = self.records.get(block)
-        return rec.state if rec is not None else None
-
     # --- holder requests (primary only) ---
 
     def _lagging(self, h: LeaseHeader) -> str:
@@ -366,18 +298,17 @@ class LeaseOwner:
         reason = f"{len(mine)} held"
         if need:
             free = (b for b in self._order if self.records[b].state is LeaseState.FREE
-                    and self._may_take(b, site, now))
+                    and self.give_back.may_take(b, site, now))
             picked = list(itertools.islice(free, need))
             kind = EventKind.GRANT
             if not picked and m.steal:
                 picked = self._steal_candidates(site, now)[:need]
                 kind = EventKind.STEAL
             if not picked and m.steal:
-                self._want_back(site, now)
+                self.give_back.ask(site, (self.records[b] for b in self._order), self.paces, now)
             for b in picked:
                 rec = self.records[b]
-                if b in self.wanted:  # the site it was kept for: it keeps it a ttl before anyone asks again
-                    self.wanted[b] = (site, now + self.cfg.ttl)
+                self.give_back.granted(b, site, now)
                 self._write(rec.bumped(self._base, holder=site, started=False,
                                        generation=next_gen(rec.generation, self._base)), now)
                 self._event(kind, self.records[b], site, now)
@@ -390,43 +321,13 @@ class LeaseOwner:
         reply = GrantReply(self.header(), m.req, grants, nfree, reason)
         return self._answer(site, reply, [self.records[b] for b in mine])
 
-    def _want_back(self, site: SiteId, now: float) -> None:
-        """An idle `site` found nothing free or stealable: ask the holders of started blocks with
-        samples left to give those back (at their round's end), for `site` -- only holders it is
-        clearly faster than (LeaseConfig.give_back_faster), and over a reservation only for a slower site.
-        Handing a slow holder's rest to a site slower still lengthened the tail: the whole-peer
-        simulator's tail run (one site at 50 samples/s, two at 8) gave a block from one slow site to
-        the other while the fast one idled 5 of 8 rounds."""
-        pace = self.paces.get(site, 0.0)
-        for b in self._order:
-            rec = self.records[b]
-            if rec.state is not LeaseState.STARTED or rec.holder == site or not rec.free_spans:
-                continue
-            if not pace > self.cfg.give_back_faster * self.paces.get(rec.holder, 0.0):  # (inf x 0 is nan: no)
-                continue
-            kept_for = self._reserved_for(b, now)
-            if kept_for is None or self.paces.get(kept_for, 0.0) * self.cfg.give_back_faster < pace:
-                self.wanted[b] = (site, now + self.cfg.ttl)
-
-    def _reserved_for(self, b: BlockId, now: float) -> SiteId | None:
-        """The idle site block `b`'s given-back rest is kept for, while its reservation lasts."""
-        got = self.wanted.get(b)
-        if got is None or got[1] <= now:
-            self.wanted.pop(b, None)
-            return None
-        return got[0]
-
-    def _may_take(self, b: BlockId, site: SiteId, now: float) -> bool:
-        """Block `b`'s given-back rest is kept for nobody, or for `site`."""
-        return self._reserved_for(b, now) in (None, site)
-
     def _steal_candidates(self, thief: SiteId, now: float) -> list[BlockId]:
         """Leased-not-started blocks of other holders, from the holder with the most first; never
         a given-back rest while it is kept for another site (the whole-peer simulator's tail run:
         two slow idle sites stole the rest from the fast site it was given back to, before it
         started it, and trained it slowly)."""
         leased = [b for b in self._order if self.records[b].state is LeaseState.LEASED
-                  and self.records[b].holder != thief and self._may_take(b, thief, now)]
+                  and self.records[b].holder != thief and self.give_back.may_take(b, thief, now)]
         per: dict[SiteId | None, int] = {}
         for b in leased:
             per[self.records[b].holder] = per.get(self.records[b].holder, 0) + 1
@@ -454,7 +355,7 @@ class LeaseOwner:
                 renewed.append(ref)
             elif ref.block_id in self.serving:
                 lost.append(Refusal(ref.block_id, why))
-        wanted = tuple(ref.block_id for ref in renewed if self._reserved_for(ref.block_id, now) not in (None, m.header.site))
+        wanted = tuple(ref.block_id for ref in renewed if self.give_back.reserved_for(ref.block_id, now) not in (None, m.header.site))
         return [Send(m.header.site, RenewReply(self.header(), tuple(renewed), tuple(lost), m.sent_at, wanted))]
 
     def _on_start(self, m: Start, now: float) -> list[Effect]:
@@ -539,8 +440,7 @@ class LeaseOwner:
     def _on_replicate_ack(self, m: ReplicateAck, now: float) -> list[Effect]:
         for b, rev in ((a.block_id, a.rev) for a in m.acked):
             if b in self.serving:
-                per = self.acks.setdefault(b, {})
-                per[m.header.site] = max(rev, per.get(m.header.site, 0))
+                self.writes.ack(b, m.header.site, rev)
                 if self._quorum_holds(b, self.records[b].rev):
                     self.unacked_since.pop(b, None)
         return self._release_deferred()
@@ -554,33 +454,17 @@ class LeaseOwner:
         out: list[Effect] = []
         by_block = {r.block_id: r for r in m.records}
         for b, s in list(self.syncing.items()):
-            if m.header.site not in s.waiting:
-                continue
-            s.waiting.discard(m.header.site)
-            if m.complete:
-                s.complete += 1
-                if b in by_block:
-                    s.got.append(by_block[b])
-            if not s.waiting:
+            if s.heard(m.header.site, m.complete, by_block.get(b)):
                 del self.syncing[b]
                 out.extend(self._finish_sync(b, s, now))
         return out
 
-    def _finish_sync(self, b: BlockId, s: _Sync, now: float) -> list[Effect]:
-        if s.complete < s.needed:
-            return self._rebuild(b, now)
+    def _finish_sync(self, b: BlockId, s: Handover, now: float) -> list[Effect]:
         assert self.view is not None
-        size, done = self.ledger.size(b), self.ledger.done(b)
-        base = fresh_record(b, size, done, self._base, self.ledger.data_epoch)
-        best = max((r for r in s.got if r.data_epoch == self.ledger.data_epoch), key=lambda r: r.rev,
-                   default=base)
-        if best.rev < s.established or not s.got:
-            # The previous view's primary never established the record here (it was still syncing,
-            # or crashed before a majority held it): the newest writes may sit with owners of an
-            # older view or with the crashed primary alone. The log is the only safe source then.
+        rec = s.record(b, self.ledger, self._base)
+        if rec is None:
             return self._rebuild(b, now)
-        merged = replace(best, done=done, pending=tuple(p for p in best.pending if p.round > self.ledger.last_round))
-        self._adopt(b, merged, now)
+        self._adopt(b, rec, now)
         self._order_insert(b)
         return []
 
@@ -600,7 +484,7 @@ class LeaseOwner:
 
     def _adopt(self, b: BlockId, rec: LeaseRecord, now: float) -> None:
         """Start serving `b` with `rec`: holders get a full ttl to find the new primary. The rev is
-        re-minted under this view, which marks the record as established in it (see _Sync)."""
+        re-minted under this view, which marks the record as established in it (see Handover)."""
         rec = rec.bumped(self._base)
         self.serving.add(b)
         self.records[b] = rec
@@ -627,25 +511,15 @@ class LeaseOwner:
 
     def _quorum_holds(self, b: BlockId, rev: int) -> bool:
         assert self.view is not None
-        owners = self.view.owners(b)
-        have = 1 + sum(1 for s, r in self.acks.get(b, {}).items() if s in owners and r >= rev)
-        return have >= quorum(len(owners))
+        return self.writes.holds(b, rev, self.view.owners(b))
 
     def _answer(self, to: SiteId, reply: Message, recs: list[LeaseRecord]) -> list[Effect]:
         needs = tuple((r.block_id, self.records[r.block_id].rev) for r in recs)
-        self.deferred.append(_Deferred(Send(to, reply), needs))
+        self.writes.hold(Send(to, reply), needs)
         return []
 
     def _release_deferred(self) -> list[Effect]:
-        out: list[Effect] = []
-        keep = []
-        for d in self.deferred:
-            if all(self._quorum_holds(b, rev) for b, rev in d.needs):
-                out.append(d.send)
-            else:
-                keep.append(d)
-        self.deferred = keep
-        return out
+        return list(self.writes.release(self._quorum_holds))
 
     def _flush(self, now: float) -> list[Effect]:
         """Push every changed record to its replicas (one message per replica), release answers."""
@@ -668,11 +542,7 @@ class LeaseOwner:
 
     def _request_syncs(self, now: float) -> list[Effect]:
         self.sync_sent = now
-        per: dict[SiteId, list[BlockId]] = {}
-        for b, s in sorted(self.syncing.items()):
-            for m in s.waiting:
-                per.setdefault(m, []).append(b)
-        return [Send(m, SyncRequest(self.header(), tuple(bs))) for m, bs in sorted(per.items())]
+        return list(sync_requests(self.header(), self.syncing))
 
     def _order_key(self, b: BlockId) -> int:
         """Serving blocks in a per-epoch shuffled order: the order free blocks are granted in."""

@@ -24,18 +24,16 @@ Try it: ops simulate --members 20 --seeds 0:20 --faults all
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from peer.core.awareness import Awareness
 from peer.core.broadcast import BroadcastQueue
 from peer.core.membership_config import MembershipConfig
 from peer.core.membership_guard import (
-    INCARNATION_LIMIT,
     MAX_RELAYS,
     RELAYS_PER_SENDER,
     TABLE_LIMIT,
-    Tombstones,
     check_rumour,
     next_incarnation,
 )
@@ -58,6 +56,7 @@ from peer.core.membership_types import (
     Send,
     StateChanged,
 )
+from peer.core.member_table import PROBED, Member, MemberTable
 from peer.core.suspicion import Suspicion
 
 __all__ = [
@@ -68,21 +67,6 @@ __all__ = [
 
 _INF = float("inf")
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
-_PROBED = (ALIVE, SUSPECT)
-
-
-@dataclass
-class _Member:
-    site: str
-    meta: MemberMeta | None  # None only for a member heard of as DEAD/LEFT without metadata
-    state: MemberState
-    incarnation: int
-    since: float  # when `state` was entered: bounds gossip to the dead
-    last_heard: float  # last message from it, or last state change
-
-    @property
-    def address(self) -> str:
-        return self.meta.address if self.meta is not None else ""
 
 
 @dataclass
@@ -106,23 +90,12 @@ class _Relay:
     requester: str = ""  # its sender: bounds the relays one site may have in flight here
 
 
-class Membership:
+class Membership(MemberTable):
     """One member's view of the group. See the module docstring; all times are the caller's `now`."""
 
     def __init__(self, meta: MemberMeta, config: MembershipConfig, rng: random.Random, now: float,
                  incarnation: int = 0) -> None:
-        if not 0 <= incarnation <= INCARNATION_LIMIT:
-            raise ValueError(f"incarnation {incarnation} is outside [0, 2^61]")
-        self.config = config
-        self._rng = rng
-        self._me = _Member(meta.site, meta, ALIVE, incarnation, now, now)
-        # Everyone but us, at most TABLE_LIMIT; DEAD and LEFT ones until forget_after_s, then a tombstone.
-        self._members: dict[str, _Member] = {}
-        self._tombstones = Tombstones(config.forget_after_s)
-        self._live = 1  # ALIVE + SUSPECT members, us included: the n of all log(n) formulas
-        self._dead = 0  # DEAD members (reconnect targets)
-        self._probe_order: list[str] = []  # shuffled round robin (SWIM 4.3), reshuffled per cycle
-        self._probe_index = 0
+        super().__init__(meta, config, rng, now, incarnation)
         self._queue: BroadcastQueue[MemberUpdate] = BroadcastQueue()
         self._suspicions: dict[str, Suspicion] = {}
         self._awareness = Awareness(config.awareness_max_multiplier)
@@ -147,18 +120,6 @@ class Membership:
     # -- public API --------------------------------------------------------------------------------
 
     @property
-    def site(self) -> str:
-        return self._me.site
-
-    @property
-    def address(self) -> str:
-        return self._me.address
-
-    @property
-    def incarnation(self) -> int:
-        return self._me.incarnation
-
-    @property
     def joined(self) -> bool:
         """At least one seed answered our join (or we were given no seeds)."""
         return self._joined
@@ -171,18 +132,6 @@ class Membership:
     def health_multiplier(self) -> int:
         """Lifeguard local health factor (1 = healthy) applied to our periods and timeouts."""
         return self._awareness.multiplier
-
-    def member(self, site: str) -> MemberView | None:
-        """Our view of one member (None if unknown); O(1), for callers polling one member."""
-        m = self._me if site == self.site else self._members.get(site)
-        return None if m is None else MemberView(m.site, m.address, m.state, m.incarnation,
-                                                 m.last_heard, m.meta)
-
-    def members(self) -> list[MemberView]:
-        """Every member we know of, us included, sorted by site."""
-        rows = [self._me, *self._members.values()]
-        return [MemberView(m.site, m.address, m.state, m.incarnation, m.last_heard, m.meta)
-                for m in sorted(rows, key=lambda m: m.site)]
 
     def join(self, seeds: Sequence[str], now: float) -> list[Effect]:
         """Send our table to every seed address (PushPull join=True); until one answers, `tick`
@@ -209,7 +158,7 @@ class Membership:
         effects: list[Effect] = [StateChanged(self.site, ALIVE, LEFT, self._me.incarnation,
                                               "left gracefully")]
         for m in self._members.values():
-            if m.state in _PROBED:
+            if m.state in PROBED:
                 effects.append(Send(m.address, Ping(self._next_seq(), self.site, self.address,
                                                     m.site, (rumour,))))
         return effects
@@ -320,19 +269,6 @@ class Membership:
         return [Send(target.address, Ping(seq, self.site, self.address, target.site,
                                           self._updates_for((target.site,))))]
 
-    def _next_target(self) -> _Member | None:
-        for _ in range(len(self._probe_order) + 1):
-            if self._probe_index >= len(self._probe_order):
-                self._rng.shuffle(self._probe_order)
-                self._probe_index = 0
-                if not self._probe_order:
-                    return None
-            m = self._members[self._probe_order[self._probe_index]]
-            self._probe_index += 1
-            if m.state in _PROBED:
-                return m
-        return None
-
     def _send_indirect(self, p: _Probe) -> list[Effect]:
         p.timeout_at = _INF
         target = self._members[p.target]
@@ -381,7 +317,7 @@ class Membership:
 
     # -- suspicion ---------------------------------------------------------------------------------
 
-    def _suspect(self, m: _Member, incarnation: int, from_site: str, now: float,
+    def _suspect(self, m: Member, incarnation: int, from_site: str, now: float,
                  reason: str) -> list[Effect]:
         n, h = self._live, self._awareness.multiplier
         k = min(self.config.indirect_checks, max(0, n - 2))  # members able to confirm besides us
@@ -411,9 +347,9 @@ class Membership:
         self._next_gossip = now + self.config.gossip_interval_s
         horizon = now - self.config.gossip_to_dead_s
 
-        def eligible(m: _Member) -> bool:
+        def eligible(m: Member) -> bool:
             # Gossip to the recently dead too: a paused member learns it was declared dead.
-            return m.state in _PROBED or (m.state == DEAD and m.since >= horizon)
+            return m.state in PROBED or (m.state == DEAD and m.since >= horizon)
 
         effects: list[Effect] = []
         for m in self._random_members(self.config.gossip_nodes, set(), eligible):
@@ -444,7 +380,7 @@ class Membership:
         """Addresses of DEAD members, and of seeds that no live member of ours listens on: a group
         that formed apart from ours (members that joined through other seeds while ours were down)
         merges when either side reaches the other."""
-        live = {m.address for m in self._members.values() if m.state in _PROBED}
+        live = {m.address for m in self._members.values() if m.state in PROBED}
         dead = {m.address for m in self._members.values() if m.state == DEAD and m.address}
         return sorted(dead | (set(self._seeds) - live))
 
@@ -463,7 +399,7 @@ class Membership:
         taken = self._queue.take(self.config.max_piggyback - len(out), limit)
         return tuple(out + [u for u in taken if u not in out])
 
-    def _rumour(self, m: _Member) -> MemberUpdate:
+    def _rumour(self, m: Member) -> MemberUpdate:
         s = self._suspicions.get(m.site) if m.state == SUSPECT else None
         # Name the suspecter, not us: others count distinct suspecters as confirmations.
         return MemberUpdate(m.site, m.state, m.incarnation, m.meta,
@@ -587,44 +523,15 @@ class Membership:
         self._queue.push(self.site, self._rumour(me))
         return []
 
-    def _add(self, u: MemberUpdate, now: float) -> _Member:
-        m = _Member(u.site, u.meta, u.state, u.incarnation, now, now)
-        self._members[u.site] = m
-        self._count(m.state, +1)
-        i = self._rng.randint(0, len(self._probe_order))
-        self._probe_order.insert(i, u.site)
-        if i < self._probe_index:
-            self._probe_index += 1
-        return m
-
-    def _set_state(self, m: _Member, state: MemberState, incarnation: int, now: float,
-                   reason: str) -> list[Effect]:
-        old = m.state
-        m.incarnation = incarnation
-        m.last_heard = now
-        if state == old:
-            return []
-        self._count(old, -1)
-        self._count(state, +1)
-        m.state = state
-        m.since = now
-        return [StateChanged(m.site, old, state, incarnation, reason)]
-
     def _forget(self, now: float) -> None:
         """Drop the members DEAD or LEFT for forget_after_s, leaving tombstones (bounded tables)."""
         horizon = now - self.config.forget_after_s
         probed = self._probe.target if self._probe is not None else None
         for m in [m for m in self._members.values()
                   if m.state in (DEAD, LEFT) and m.since <= horizon and m.site != probed]:
-            del self._members[m.site]
-            self._count(m.state, -1)
             self._queue.discard(m.site)
             self._suspicions.pop(m.site, None)
-            i = self._probe_order.index(m.site)
-            del self._probe_order[i]
-            if i < self._probe_index:
-                self._probe_index -= 1
-            self._tombstones.add(m.site, m.incarnation, now)
+            self._drop(m, now)
         self._tombstones.expire(now)
 
     def _relays_full(self, msg: PingReq) -> Rejected | None:
@@ -638,31 +545,9 @@ class Membership:
                         f"sender's and {len(self._relays)} in all in flight (at most {RELAYS_PER_SENDER} "
                         f"and {MAX_RELAYS})", RefusalKind.FULL)
 
-    def _count(self, state: MemberState, delta: int) -> None:
-        if state in _PROBED:
-            self._live += delta
-        elif state == DEAD:
-            self._dead += delta
-
     # -- helpers -----------------------------------------------------------------------------------
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
-    def _random_members(self, count: int, exclude: set[str],
-                        ok: Callable[[_Member], bool]) -> list[_Member]:
-        """Up to `count` distinct random members satisfying `ok`, not in `exclude`. Rejection
-        sampling first (O(count) in a mostly healthy group of thousands), then a full scan."""
-        chosen: dict[str, _Member] = {}
-        order = self._probe_order
-        for _ in range(4 * count + 8 if order else 0):
-            m = self._members[order[self._rng.randrange(len(order))]]
-            if m.site not in exclude and m.site not in chosen and ok(m):
-                chosen[m.site] = m
-                if len(chosen) == count:
-                    return list(chosen.values())
-        rest = [m for s in order if s not in exclude and s not in chosen
-                and ok(m := self._members[s])]
-        self._rng.shuffle(rest)
-        return list(chosen.values()) + rest[: count - len(chosen)]

@@ -12,8 +12,16 @@ Modules, generic first:
 - `runner`   Simulation: the event heap (deliveries, node timers, scheduled actions), crash /
              restart / pause / resume / clock jumps of nodes, invariant checks after every event.
 - `membership_sim`  the membership scenario and its invariants (an example to copy).
-- `peer_sim`  whole peers: the real round, consensus and lease cores with a fake trainer and θ.
-- `faulty`   a site of the run that sends protocol-valid but false messages to `peer_sim`'s peers.
+- whole peers: the real round, consensus and lease cores with a fake trainer and θ, in layers
+  (each imports only modules earlier in this list):
+  - `peer_config`  timings, bounds and PeerSimConfig.
+  - `faulty`       a site of the run that sends protocol-valid but false messages to the peers
+                   (it sees peers and world through small Protocols of its own).
+  - `peer_node`    PeerNode: one site's cores and the executor of their effects (fake trainer,
+                   exchange, disk); `Host` is what it asks of the world.
+  - `peer_world`   World: membership's verdicts, the disks, the committed truth, the invariants.
+  - `peer_faults`  FaultSchedule: the seed's kills, pauses, cuts, leaves and restarts.
+  - `peer_sim`     PeerSim (a World that runs) and `ops simulate --protocol peer`'s entry points.
 
 Plugging in a new protocol core (election/commit log, lease table ...):
 

@@ -44,7 +44,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from peer.core import membership as m
 from peer.core import rounds as r
@@ -55,11 +55,11 @@ from peer.core.election import Header, RequestVote, has_majority
 from peer.core.ids import BlockId, Epoch, Gen, LogIndex, Round, SiteId
 from peer.core.lease_types import Span, Voucher
 from peer.core.membership_guard import CATCH_UP_LIMIT, INCARNATION_LIMIT, MAX_INCARNATION_JUMP
+from peer.core.peer_rounds import PeerRounds
 from peer.core.samples import SampleRange
 from peer.core.vouchers import VoucherKeys, signed
-
-if TYPE_CHECKING:
-    from peer.sim.peer_sim import PeerNode, PeerSim
+from peer.sim.peer_config import PeerSimConfig
+from peer.sim.runner import Simulation
 
 MEMBER_PROBES = ("snapshot", "append_reply", "epoch_limit", "epoch_jump", "batch", "contradiction",
                  "rumour_limit", "rumour_jump")
@@ -74,9 +74,37 @@ FAR = 10**6
 ACCUSATIONS = (m.MemberState.LEFT, m.MemberState.DEAD, m.MemberState.SUSPECT)
 
 
+class Peer(Protocol):
+    """What the faulty site reads of a simulated peer (peer_node.PeerNode): its cores."""
+
+    @property
+    def raft(self) -> ConsensusCore: ...
+    @property
+    def rounds(self) -> PeerRounds: ...
+
+
+class World(Protocol):
+    """What the faulty site reads of the simulated world (peer_world.World) and adds to it."""
+
+    @property
+    def names(self) -> Sequence[SiteId]: ...
+    @property
+    def cfg(self) -> PeerSimConfig: ...
+    @property
+    def sim(self) -> Simulation: ...
+    @property
+    def epochs_done(self) -> int: ...
+    @property
+    def violations(self) -> list[str]: ...
+
+    def up(self) -> list[SiteId]: ...
+    def leader(self) -> SiteId | None: ...
+    def peer(self, name: str) -> Peer | None: ...
+
+
 @dataclass(frozen=True)
 class SimSend:
-    """A lie on its way (the runner routes it by `to`, as peer_sim.SimSend)."""
+    """A lie on its way (the runner routes it by `to`, as peer_node.SimSend)."""
 
     to: str
     msg: object
@@ -98,7 +126,7 @@ class Stranger:
 class FaultySite:
     """The seed's faulty site: its lies, what became of them, and the checks on honest peers they need."""
 
-    def __init__(self, world: PeerSim, rng: random.Random, keys: Mapping[str, VoucherKeys],
+    def __init__(self, world: World, rng: random.Random, keys: Mapping[str, VoucherKeys],
                  tokens_per_sample: int) -> None:
         self.world, self.rng = world, rng
         self.member = rng.random() < 0.5
@@ -139,7 +167,7 @@ class FaultySite:
         """The messages of one lie of `kind`, from what the faulty site knows: its own cores (a
         member), or what any peer's messages would tell it (a stranger: the most advanced peer)."""
         w, rng = self.world, self.rng
-        honest = [n for n in w._up() if n != self.name]
+        honest = [n for n in w.up() if n != self.name]
         ref = self._reference()
         if ref is None or not honest:
             return []
@@ -154,7 +182,7 @@ class FaultySite:
                 snap = Snapshot(LogIndex(FAR), Epoch(epoch), Round(rnd + FAR), b"\0" * 16, ((self.name, self.name),))
             out = [SimSend(n, InstallSnapshot(me, snap, 0)) for n in honest]
         elif kind == "append_reply":
-            leader = w._leader()
+            leader = w.leader()
             lnode = w.peer(leader) if leader else None
             if leader is not None and leader != self.name and lnode is not None:
                 lead = lnode.raft
@@ -195,7 +223,7 @@ class FaultySite:
         if self.member:
             node = self.world.peer(self.name)
             return node.raft if node is not None else None
-        nodes = [n for name in self.world._up() if (n := self.world.peer(name)) is not None]
+        nodes = [n for name in self.world.up() if (n := self.world.peer(name)) is not None]
         return max((n.raft for n in nodes), key=lambda c: (c.hard.epoch, c.commit_index), default=None)
 
     def _malformed(self, me: Header, ref: ConsensusCore) -> AppendEntries:
@@ -244,7 +272,7 @@ class FaultySite:
         return m.Ping(rng.randrange(1, 2**31), self.name, self.name, to, (lie,))
 
     # ----- a member's forged reports ---------------------------------------------------------------
-    def report(self, node: PeerNode, c: r.Contribution) -> r.Contribution:
+    def report(self, node: Peer, c: r.Contribution) -> r.Contribution:
         """What this member sends the leader for its report `c`: `c`, or a forgery (drawn per round;
         a round it cannot forge in, with no block left whose primary is another site, is honest)."""
         if c.round not in self.forged:
@@ -258,7 +286,7 @@ class FaultySite:
         forgery = self._forgeries.get(c.round)
         return c if forgery is None else replace(forgery, header=c.header)  # sent again: the same lie
 
-    def _forge(self, kind: str, node: PeerNode, c: r.Contribution) -> r.Contribution | None:
+    def _forge(self, kind: str, node: Peer, c: r.Contribution) -> r.Contribution | None:
         if kind == "tokens":
             return replace(c, tokens=c.tokens * 10)
         view, ledger = node.rounds.leases.owner.view, node.rounds.leases.ledger

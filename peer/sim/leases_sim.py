@@ -14,13 +14,13 @@ this simulator tests is the lease protocol under lease-specific faults; the real
 round core deciding rounds through leader failovers are the whole-peer simulator's
 (peer/sim/peer_sim.py, `ops simulate --protocol peer`).
 
-Faults per seed, at seeded random times: crash and restart of a holder; the owners of a block
+Faults per seed (peer/sim/lease_faults.py), at seeded random times: crash and restart of a holder; the owners of a block
 crashed in turn (each after the previous one is back); a majority of a block's owners crashed at once
 (rebuild from the log); a zombie paused past its lease (SIGSTOP: its messages wait); a late join; a
 rolling restart of every site; a graceful leave and rejoin; clock offsets and rates (one site's clock
 runs 40% slow); message loss, duplication and reordering.
 
-Checked after every event: no sample in two commits of a data epoch (I4); no two sites vouched for
+Checked after every event (peer/sim/lease_checks.py): no sample in two commits of a data epoch (I4); no two sites vouched for
 the same sample in undecided rounds unless its record was rebuilt; no lease generation acknowledged
 as started to two sites. At the end: every epoch exactly once (I5, via peer/core/audit.py), all finished.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,26 +41,27 @@ from typing import Any
 from peer.core import rounds as r
 from peer.core import events as ev
 from peer.core.decision import Decision
-from peer.core.audit import EpochAudit, EpochLedger, audit, event_to_json, universe_to_json
+from peer.core.audit import EpochAudit, audit, event_to_json, universe_to_json
 from peer.core.commitlog import (
     Contributor,
     Entry,
     LogIndex,
     Round,
     RoundCommit,
-    SampleRange,
     VoterChange,
 )
 from peer.core.lease_log import LeaseLog
 from peer.core.election import Epoch, HardState, Header, SiteId
-from peer.core.lease_types import EventKind, LeaseEvent, Send, Spans, StartReply, TrainedReply, fmt, intersect, normalize
-from peer.core.leases import LeaseConfig
+from peer.core.lease_types import LeaseEvent
+from peer.core.lease_config import LeaseConfig
 from peer.logstore import FileStore
 from peer.core.ring import RingView
 from peer.sim.clock import NodeClock
 from peer.sim.network import SimNetwork
 from peer.sim.faults import parse_faults
-from peer.sim.runner import NodeState, RunResult, Simulation, derive_rng
+from peer.sim.lease_checks import LeaseChecker, Truth
+from peer.sim.lease_faults import LeaseFaults
+from peer.sim.runner import RunResult, Simulation, derive_rng
 
 LEADER = "leader"
 LEADER_EPOCH = 1
@@ -122,44 +123,6 @@ class LogAck:
 class SimSend:
     to: str
     msg: object
-
-
-class Truth:
-    """The committed log as the simulation sees it (the order every peer applies it in): the reference
-    ledger of the invariants, the audit's input and the committed sample set of every epoch."""
-
-    def __init__(self, universe: dict[int, int]) -> None:
-        self.ledger = EpochLedger(universe)
-        self.index = 0
-        """Last log position seen."""
-        self.view: RingView | None = None
-        self.commits: list[tuple[int, list[tuple[SiteId, tuple[SampleRange, ...]]]]] = []
-        self.excluded: list[tuple[str, str]] = []
-        """(site, reason) of every report or expected site the round leader left out of a round."""
-        self.duplicates: list[str] = []
-        self.committed_sets: list[frozenset[tuple[int, int]]] = []
-        self._epoch_samples: set[tuple[int, int]] = set()
-
-    def see_view(self, index: int, view: RingView) -> None:
-        if index > self.index:
-            self.index, self.view = index, view
-
-    def see_commit(self, index: int, rnd: int, included: Iterable[tuple[SiteId, tuple[SampleRange, ...]]]) -> None:
-        if index <= self.index:
-            return
-        self.index = index
-        included = list(included)
-        applied = self.ledger.apply(rnd, included)
-        if applied.duplicated_samples:
-            self.duplicates.append(f"round {rnd} commits {applied.duplicated_samples} samples twice in data "
-                                   f"epoch {applied.data_epoch} (I4)")
-        for _, ranges in included:
-            for rg in ranges:
-                self._epoch_samples.update((rg.block_id, i) for i in range(rg.start, rg.end))
-        if applied.epoch_ended:
-            self.committed_sets.append(frozenset(self._epoch_samples))
-            self._epoch_samples = set()
-        self.commits.append((rnd, included))
 
 
 class Control:
@@ -325,68 +288,6 @@ class LeasePeer:
                                                b"sim" if ranges else b"", vouchers))]
 
 
-class LeaseChecker:
-    """Invariants after every event; the end-of-run audit."""
-
-    def __init__(self, run: LeaseSim) -> None:
-        self.run = run
-        self.vouched: dict[tuple[int, int], list[tuple[str, int, Spans]]] = {}
-        self.started: dict[tuple[int, int, int], str] = {}
-        self.rebuilt: set[tuple[int, int]] = set()
-        self.events: list[LeaseEvent] = []
-        self.by_kind: dict[str, int] = {}
-        """Messages sent, per type (the benchmark's grant and renewal counts)."""
-        self._dups_seen = 0
-
-    def after_event(self, sim: Simulation, address: str, effects: Sequence[Any]) -> list[str]:
-        out: list[str] = []
-        truth = self.run.truth
-        if len(truth.duplicates) > self._dups_seen:
-            out += [f"t={sim.now:.1f}: {d}" for d in truth.duplicates[self._dups_seen:]]
-            self._dups_seen = len(truth.duplicates)
-        for e in effects:
-            if hasattr(e, "msg"):
-                kind = type(e.msg).__name__
-                self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
-            if isinstance(e, LeaseEvent):
-                self.events.append(e)
-                if e.kind is EventKind.REBUILD:
-                    self.rebuilt.add((e.data_epoch, e.block))
-            elif isinstance(e, Send) and isinstance(e.msg, StartReply) and e.msg.ok:
-                key = (e.msg.header.data_epoch, e.msg.lease.block_id, e.msg.lease.generation)
-                if self.started.setdefault(key, e.to) != e.to:
-                    out.append(f"t={sim.now:.1f}: generation {key[2]} of block {key[1]} started by "
-                               f"{self.started[key]} and {e.to}")
-            elif isinstance(e, Send) and isinstance(e.msg, TrainedReply):
-                out += self._vouchers(sim.now, e.to, e.msg)
-        return out
-
-    def _vouchers(self, t: float, to: str, msg: TrainedReply) -> list[str]:
-        ledger = self.run.truth.ledger
-        if msg.round <= ledger.last_round or msg.header.data_epoch != ledger.data_epoch:
-            return []
-        out = []
-        for v in msg.vouched:
-            key = (msg.header.data_epoch, v.block_id)
-            live = [x for x in self.vouched.get(key, []) if x[1] > ledger.last_round]
-            for site, rnd, spans in live:
-                clash = intersect(spans, v.spans)
-                if (site, rnd) != (to, msg.round) and clash and key not in self.rebuilt:
-                    out.append(f"t={t:.1f}: block {v.block_id} samples {fmt(clash)} vouched to {site} "
-                               f"(round {rnd}) and {to} (round {msg.round})")
-            self.vouched[key] = live + [(to, msg.round, normalize(v.spans))]
-        return out
-
-    def at_end(self, sim: Simulation) -> list[str]:
-        truth = self.run.truth
-        out = []
-        if truth.ledger.data_epoch < self.run.cfg.epochs:
-            out.append(f"t={sim.now:.1f}: only {truth.ledger.data_epoch} of {self.run.cfg.epochs} epochs "
-                       f"finished (liveness)")
-        out += [f"audit: {a}" for a in audit(self.run.universe, truth.commits, self.events) if not a.ok]
-        return out
-
-
 @dataclass
 class Result:
     seed: int
@@ -419,8 +320,8 @@ class LeaseSim:
         self.truth = Truth(self.universe)
         self.control = Control(self.truth, cfg)
         self.boots: dict[SiteId, int] = {}
-        self.checker = LeaseChecker(self)
-        self.faults: list[tuple[float, str]] = []
+        self.checker = LeaseChecker(self.truth, self.universe, cfg.epochs)
+        self.faults = LeaseFaults(self.sim, self.rng, self.truth, self.universe, self.control.commit_view)
         self.speeds: dict[SiteId, int] = {}
 
     def run(self) -> Result:
@@ -437,13 +338,13 @@ class LeaseSim:
             self.control.acked[n] = 0
         self.control.commit_view(set(founders))
         if self.cfg.faults:
-            self._schedule_faults(names)
+            self.faults.schedule(names, self.cfg.sites, self.cfg.fault_span, self.cfg.lease.ttl)
         self.sim.schedule(0.0, self._watch_epochs, "watch epochs")
         res = self.sim.run(self.cfg.max_time, self.checker)
         t = self.truth
         return Result(self.seed, res.violations, audit(self.universe, t.commits, self.checker.events),
                       self.checker.events, res.end_time, res.stats.get("sent", 0), t.committed_sets,
-                      self.universe, t.commits, self.faults, self.checker.by_kind, t.excluded)
+                      self.universe, t.commits, self.faults.notes, self.checker.by_kind, t.excluded)
 
     def _watch_epochs(self) -> None:
         if self.truth.ledger.data_epoch >= self.cfg.epochs:
@@ -459,120 +360,6 @@ class LeaseSim:
         self.boots[name] = boot = self.boots.get(name, -1) + 1
         self.control.acked[name] = 0  # a (re)started process applies the log from its start
         return LeasePeer(name, self.universe, self.cfg, self.speeds[name], now, boot)
-
-    # --- membership as the membership layer reports it ---
-
-    def _members(self) -> set[SiteId]:
-        view = self.truth.view
-        return set(view.members) if view else set()
-
-    def _joined(self, name: SiteId) -> None:
-        self.control.commit_view(self._members() | {name})
-
-    def _dead(self, name: SiteId) -> None:
-        if not self._up(name):
-            self.control.commit_view(self._members() - {name})
-
-    def _left(self, name: SiteId) -> None:
-        self.control.commit_view(self._members() - {name})
-
-    # --- faults ---
-
-    def _schedule_faults(self, names: list[SiteId]) -> None:
-        rng, span, at = self.rng, self.cfg.fault_span, self.sim.schedule
-        at(rng.uniform(5, span), lambda: self._join(names[-1]), "late join")
-        down_for, paused_for = rng.uniform(3, 15), self.cfg.lease.ttl * rng.uniform(1.5, 3)
-        at(rng.uniform(10, span), lambda: self._crash_then_restart(self._pick_up(), down_for), "crash a holder")
-        at(rng.uniform(10, span), lambda: self._pause(self._pick_up(), paused_for), "zombie")
-        block = rng.choice(sorted(self.universe))
-        at(rng.uniform(span, 2 * span), lambda: self._owners_in_turn(block, 0), "owners in turn")
-        at(rng.uniform(2 * span, 3 * span), lambda: self._rolling(list(names), 0), "rolling restart")
-        if self.cfg.sites >= 5:
-            at(rng.uniform(3 * span, 4 * span), lambda: self._majority_loss(rng.choice(sorted(self.universe))),
-               "majority loss")
-        at(rng.uniform(4 * span, 5 * span), lambda: self._leave(self._pick_up()), "graceful leave")
-
-    def _note(self, what: str) -> None:
-        self.faults.append((self.sim.now, what))
-
-    def _up(self, name: str) -> bool:
-        return self.sim.state(name) is not NodeState.DOWN
-
-    def _pick_up(self) -> SiteId | None:
-        """A running member, chosen when the fault fires (a site picked in advance may be down)."""
-        up = sorted(n for n in self._members() if self.sim.state(n) is NodeState.UP)
-        return self.rng.choice(up) if up else None
-
-    def _join(self, name: SiteId) -> None:
-        if self._up(name):
-            return
-        self._note(f"join {name}")
-        self.sim.restart(name)
-        self.sim.schedule(self.sim.now + 1.0, lambda: self._joined(name), f"view: {name} joins")
-
-    def _crash(self, name: SiteId | None) -> bool:
-        if name is None or not self._up(name) or len(self._members()) <= 2:
-            return False
-        self._note(f"crash {name}")
-        self.sim.crash(name)
-        self.sim.schedule(self.sim.now + 2.0, lambda: self._dead(name), f"view: {name} dead")
-        return True
-
-    def _later(self, action: Callable[[], None], label: str) -> None:
-        """A fault that cannot hit now (too few sites up): try again a little later."""
-        self.sim.schedule(self.sim.now + 3.0, action, label)
-
-    def _crash_then_restart(self, name: SiteId | None, after: float) -> None:
-        if self._crash(name):
-            self.sim.schedule(self.sim.now + after, lambda: self._join(name), f"restart {name}")  # type: ignore[arg-type]
-
-    def _pause(self, name: SiteId | None, dt: float) -> None:
-        if name is None:
-            self._later(lambda: self._pause(self._pick_up(), dt), "zombie")
-            return
-        self._note(f"pause {name} for {dt:.1f}s")
-        self.sim.pause(name)
-        self.sim.schedule(self.sim.now + dt, lambda: self.sim.resume(name), f"resume {name}")
-
-    def _leave(self, name: SiteId | None) -> None:
-        if name is None or len(self._members()) <= 2:
-            self._later(lambda: self._leave(self._pick_up()), "graceful leave")
-            return
-        self._note(f"leave {name}")
-        self.sim.act(name, lambda node, now: node.leave(now))
-        self.sim.schedule(self.sim.now + 0.5, lambda: self._gone(name), f"{name} exits")
-
-    def _gone(self, name: SiteId) -> None:
-        self._left(name)
-        self.sim.schedule(self.sim.now + 3.0, lambda: self.sim.crash(name), f"{name} process ends")
-        self.sim.schedule(self.sim.now + self.rng.uniform(10, 30), lambda: self._join(name), f"{name} returns")
-
-    def _owners_in_turn(self, block: int, i: int) -> None:
-        view = self.truth.view
-        owners = view.owners(block) if view else ()
-        if i >= len(owners):
-            return
-        self._note(f"owner {i} of block {block}")
-        self._crash_then_restart(owners[i], 5.0)
-        self.sim.schedule(self.sim.now + 12.0, lambda: self._owners_in_turn(block, i + 1), "next owner")
-
-    def _majority_loss(self, block: int) -> None:
-        view = self.truth.view
-        owners = view.owners(block) if view else ()
-        up = [self.sim.state(o) is NodeState.UP for o in owners[:2]]
-        if len(owners) < 3 or len(self._members()) < 4 or not all(up):
-            self._later(lambda: self._majority_loss(block), "majority loss")
-            return
-        self._note(f"majority of owners of block {block}")
-        for name in owners[:2]:
-            self._crash_then_restart(name, 6.0)
-
-    def _rolling(self, names: list[SiteId], i: int) -> None:
-        if i >= len(names):
-            return
-        self._note(f"rolling restart {i}")
-        self._crash_then_restart(names[i], 4.0)
-        self.sim.schedule(self.sim.now + 10.0, lambda: self._rolling(names, i + 1), "rolling restart")
 
 
 def write_data_dir(out: Path, universe: dict[int, int], log: list[tuple[int, list]],

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from tests.integration.peers import Cluster, ops, status, wait_for
 from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
 

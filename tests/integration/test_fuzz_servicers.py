@@ -39,7 +39,7 @@ from peer.gen.sitemesh.v1 import (
     membership_pb2,
     rounds_pb2,
 )
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from peer.core.membership import MembershipConfig
 from peer.node import Node
 from peer.transport.channels import open_blocking_channel

@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 
 from peer.core.commitlog import AppendEntries
-from peer.core.consensus import ConsensusCore, Effect, Message
+from peer.core.consensus import ConsensusCore, Message
+from peer.core.consensus_effects import Effect
 from peer.core.election import Epoch, HardState, RequestVote
 from peer.sim.consensus_sim import ConsensusScenario, run_consensus_sweep, run_seed
 

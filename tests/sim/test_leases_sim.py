@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+import peer.sim.lease_checks as lease_checks
 import peer.sim.leases_sim as sim
 from peer.core import admission
 from peer.core.admission import Admission
@@ -60,7 +61,7 @@ def _break_owner(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _silence_voucher_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run stops at its first violation: without this, a broken owner stops it before any commit."""
-    monkeypatch.setattr(sim.LeaseChecker, "_vouchers", lambda self, t, to, msg: [])
+    monkeypatch.setattr(lease_checks.LeaseChecker, "_vouchers", lambda self, t, to, msg: [])
 
 
 def test_a_broken_owner_is_caught_by_the_voucher_check(monkeypatch: pytest.MonkeyPatch) -> None:

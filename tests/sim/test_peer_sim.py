@@ -21,6 +21,7 @@ import pytest
 
 from ops import simulate as ops_simulate
 from peer.core import consensus as c
+from peer.core import consensus_effects as ce
 from peer.core import rounds
 from peer.core.admission import Admission
 from peer.core.commitlog import quorum_index
@@ -31,8 +32,9 @@ from peer.core.decision import Decision
 from peer.core.peer_rounds import PeerRounds
 from peer.core.election import SiteId, has_majority
 from peer.core.membership_types import MemberState
-from peer.sim import peer_sim
-from peer.sim.peer_sim import PeerSim, PeerSimConfig, parse_kinds, simulate
+from peer.sim import peer_config, peer_node, peer_sim
+from peer.sim.peer_config import PeerSimConfig
+from peer.sim.peer_sim import PeerSim, parse_kinds, simulate
 from peer.sim.runner import NodeState, RunResult
 
 SEEDS = range(6)
@@ -93,7 +95,7 @@ def test_partitions_one_way_cuts_leaves_down_to_one_and_restarts_of_every_site_h
     done = [k for seed in SEEDS for k in _run(seed)[0].phases_done]
     assert {"partition", "one_way", "leave", "restart"} <= set(done), done
     # The liveness bound is far above what a healthy run waits for a commit.
-    assert max(_run(seed)[0].longest_stall for seed in SEEDS) < peer_sim.LIVENESS_S / 2
+    assert max(_run(seed)[0].longest_stall for seed in SEEDS) < peer_config.LIVENESS_S / 2
 
 
 def test_a_site_restarted_as_a_round_opens_is_sent_the_open_again() -> None:
@@ -121,11 +123,11 @@ def test_a_leader_that_never_sends_the_open_again_is_caught(monkeypatch: pytest.
 
 def test_every_site_told_to_leave_at_once_stops_well_within_its_leave_wait() -> None:
     """SIGTERM to every site (ops/local_mesh.py stop): no leaving leader opens a round after, so a
-    leave waiting for one would wait it out (peer_sim.LEAVE_ALL_WAIT_S); each stops anyway, with θ of
+    leave waiting for one would wait it out (peer_config.LEAVE_ALL_WAIT_S); each stops anyway, with θ of
     the last committed round on some disk (checked by the `leave_all` phase)."""
     runs = [_run(seed)[0] for seed in SEEDS]
     took = [t for w in runs for t in w.leave_all_s]
-    assert len(took) >= 2 and max(took) < peer_sim.LEAVE_ALL_S, took
+    assert len(took) >= 2 and max(took) < peer_config.LEAVE_ALL_S, took
     notes = [n for w in runs for n in w.notes]
     assert any("every other live member is leaving too, so no round after round" in n for n in notes)
 
@@ -233,15 +235,15 @@ def test_a_restart_that_forgets_the_applied_round_on_disk_is_caught(monkeypatch:
     from round 1): applying round 1 onto it diverges, and the state transfer that repairs this after a
     single crash has no source when every site restarted at once. (A single crash can catch it too,
     as a round applied twice, when the transfer races the replay: seed 0 without `restart` does.)"""
-    real = peer_sim.PeerNode.__init__
+    real = peer_node.PeerNode.__init__
 
-    def forgets(self: peer_sim.PeerNode, site: SiteId, world: PeerSim, now: float) -> None:
+    def forgets(self: peer_node.PeerNode, site: SiteId, world: PeerSim, now: float) -> None:
         disk = world.disks[site]
         if disk.boot >= 0:
             disk.index, disk.round = 0, 0
         real(self, site, world, now)
 
-    monkeypatch.setattr(peer_sim.PeerNode, "__init__", forgets)
+    monkeypatch.setattr(peer_node.PeerNode, "__init__", forgets)
     found = simulate(0)[1].violations
     # Or, when every site left at once before that (the `leave_all` phase), θ is on no disk.
     assert any("(liveness)" in v or "lost, not paused" in v for v in found), found
@@ -254,7 +256,7 @@ def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch
         return [s for s, _ in core.log.voters() if s == core.site or s not in core.members
                 or core.members[s].state is not MemberState.DEAD]
 
-    def count_votes(self: c.ConsensusCore, effects: list[c.Effect]) -> None:
+    def count_votes(self: c.ConsensusCore, effects: list[ce.Effect]) -> None:
         if has_majority(self.votes, alive(self)):
             if self.role is c.Role.PRE_CANDIDATE:
                 self._campaign(pre_vote=False, effects=effects)
@@ -269,7 +271,7 @@ def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch
                        reverse=True)
         return times[len(voters) // 2] + self.config.lease_s
 
-    def advance_commit(self: c.ConsensusCore, effects: list[c.Effect]) -> None:
+    def advance_commit(self: c.ConsensusCore, effects: list[ce.Effect]) -> None:
         match = {**self.match_index, self.site: self.log.last_index}
         n = quorum_index(match, alive(self))
         if n > self.commit_index and self.log.epoch_at(n) == self.hard.epoch:

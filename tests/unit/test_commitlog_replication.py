@@ -1,13 +1,14 @@
 """Replication through the consensus core on a manual clock: commits applied once everywhere, catch-up
 by entries and by snapshot, voter changes (join, graceful leave down to one voter, death), the last
-voter rule and resuming from disk. Harness: peer.sim.consensus_sim.Lockstep."""
+voter rule and resuming from disk. Harness: peer.sim.lockstep.Lockstep."""
 
 from __future__ import annotations
 
 from peer.core.commitlog import Contributor, Round, RoundCommit, SampleRange, VoterChange
-from peer.core.consensus import Committed, SnapshotInstalled
+from peer.core.consensus_effects import Committed, SnapshotInstalled
 from peer.core.election import Role, SiteId
-from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
+from peer.sim.consensus_cluster import SIM_CONFIG
+from peer.sim.lockstep import Lockstep
 
 E_MAX = SIM_CONFIG.election_timeout_max_s
 

@@ -9,10 +9,12 @@ docs/decisions/security-epoch-jumps.md, security-consensus-standing.md.
 from __future__ import annotations
 
 from peer.core.commitlog import AppendEntries, Epoch, LogIndex
-from peer.core.consensus import MAX_EPOCH_JUMP, Rejected
+from peer.core.consensus import MAX_EPOCH_JUMP
+from peer.core.consensus_effects import Rejected
 from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind
 from peer.core.election import Header, RequestVote, SiteId, VoteReply
-from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
+from peer.sim.consensus_cluster import SIM_CONFIG
+from peer.sim.lockstep import Lockstep
 
 
 def _settled() -> tuple[Lockstep, SiteId, SiteId]:

@@ -23,11 +23,13 @@ from peer.core.commitlog import (
     RoundCommit,
     Snapshot,
 )
-from peer.core.consensus import ConsensusCore, Rejected, Status
+from peer.core.consensus import ConsensusCore
+from peer.core.consensus_effects import Rejected, Status
 from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind
 from peer.core.election import Epoch, Header, RequestVote, SiteId, VoteReply
 from peer.logstore import MemoryStore
-from peer.sim.consensus_sim import SIM_CONFIG, Lockstep, _App
+from peer.sim.consensus_cluster import SIM_CONFIG, _App
+from peer.sim.lockstep import Lockstep
 
 
 def _settled(rounds: int = 3) -> tuple[Lockstep, SiteId, SiteId]:
@@ -163,7 +165,7 @@ def test_a_joiner_believes_no_site_that_never_joined(probe: str) -> None:
     reports a member (a bare core)."""
     import random
 
-    from peer.sim.consensus_sim import SIM_CONFIG as cfg
+    from peer.sim.consensus_cluster import SIM_CONFIG as cfg
 
     def joiner(members: tuple[str, ...]) -> ConsensusCore:
         core = ConsensusCore.start(SiteId("j"), "j:7000", cfg, DurableState.fresh(None), 0.0, random.Random(0))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from peer.core.election import SiteId
 from peer.core.membership_types import MemberState
-from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
+from peer.sim.consensus_cluster import SIM_CONFIG
+from peer.sim.lockstep import Lockstep
 
 
 def _leader_core() -> tuple[Lockstep, SiteId]:

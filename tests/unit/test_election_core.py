@@ -1,12 +1,13 @@
 """Elections through the consensus core on a manual clock: one leader, epochs, lease, CheckQuorum,
-stale-epoch fencing, paused leader, restart with a stale epoch. Harness: peer.sim.consensus_sim.Lockstep."""
+stale-epoch fencing, paused leader, restart with a stale epoch. Harness: peer.sim.lockstep.Lockstep."""
 
 from __future__ import annotations
 
-from peer.core.commitlog import AppendEntries, Epoch, LogIndex
-from peer.core.consensus import LeaderChanged, PersistHardState, Rejected, Send
+from peer.core.commitlog import AppendEntries, Epoch, LogIndex, PersistHardState
+from peer.core.consensus_effects import LeaderChanged, Rejected, Send
 from peer.core.election import Header, RequestVote, Role, SiteId
-from peer.sim.consensus_sim import SIM_CONFIG, Lockstep
+from peer.sim.consensus_cluster import SIM_CONFIG
+from peer.sim.lockstep import Lockstep
 
 E_MIN, E_MAX = SIM_CONFIG.election_timeout_min_s, SIM_CONFIG.election_timeout_max_s
 

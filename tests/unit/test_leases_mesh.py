@@ -9,7 +9,8 @@ from peer.core.audit import EpochLedger
 from peer.core.election import SiteId
 from peer.core.lease_client import LeaseClient
 from peer.core.lease_types import GrantRequest, LeaseEvent, Message, Send, spans
-from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.lease_config import LeaseConfig
+from peer.core.leases import LeaseOwner
 from peer.core.ring import RingView
 from peer.core.vouchers import VoucherKeys
 

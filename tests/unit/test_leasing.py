@@ -9,8 +9,8 @@ import pytest
 from peer.core.commitlog import Contributor, Entry, RoundCommit, VoterChange
 from peer.core.election import Epoch, Header, SiteId
 from peer.gen.sitemesh.v1 import leases_pb2, rounds_pb2
-from peer.core.lease_types import Gen, Message, Voucher, spans
-from peer.core.leases import LeaseConfig
+from peer.core.lease_types import Gen, Message, Voucher, spans, to_ranges
+from peer.core.lease_config import LeaseConfig
 from peer.leasing import Leasing, next_boot
 from peer.core.rounds import Contribution
 from peer.core.samples import SampleRange
@@ -52,12 +52,12 @@ def _view_entries(*sites: str) -> list[Entry]:
 def test_a_first_process_is_trusted_and_a_restarted_one_rebuilds(tmp_path: Path) -> None:
     sent: list[tuple[str, object]] = []
     first = _leasing(tmp_path, sent)
-    first.apply_entries(_view_entries("a"), 0.0)
+    first.run(first.cores.apply_entries(_view_entries("a"), 0.0))
     assert first.owner.serving == {1, 2}, "the run's first view: the log is the whole truth"
     assert first.owner.live_since == 0 and not (tmp_path / "ledger.jsonl").exists()
     restarted = _leasing(tmp_path, sent)
     assert restarted.boot == 1 and restarted.owner.live_since is None
-    restarted.apply_entries(_view_entries("a"), 0.0)
+    restarted.run(restarted.cores.apply_entries(_view_entries("a"), 0.0))
     # Alone and amnesiac, it cannot read a majority of earlier owners: it rebuilds from the log.
     assert (tmp_path / "ledger.jsonl").read_text().count('"rebuild"') == 2
 
@@ -66,23 +66,23 @@ def test_a_site_the_log_knew_before_its_data_dir_was_lost_is_not_trusted(tmp_pat
     sent: list[tuple[str, object]] = []
     joiner = _leasing(tmp_path / "j", sent)
     assert joiner.boot == 0 and joiner.owner.live_since == 0
-    joiner.apply_entries([_change(1, "b"), _change(2, "a"), _change(3, "a", add=False), _change(4, "a")], 0.0)
+    joiner.run(joiner.cores.apply_entries([_change(1, "b"), _change(2, "a"), _change(3, "a", add=False), _change(4, "a")], 0.0))
     assert joiner.owner.live_since is None, "an earlier process of site a was a voter and is gone"
 
 
 def test_committed_rounds_reach_the_ledger_and_the_events_the_ledger_file(tmp_path: Path) -> None:
     sent: list[tuple[str, object]] = []
     leasing = _leasing(tmp_path, sent)
-    leasing.apply_entries(_view_entries("a"), 0.0)
+    leasing.run(leasing.cores.apply_entries(_view_entries("a"), 0.0))
     for t in range(20):  # the client asks its own shard: deliver to self synchronously here
-        leasing.tick(float(t) / 10)
+        leasing.run(leasing.cores.tick(float(t) / 10))
         while sent:
             _, msg = sent.pop(0)
-            leasing.receive(msg, float(t) / 10)  # type: ignore[arg-type]
+            leasing.run(leasing.cores.receive(msg, float(t) / 10))  # type: ignore[arg-type]
     assert leasing.held == 2
-    taken = leasing.take(3, 2.0)
+    taken = tuple(r for block, sp in leasing.client.next_samples(3, 2.0) for r in to_ranges(block, sp))
     assert sum(r.num_samples for r in taken) == 3
     ledger = (tmp_path / "ledger.jsonl").read_text().splitlines()
     assert len(ledger) == 2 and all('"grant"' in line for line in ledger)
-    leasing.apply_entries([Entry(5, Epoch(1), RoundCommit(1, (Contributor(SiteId("a"), 1, taken, b""),), b""))], 3.0)
+    leasing.run(leasing.cores.apply_entries([Entry(5, Epoch(1), RoundCommit(1, (Contributor(SiteId("a"), 1, taken, b""),), b""))], 3.0))
     assert leasing.ledger.committed == 3 and leasing.ledger.last_round == 1

@@ -16,7 +16,7 @@ from peer.core.commitlog import Entry, VoterChange
 from peer.core.election import Epoch, Header, SiteId
 from peer.core.lease_log import LeaseLog
 from peer.core.lease_types import Send
-from peer.core.leases import LeaseConfig
+from peer.core.lease_config import LeaseConfig
 from peer.core.peer_rounds import Effect, PeerRounds, Seen
 from peer.core.timeline import RoundClock
 

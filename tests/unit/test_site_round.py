@@ -18,7 +18,8 @@ from peer.core.site_round import BASE_WAIT_S, SiteRound
 from peer.core.election import Epoch, Header, SiteId
 from peer.core.lease_client import LeaseClient
 from peer.core.lease_types import Send, Trained, to_ranges
-from peer.core.leases import LeaseConfig, LeaseOwner
+from peer.core.lease_config import LeaseConfig
+from peer.core.leases import LeaseOwner
 from peer.core.ring import RingView
 from peer.core.rounds import Contribution, Decide, RoundOpen, RoundsConfig
 from peer.core.samples import SampleRange

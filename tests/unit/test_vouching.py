@@ -144,7 +144,7 @@ def test_the_leader_accepts_vouchers_of_recent_ring_views_of_its_log() -> None:
     from peer.core.commitlog import Entry, LogIndex, Round, RoundCommit, VoterChange
     from peer.core.election import Epoch
     from peer.core.lease_log import LeaseLog
-    from peer.core.leases import LeaseConfig
+    from peer.core.lease_config import LeaseConfig
 
     log = LeaseLog(SiteId("a"), {1: 4}, LeaseConfig.local_test(), 0)
     rnd = iter(range(1, 10))
