@@ -33,14 +33,14 @@ from collections.abc import Mapping, Sequence
 import blake3
 import torch
 
-Contribution = tuple[Mapping[str, torch.Tensor], int]
+WeightedDelta = tuple[Mapping[str, torch.Tensor], int]
 """(pseudo_gradient = θ_global − θ_local by parameter name, tokens trained)."""
 
 DEFAULT_LR = 0.7
 DEFAULT_MU = 0.9
 
 
-def weighted_mean(contributions: Sequence[Contribution], names: Sequence[str]) -> dict[str, torch.Tensor]:
+def weighted_mean(contributions: Sequence[WeightedDelta], names: Sequence[str]) -> dict[str, torch.Tensor]:
     """Δ̄ = Σ n_s Δ_s / Σ n_s in fp32, summed in list order. Requires at least one token."""
     total = sum(n for _, n in contributions)
     if total <= 0:
@@ -61,7 +61,7 @@ def weighted_mean(contributions: Sequence[Contribution], names: Sequence[str]) -
 def outer_step(
     params: Mapping[str, torch.Tensor],
     momentum: Mapping[str, torch.Tensor] | None,
-    contributions: Sequence[Contribution],
+    contributions: Sequence[WeightedDelta],
     lr: float = DEFAULT_LR,
     mu: float = DEFAULT_MU,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -41,7 +41,7 @@ from peer.core.ring import RingView
 
 
 @dataclass(frozen=True)
-class Contribution:
+class Offer:
     """What a site offers for round `round` (its manifest's accounting part)."""
 
     site: SiteId
@@ -84,7 +84,7 @@ class Admission:
     """Why it is excluded, as a kind (None when included)."""
 
 
-def admit_contribution(c: Contribution, round_: int, ledger: EpochLedger,
+def admit_contribution(c: Offer, round_: int, ledger: EpochLedger,
                        taken: dict[BlockId, Spans], credit: Credit | None = None) -> Admission:
     """Decide one contribution; on inclusion, its samples are added to `taken` (this round's)."""
     found = _why_not(c, round_, ledger, taken)
@@ -101,7 +101,7 @@ def admit_contribution(c: Contribution, round_: int, ledger: EpochLedger,
     return Admission(c.site, True, f"included: {n} samples in {len(c.ranges)} ranges", ())
 
 
-def admit_round(round_: int, contributions: Iterable[Contribution], ledger: EpochLedger,
+def admit_round(round_: int, contributions: Iterable[Offer], ledger: EpochLedger,
                 credit: Credit | None = None) -> list[Admission]:
     """Decide every contribution of round `round_`, in site order (with `credit`: also whose word
     vouches for its samples, and its tokens against them)."""
@@ -109,7 +109,7 @@ def admit_round(round_: int, contributions: Iterable[Contribution], ledger: Epoc
     return [admit_contribution(c, round_, ledger, taken, credit) for c in sorted(contributions, key=lambda c: c.site)]
 
 
-def _not_credited(c: Contribution, round_: int, credit: Credit) -> str:
+def _not_credited(c: Offer, round_: int, credit: Credit) -> str:
     """Why `c` may not be credited the samples its vouchers name or the tokens it claims."""
     certs: dict[SiteId, bytes] = {}
     for v in c.vouchers:
@@ -128,7 +128,7 @@ def _not_credited(c: Contribution, round_: int, credit: Credit) -> str:
     return ""
 
 
-def _why_not(c: Contribution, round_: int, ledger: EpochLedger,
+def _why_not(c: Offer, round_: int, ledger: EpochLedger,
              taken: dict[BlockId, Spans]) -> tuple[ExclusionKind, str] | None:
     if c.round != round_:
         return ExclusionKind.WRONG_ROUND, f"contribution is for round {c.round}, closing round {round_}"

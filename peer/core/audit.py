@@ -43,7 +43,7 @@ from peer.core.lease_types import (
 )
 from peer.core.ring import RingView
 
-Contribution = tuple[SiteId, Sequence[SampleRange]]
+SiteRanges = tuple[SiteId, Sequence[SampleRange]]
 """What the ledger needs of a RoundCommit contributor: its site and the ranges it trained."""
 
 
@@ -78,7 +78,7 @@ class EpochLedger:
 
     @classmethod
     def from_log(cls, universe: Mapping[int, int],
-                 commits: Iterable[tuple[int, Iterable[Contribution]]]) -> EpochLedger:
+                 commits: Iterable[tuple[int, Iterable[SiteRanges]]]) -> EpochLedger:
         """Replay RoundCommits (round, contributors) in log order: what a peer that lost its lease
         shards (owner and replicas) rebuilds them from."""
         ledger = cls(universe)
@@ -101,7 +101,7 @@ class EpochLedger:
         """The part of `r` already committed in the current epoch."""
         return intersect(of_range(r), self.done(BlockId(r.block_id)))
 
-    def apply(self, round_: int, contributors: Iterable[Contribution]) -> Applied:
+    def apply(self, round_: int, contributors: Iterable[SiteRanges]) -> Applied:
         """Fold one RoundCommit (rounds arrive in log order)."""
         epoch = self.data_epoch
         new = dup = foreign = 0
@@ -212,7 +212,7 @@ class VouchEvidence:
         return bool(owners) and owners <= self.given
 
 
-def audit(universe: Mapping[int, int], commits: Iterable[tuple[int, Iterable[Contribution]]],
+def audit(universe: Mapping[int, int], commits: Iterable[tuple[int, Iterable[SiteRanges]]],
           events: Iterable[LeaseEvent] = (), run_ended: bool = False,
           vouches: VouchEvidence | None = None) -> list[EpochAudit]:
     """Per-epoch accounting of a log's RoundCommits (round, contributors) in log order.
@@ -265,7 +265,7 @@ def audit(universe: Mapping[int, int], commits: Iterable[tuple[int, Iterable[Con
     return out
 
 
-def _record_dups(acc: dict[BlockId, Spans], contributors: Sequence[Contribution],
+def _record_dups(acc: dict[BlockId, Spans], contributors: Sequence[SiteRanges],
                  before: Mapping[BlockId, Spans], sizes: Mapping[BlockId, int]) -> None:
     """Distinct samples of this entry committed before, or twice within it."""
     seen = dict(before)

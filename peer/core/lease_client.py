@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from peer.core.admission import Contribution
+from peer.core.admission import Offer
 from peer.core.audit import EpochLedger
 from peer.core.election import SiteId
 from peer.core.lease_types import (
@@ -193,14 +193,14 @@ class LeaseClient:
         self.rounds[round_] = rc
         return self._send_claims(round_, rc)
 
-    def contribution(self, round_: int) -> Contribution | None:
+    def offer(self, round_: int) -> Offer | None:
         """The vouched samples of `round_` once every owner answered (None while waiting)."""
         rc = self.rounds.get(round_)
         if rc is None or not rc.complete:
             return None
         vs = tuple(v for _, v in sorted(rc.vouchers.items()))
         ranges = tuple(r for v in vs for r in to_ranges(v.block_id, v.spans))
-        return Contribution(self.site, round_, ranges, _certificates_once(vs))
+        return Offer(self.site, round_, ranges, _certificates_once(vs))
 
     def release_all(self, now: float) -> list[Send]:
         """Graceful leave (I8): give every lease back, one Release per owner, and ask for no more."""

@@ -53,8 +53,8 @@ class Contribution:
     pseudo_gradient_root: bytes
     vouchers: tuple[Voucher, ...] = ()
 
-    def accounting(self) -> admission.Contribution:
-        return admission.Contribution(SiteId(self.site), self.round, self.ranges, self.vouchers, self.tokens)
+    def accounting(self) -> admission.Offer:
+        return admission.Offer(SiteId(self.site), self.round, self.ranges, self.vouchers, self.tokens)
 
 
 Message = Union[RoundOpen, Contribution]

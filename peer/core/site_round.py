@@ -406,7 +406,7 @@ class SiteRound:
                 return [ev.Note(f"round {rnd}: not at θ_{rnd - 1} (have round {self.applied_round}); the "
                                 "round trained ahead is not reported, its claims are freed by the round's commit",
                                 warning=True), self._report(rnd)]
-        accounted = self.client.contribution(rnd)
+        accounted = self.client.offer(rnd)
         if accounted is None and now < b.until:
             return []
         self.busy = None

@@ -277,7 +277,7 @@ class LeasePeer:
         if self.report is None:
             return []
         rnd = self.report
-        c = self.client.contribution(rnd) if rnd in self.client.rounds else None
+        c = self.client.offer(rnd) if rnd in self.client.rounds else None
         if c is None and rnd in self.client.rounds:
             return []  # an owner has not answered yet
         self.report = None

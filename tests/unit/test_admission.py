@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.core.admission import Contribution, admit_round
+from peer.core.admission import Offer, admit_round
 from peer.core.audit import EpochLedger
 from peer.core.commitlog import SampleRange
 from peer.core.election import SiteId
@@ -13,10 +13,10 @@ from peer.core.lease_types import BlockId, Gen, Voucher, spans
 UNIVERSE = {812: 10, 813: 10}
 
 
-def contrib(site: str, rnd: int, ranges: list[tuple[int, int, int]], vouched: list[tuple[int, int, int]] | None = None) -> Contribution:
+def contrib(site: str, rnd: int, ranges: list[tuple[int, int, int]], vouched: list[tuple[int, int, int]] | None = None) -> Offer:
     rs = tuple(SampleRange(b, s, e) for b, s, e in ranges)
     vs = tuple(Voucher(BlockId(b), Gen(1), spans((s, e))) for b, s, e in (ranges if vouched is None else vouched))
-    return Contribution(SiteId(site), rnd, rs, vs)
+    return Offer(SiteId(site), rnd, rs, vs)
 
 
 CASES = [
@@ -37,7 +37,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,c,included,reason", CASES, ids=[c[0] for c in CASES])
-def test_single_contribution(name: str, c: Contribution, included: bool, reason: str) -> None:
+def test_single_contribution(name: str, c: Offer, included: bool, reason: str) -> None:
     ledger = EpochLedger(UNIVERSE)
     ledger.apply(1, [(SiteId("z"), [SampleRange(813, 0, 2)])])
     ledger.apply(2, [])
@@ -107,11 +107,11 @@ def voucher(block: int, s: int, e: int, owner: str = "", holder: str = "b", rnd:
 
 
 def offer(vs: tuple[Voucher, ...], ranges: list[tuple[int, int, int]] | None = None, tokens: int | None = None,
-          site: str = "b") -> Contribution:
+          site: str = "b") -> Offer:
     rs = tuple(SampleRange(b, s, e) for b, s, e in ranges) if ranges is not None else \
         tuple(SampleRange(v.block_id, x.start, x.end) for v in vs for x in v.spans)
     n = sum(r.end - r.start for r in rs)
-    return Contribution(SiteId(site), 3, rs, vs, n * TPS if tokens is None else tokens)
+    return Offer(SiteId(site), 3, rs, vs, n * TPS if tokens is None else tokens)
 
 
 HONEST = offer((voucher(812, 0, 4), voucher(813, 0, 2)))
@@ -161,7 +161,7 @@ CREDIT_CASES = [
 
 
 @pytest.mark.parametrize("name,c,included,reason", CREDIT_CASES, ids=[c[0] for c in CREDIT_CASES])
-def test_work_is_credited_only_as_leased_and_trained(name: str, c: Contribution, included: bool,
+def test_work_is_credited_only_as_leased_and_trained(name: str, c: Offer, included: bool,
                                                       reason: str) -> None:
     (d,) = admit_round(3, [c], EpochLedger(UNIVERSE), CREDIT)
     assert (d.included, d.reason) == (included, reason)
@@ -183,7 +183,7 @@ INSECURE = Credit(TPS, VIEWS.get, None)
     (offer((voucher(812, 0, 4, sign=False, owner="b"),)), False),
     (offer((voucher(812, 0, 4, sign=False),), tokens=10 * 4 * TPS), False),
 ], ids=["unsigned honest", "another holder", "not the owner", "10x tokens"])
-def test_an_insecure_run_checks_the_fields_and_tokens_but_not_signatures(c: Contribution, included: bool) -> None:
+def test_an_insecure_run_checks_the_fields_and_tokens_but_not_signatures(c: Offer, included: bool) -> None:
     (d,) = admit_round(3, [c], EpochLedger(UNIVERSE), INSECURE)
     assert d.included == included, d.reason
 

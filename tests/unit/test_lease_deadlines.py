@@ -76,7 +76,7 @@ def _train_epoch(seed: int, drop: float, check_every_step: bool) -> tuple[Counte
             # by now commits, the rest is excluded and its samples go back.
             next_round = m.now + 1.5
             if round_ > 0:
-                contributions = [c for s in SITES if (c := m.clients[s].contribution(round_)) is not None]
+                contributions = [c for s in SITES if (c := m.clients[s].offer(round_)) is not None]
                 for c in contributions:
                     for r in c.ranges:
                         committed.update((r.block_id, i) for i in range(r.start, r.end))

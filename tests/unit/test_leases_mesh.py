@@ -122,7 +122,7 @@ def test_holder_prefetches_starts_one_block_trains_and_contributes_what_was_vouc
     (block, _), = got
     m.effects(SiteId("a"), a.end_round(1, m.now))
     m.run()
-    c = a.contribution(1)
+    c = a.offer(1)
     assert c is not None and [(r.block_id, r.start, r.end) for r in c.ranges] == [(block, 0, 5)]
     owner = m.primary_of(block)
     assert m.owners[owner].records[block].state is LeaseState.STARTED, "3 samples left: kept"
@@ -143,7 +143,7 @@ def test_holder_drops_a_lease_the_owner_reports_lost_and_its_samples_are_not_vou
     assert block not in a.held and any("stale: generation" in r for r in a.lost_reasons)
     m.effects(SiteId("a"), a.end_round(1, m.now))
     m.run()
-    c = a.contribution(1)
+    c = a.offer(1)
     assert c is not None and all(r.block_id != block for r in c.ranges)
 
 
@@ -211,7 +211,7 @@ def test_samples_taken_but_not_trained_go_back_on_the_lease_and_are_not_claimed(
     a.untake([SampleRange(block, 2, 5)])
     m.effects(SiteId("a"), a.end_round(1, m.now))
     m.run()
-    c = a.contribution(1)
+    c = a.offer(1)
     assert c is not None and [(r.block_id, r.start, r.end) for r in c.ranges] == [(block, 0, 2)]
     (again, spans), = a.next_samples(3, m.now)
     assert again == block and [(x.start, x.end) for x in spans] == [(2, 5)], "trained next, from the same lease"
@@ -238,7 +238,7 @@ def test_at_the_epochs_tail_a_holder_gives_back_what_it_did_not_take_to_an_idle_
     m.effects(holder, h.end_round(1, m.now))
     m.run()
     assert block not in h.held
-    c = h.contribution(1)
+    c = h.offer(1)
     assert c is not None and [(r.start, r.end) for r in c.ranges] == [(0, 2)], "what it trained is claimed"
     for _ in range(3 * (int(CFG.retry_after / 0.1) + 2)):  # a turn round the owners again
         m.tick(0.1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ops.certs import init_ca, issue, make_run
-from peer.core.admission import Contribution, Credit, admit_round
+from peer.core.admission import Offer, Credit, admit_round
 from peer.core.election import SiteId
 from peer.core.lease_types import BlockId, Gen, Voucher, spans
 from peer.core.ring import RingView
@@ -91,7 +91,7 @@ def test_the_owner_core_signs_and_the_leader_credits_only_the_owners_word(certs:
     (block, got), = a.next_samples(5, m.now)[:1]
     m.effects(SiteId("a"), a.end_round(1, m.now))
     m.run()
-    c = a.contribution(1)
+    c = a.offer(1)
     assert c is not None and len(c.vouchers) == 1
     (v,) = c.vouchers
     owner = view.primary(block)
@@ -121,7 +121,7 @@ def test_the_contribution_sends_each_owners_certificate_once(certs: Path) -> Non
     once = _certificates_once(vs)
     assert [bool(v.certificate) for v in once] == [True, False, False]
     ring = RingView.of(7, ["a"])
-    c = Contribution(SiteId("b"), 3, (), once)
+    c = Offer(SiteId("b"), 3, (), once)
     from peer.core.admission import _not_credited
 
     assert _not_credited(c, 3, Credit(0, {7: ring}.get, keys(certs, "c").verify)) == ""
