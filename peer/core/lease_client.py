@@ -115,13 +115,17 @@ class LeaseClient:
         """Set by release_all: this site leaves and takes no new lease."""
         self.lost_reasons: list[str] = []
         """Why leases were lost (for logs and tests), newest last."""
-        self.pace = 0.0
-        """Samples per compute second this site trained in its last round (set by its round core),
-        sent in every header: owners compare holders by it at the data epoch's tail."""
+        self._pace = 0.0
+        """Samples per compute second this site trained in its last round (`trained_at`), sent in
+        every header: owners compare holders by it at the data epoch's tail."""
 
     def header(self) -> LeaseHeader:
         return LeaseHeader(self.site, self.leader_epoch, self.view.version if self.view else 0, self.epoch,
-                           self.ledger.last_round, self.pace)
+                           self.ledger.last_round, self._pace)
+
+    def trained_at(self, pace: float) -> None:
+        """This site's round core measured its pace (samples per compute second) in its last round."""
+        self._pace = pace
 
     def set_view(self, view: RingView, leader_epoch: int, now: float) -> list[Send]:
         self.leader_epoch = max(self.leader_epoch, leader_epoch)

@@ -371,7 +371,7 @@ class SiteRound:
         assert isinstance(event, ev.TrainDone)
         if event.seconds > 0:
             pace = sum(r.num_samples for r in event.ranges) / event.seconds
-            self.client.pace = pace  # the lease owners compare holders by it at the epoch's tail
+            self.client.trained_at(pace)  # the lease owners compare holders by it at the epoch's tail
             if self._budget(b.open) is not None:
                 self._pace = pace
         self.clock.computed(event.seconds)

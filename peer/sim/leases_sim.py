@@ -219,7 +219,7 @@ class LeasePeer:
         self.leases = LeaseLog(site, universe, cfg.lease, boot, prefetch=2)
         self.leases.note_leader_epoch(LEADER_EPOCH)
         self.owner, self.client = self.leases.owner, self.leases.client
-        self.client.pace = float(speed)  # as a node's round core sets it from its trainer's pace
+        self.client.trained_at(float(speed))  # as a node's round core sets it from its trainer's pace
         self.applied = 0
         self.next_step = now + STEP
         self.opening = 0

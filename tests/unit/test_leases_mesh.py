@@ -227,7 +227,7 @@ def test_at_the_epochs_tail_a_holder_gives_back_what_it_did_not_take_to_an_idle_
     holder = next(s for s, c in m.clients.items() if c.held)
     h = m.clients[holder]
     for site, client in m.clients.items():
-        client.pace = 1.0 if site == holder else 4.0  # the idle sites are faster
+        client.trained_at(1.0 if site == holder else 4.0)  # the idle sites are faster
     (block, _), = h.next_samples(2, m.now)
     # The idle sites ask, steal and find nothing; they ask the owners in turn, so it takes a turn
     # round the three for the block's owner to hear one of them with its pace set.
