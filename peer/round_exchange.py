@@ -21,9 +21,10 @@ from peer.exchange import codec
 from peer.exchange.allreduce import all_to_all_mean, publish_pseudo_gradient, reduce_scatter_mean, reduce_shard
 from peer.exchange.buffers import EncodeBuffers, ExchangeMemory
 from peer.exchange.bulk import BulkConfig, BulkServer
-from peer.exchange.client import ExchangeClient, FetchStats, fetch_into, fetch_manifest
+from peer.exchange.client import ExchangeClient, fetch_into, fetch_manifest
 from peer.exchange.feedback import ErrorFeedback
 from peer.exchange.planes import DEFAULT_PLANE
+from peer.exchange.sources import FetchStats
 from peer.exchange.store import ExchangeStore, MeanInputs
 from peer.trainer.config import TrainerConfig
 from peer.transport.channels import PLAINTEXT, Credentials

@@ -22,7 +22,10 @@ token from the OpenBulk RPC per connection) where both ends offer it, else over 
 
 The package imports nothing itself, so the run file's settings (planes) load without torch or grpc.
 Lower level: `client.fetch_manifest` / `client.fetch_into` fetch one object into preallocated
-tensors; `codec.encode` / `codec.decode` work without any network. Modules: codec (layout, chunks,
-hashes), protoconv (manifest <-> proto), chunkwire (Chunk messages without copies), store, service, bulk,
-client, allreduce, feedback. Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
+tensors; `codec.encode` / `decoding.decode` work without any network. Modules: codec (layout,
+chunks, hashes, encoding), decoding (verified chunks into tensors), quantized and sparse (the lossy
+byte formats), finite (NaN/Inf checks), protoconv (manifest <-> proto), chunkwire (Chunk messages
+without copies), store, service, bulk, client (the retry loop), sources with grpc_source and
+bulk_source (the transports a fetch reads chunks over), planes (which one), allreduce, feedback.
+Byte layout: protos/sitemesh/v1/exchange.proto. Benchmark: scripts/bench_exchange.
 """

@@ -33,18 +33,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peer.exchange import codec, kernels
+from peer.exchange import codec, decoding, finite, kernels
 from peer.exchange.buffers import ExchangeMemory
 from peer.exchange.client import (
     ExchangeClient,
-    FetchError,
     FetchPolicy,
-    FetchStats,
     fetch_chunks,
-    InThread,
     fetch_manifest,
     into_destination,
 )
+from peer.exchange.sources import FetchError, FetchStats, InThread
 from peer.exchange.store import ExchangeStore, MeanInputs
 
 log = logging.getLogger("sitemesh.exchange")
@@ -215,7 +213,7 @@ class Reducer:
 
     def _values(self, site: str, index: int, held: Mapping[str, memoryview]) -> tuple[torch.Tensor, float]:
         m = self._manifests[site]
-        return codec.chunk_values(self._chunk(site, index, held), m.layout.wire, m.scale_exps[index],
+        return decoding.chunk_values(self._chunk(site, index, held), m.layout.wire, m.scale_exps[index],
                                   m.chunk_elements(index), m.layout.keep)
 
     def _reduce(self, index: int, held: Mapping[str, memoryview]) -> None:
@@ -238,7 +236,7 @@ class Reducer:
             terms.append((values, self._weights[site] * multiplier))
         acc = self._acc[:n]
         weighted_sum(terms, acc, self._term)
-        if not codec.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
+        if not finite.is_finite(acc):  # one check of the sum; look for the culprit only if it fails
             self._refuse(index, held)
         if isinstance(sink, WireSink):
             out = sink.into(index)
@@ -265,18 +263,18 @@ class Reducer:
         acc.zero_()
         for site in self._order:
             try:
-                where, values = codec.sparse_entries(self._chunk(site, index, held), n, self._keep)
+                where, values = decoding.sparse_entries(self._chunk(site, index, held), n, self._keep)
             except codec.BadEncoding as err:
                 raise self._refused(site, index, err) from None
             # Indices strictly increasing (checked): the gather, add and put touch each element once.
             acc[where] += values.mul_(self._weights[site])
-        if not codec.is_finite(acc):
+        if not finite.is_finite(acc):
             self._refuse(index, held)
         emit(index, acc)
 
     def _refuse(self, index: int, held: Mapping[str, memoryview]) -> None:
         """Raises for chunk `index`, whose mean is not finite: names the sites that sent NaN or Inf."""
-        bad = [s for s in self._order if not codec.is_finite(self._values(s, index, held)[0])]
+        bad = [s for s in self._order if not finite.is_finite(self._values(s, index, held)[0])]
         what = f"NaN or Inf from {bad}; their pseudo-gradients are refused" if bad else "the sum overflows"
         raise codec.NonFiniteError(f"round {self._manifests[self._order[0]].key.round}, chunk {index}: {what}")
 
@@ -411,12 +409,12 @@ async def all_to_all_mean(
                                  roots)
     any_manifest = next(iter(manifests.values()))
     layout = any_manifest.layout
-    codec.check_destination(layout, dest, wire_dtype=False)  # the fp32 mean goes into it: not the wire's values
+    decoding.check_destination(layout, dest, wire_dtype=False)  # the fp32 mean goes into it: not the wire's values
     report = MeanReport(round_, tuple(sorted(sites)), {s: m.tokens for s, m in manifests.items()})
     report.phase_done["manifests"] = time.monotonic()
 
     def emit(index: int, mean: torch.Tensor) -> None:
-        codec.scatter_values(layout, any_manifest.chunk_bounds(index)[0], mean, dest)
+        decoding.scatter_values(layout, any_manifest.chunk_bounds(index)[0], mean, dest)
 
     await _reduce_range(manifests, sites, store, 0, any_manifest.num_chunks, emit, report, policy)
     report.phase_done["reduce"] = time.monotonic()
@@ -532,7 +530,7 @@ async def reduce_scatter_mean(
     ref = manifests[order[0]]
     layout, wire = ref.layout, ref.layout.wire
     _not_sparse(layout)
-    codec.check_destination(layout, dest)
+    decoding.check_destination(layout, dest)
     report = MeanReport(round_, order, {s: m.tokens for s, m in manifests.items()})
     report.phase_done["manifests"] = time.monotonic()
     shards = shard_chunks(ref.num_chunks, order)
@@ -551,8 +549,8 @@ async def reduce_scatter_mean(
 
         def done(index: int, out: torch.Tensor, digest: bytes, exp: int) -> None:
             # Exactly what the owner does (round to the wire) and then every receiver (decode).
-            values, multiplier = codec.chunk_values(out, wire, exp, ref.chunk_elements(index))
-            codec.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
+            values, multiplier = decoding.chunk_values(out, wire, exp, ref.chunk_elements(index))
+            decoding.scatter_values(layout, ref.chunk_bounds(index)[0], values, dest, multiplier)
 
         await _reduce_range(manifests, sites, store, *shards[owner], WireSink(into, done), report, policy, memory)
 
@@ -567,7 +565,7 @@ async def reduce_scatter_mean(
                 raise codec.LayoutMismatch(f"{reduced.manifest.key}: my own shard is not this round's")
             report.phase_done["reduce"] = time.monotonic()
             # Reduced and encoded by this process (reduce_shard): decoded without a second hash.
-            await asyncio.to_thread(codec.decode, reduced, dest, made_here=True)
+            await asyncio.to_thread(decoding.decode, reduced, dest, made_here=True)
             return
         key = codec.ObjectKey(round_, owner, codec.ObjectKind.MEAN_SHARD)
         stats = report.stats.setdefault(owner, FetchStats())

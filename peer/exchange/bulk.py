@@ -450,7 +450,7 @@ def receive(
     Misplaced, codec.ChunkError, ErrorFrame, socket.timeout or OSError; what `deliver` raises is
     raised here too. Runs in its own thread.
     `into`, with a plain `deliver`: where chunk k's bytes belong when they can go there as they are
-    (codec.chunk_targets); such a chunk is received straight into that memory, verified there and
+    (decoding.chunk_targets); such a chunk is received straight into that memory, verified there and
     handed to `placed` instead of `deliver`. A corrupt one leaves garbage there until the retry
     writes it again (the destination means nothing before the fetch returns)."""
     on_loop = asyncio.iscoroutinefunction(deliver)

@@ -4,6 +4,10 @@ The byte layout (tensors sorted by name, row-major, no padding, little-endian bf
 the chunk and root hash rules are specified in `protos/sitemesh/v1/exchange.proto`; this module is
 the one implementation of them (peer/exchange/protoconv.py converts manifests to and from protos).
 
+Here: the object's layout and manifest, the chunk hashes, encoding and checking a received chunk
+against its manifest. Decoding into tensors is decoding.py's; the int8/int4 and sparse byte formats
+are quantized.py's and sparse.py's.
+
 Encoding writes straight from the source tensors (any device) into one preallocated uint8 buffer
 with `copy_`, which converts dtype and device in one pass; decoding copies one verified chunk at a
 time from its wire view straight into the preallocated destination tensors (again one `copy_`), so
@@ -17,18 +21,17 @@ e = codec.encode({'w': torch.randn(3, 5)}, round=1, site='a', tokens=10); print(
 from __future__ import annotations
 
 import bisect
-import contextlib
 import enum
 import functools
 import math
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import blake3
 import torch
 
-from peer.exchange import kernels, sparse
+from peer.exchange import quantized, sparse
+from peer.exchange.finite import is_finite, magnitude
 from peer.gen.sitemesh.v1 import exchange_pb2 as pb
 
 # 1 MiB streamed fastest on loopback (2 MiB: -15 %, 4 MiB: -43 %): docs/decisions/exchange-chunk-size.md.
@@ -41,9 +44,6 @@ FP16_MAX = 65504.0
 # a quarter of the chunks let an all-gather of 3 x 128 M elements through the WAN emulation in 1.49 s
 # instead of 1.64 s (fewer chunk hand-overs): docs/decisions/exchange-sparse-wire.md.
 SPARSE_CHUNK_BYTES = MAX_CHUNK_BYTES
-# Elements per binary32 scale in int8/int4 chunks: one scale per 1 MiB chunk would let one outlier
-# zero out a million 4-bit codes; 128 costs 4/128 byte per element (int4: 0.53 byte vs bf16's 2).
-QUANT_GROUP = 128
 
 
 class CodecError(ValueError):
@@ -122,8 +122,13 @@ class WireDtype(enum.Enum):
         return self._itemsize
 
     @property
+    def bits(self) -> int:
+        """Bits per code of an int8/int4 chunk (quantized.py)."""
+        return 8 if self is WireDtype.INT8 else 4
+
+    @property
     def qmax(self) -> int:
-        return 127 if self is WireDtype.INT8 else 7
+        return quantized.qmax(self.bits)
 
     def wire_bytes(self, layout_bytes: int, keep: int = 0) -> int:
         """Bytes on the wire of a chunk of `layout_bytes` layout bytes (scales included); `keep`:
@@ -132,8 +137,7 @@ class WireDtype(enum.Enum):
             return layout_bytes
         if self is WireDtype.SPARSE:
             return sparse.wire_bytes(layout_bytes, keep)
-        groups = -(-layout_bytes // QUANT_GROUP)
-        return 4 * groups + (layout_bytes if self is WireDtype.INT8 else (layout_bytes + 1) // 2)
+        return quantized.wire_bytes(layout_bytes, self.bits)
 
 
 for _wire, (_q, _dtype, _size) in {
@@ -350,49 +354,6 @@ def as_memoryview(buf: torch.Tensor) -> memoryview:
     return memoryview(buf.numpy()).cast("B")
 
 
-def wire_view(data: torch.Tensor | bytes | memoryview, wire: WireDtype | None) -> torch.Tensor:
-    """One chunk's bytes seen as wire-dtype elements (None: as uint8), without copying (read it,
-    never write it)."""
-    if isinstance(data, torch.Tensor):
-        raw = data
-    elif len(data) == 0:
-        raw = torch.empty(0, dtype=torch.uint8)
-    else:
-        with warnings.catch_warnings():  # a received chunk is read-only bytes; this view is only read
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(data, dtype=torch.uint8)
-    return raw if wire is None else raw.view(wire.torch_dtype)
-
-
-def magnitude(t: torch.Tensor) -> float:
-    """Largest |value| of `t` (0 when empty); NaN or Inf when `t` holds one.
-
-    One aminmax pass: ~10x faster on CPU than `isfinite(t).all()`, which materialises a bool tensor.
-    """
-    if t.numel() == 0:
-        return 0.0
-    lo, hi = torch.aminmax(t)
-    return max(abs(float(lo)), abs(float(hi)), key=lambda v: (math.isnan(v), v))
-
-
-# Dtypes checked by a sum first (a finite sum proves every element finite). Not fp16: the sum of a
-# 1 MiB chunk of ordinary values overflows its 65504, so nearly every chunk would need aminmax too.
-_SUM_CHECKED = frozenset({torch.bfloat16, torch.float32, torch.float64})
-
-
-def is_finite(t: torch.Tensor) -> bool:
-    """No NaN or Inf in `t`. A bf16 chunk (the wire's default) is checked exactly on its bits in one
-    compiled pass (kernels.bf16_finite, 1.7x faster than its sum). Otherwise a sum first: it is NaN
-    or Inf whenever an element is (IEEE arithmetic never turns either back into a finite value), and
-    runs ~2.3x faster than aminmax on a 1 MiB chunk; a sum that is not finite only because finite
-    values overflowed takes the exact aminmax pass."""
-    if t.dtype == torch.bfloat16 and t.dim() == 1 and t.is_contiguous() and t.device.type == "cpu":
-        return kernels.bf16_finite(t)
-    if t.dtype in _SUM_CHECKED and math.isfinite(float(t.sum())):
-        return True
-    return math.isfinite(magnitude(t))
-
-
 def _quantize(values: torch.Tensor, out: torch.Tensor, wire: WireDtype, keep: int) -> None:
     """Writes int8/int4/sparse codes and group scales of 1-D fp32 `values` into `out` (exchange.proto).
     Rounds to nearest (even); what a site does not send is its error feedback's business."""
@@ -401,75 +362,10 @@ def _quantize(values: torch.Tensor, out: torch.Tensor, wire: WireDtype, keep: in
             raise NonFiniteError("NaN or Inf in the values to encode")
         sparse.encode(values, out, keep)
         return
-    n = values.numel()
-    groups = -(-n // QUANT_GROUP)
-    padded = torch.zeros(groups * QUANT_GROUP)
-    padded[:n] = values
-    grid = padded.view(groups, QUANT_GROUP)
-    scale = grid.abs().amax(dim=1).div_(wire.qmax)
-    if not is_finite(scale):
-        raise NonFiniteError("NaN or Inf in the values to encode")
-    scale[scale == 0] = 1.0  # an all-zero group: any positive scale decodes it to zeros
-    codes = grid.div(scale[:, None]).round_().clamp_(-wire.qmax, wire.qmax).to(torch.int8).view(-1)
-    out[: 4 * groups].copy_(scale.view(torch.uint8))
-    if wire is WireDtype.INT8:
-        out[4 * groups :].copy_(codes[:n].view(torch.uint8))
-        return
-    nibbles = (codes[: n + n % 2] + 8).to(torch.uint8)  # the padded tail is 0 -> nibble 8
-    if n % 2:
-        nibbles[-1] = 0
-    out[4 * groups :].copy_(nibbles[0::2] | (nibbles[1::2] << 4))
-
-
-def _dequantize(data: torch.Tensor, wire: WireDtype, n: int, keep: int) -> torch.Tensor:
-    """fp32 values of a quantized chunk of `n` elements (uint8 `data` of wire_bytes(n)); ScaleError
-    on a scale that is NaN, Inf or not > 0 (sparse: negative), SparseIndexError on bad indices."""
-    if wire is WireDtype.SPARSE:
-        with _sparse_refusals():
-            return sparse.decode(data, n, keep)
-    groups = -(-n // QUANT_GROUP)
-    scale = data[: 4 * groups].clone().view(torch.float32)  # clone: received bytes may be unaligned
-    if not (is_finite(scale) and (groups == 0 or float(scale.min()) > 0)):
-        raise ScaleError("a group scale is NaN, Inf or not > 0")
-    body = data[4 * groups :]
-    if wire is WireDtype.INT8:
-        codes = body.view(torch.int8)
-    else:
-        codes = torch.stack(((body & 15).to(torch.int8) - 8, (body >> 4).to(torch.int8) - 8), dim=1).view(-1)
-    values = torch.zeros(groups * QUANT_GROUP)
-    values[:n] = codes[:n]
-    values.view(groups, QUANT_GROUP).mul_(scale[:, None])
-    return values[:n]
-
-
-def chunk_values(
-    data: torch.Tensor | bytes | memoryview, wire: WireDtype, exp: int, elements: int, keep: int = 0
-) -> tuple[torch.Tensor, float]:
-    """(values, multiplier) of one verified chunk of `elements` elements: element = value * multiplier.
-    bf16/fp16/fp32: a zero-copy view and 2^-exp; int8/int4/sparse: fp32 values (BadEncoding on a bad
-    scale or index), 1. `keep`: the sparse layout's (Layout.keep)."""
-    if not wire.quantized:
-        return wire_view(data, wire), 2.0**-exp
-    return _dequantize(wire_view(data, None), wire, elements, keep), 1.0
-
-
-def sparse_entries(data: torch.Tensor | bytes | memoryview, elements: int, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(element indices, fp32 values) of one verified sparse chunk of `elements` elements, the
-    indices strictly increasing; BadEncoding as chunk_values. For a reduction that adds only what
-    was sent instead of a dense chunk of zeros per site."""
-    with _sparse_refusals():
-        return sparse.entries(wire_view(data, None), elements, keep)
-
-
-@contextlib.contextmanager
-def _sparse_refusals() -> Iterator[None]:
-    """sparse.py's errors as this codec's: a bad scale is a ScaleError, the rest SparseIndexError."""
     try:
-        yield
-    except sparse.BadScale as err:
-        raise ScaleError(str(err)) from None
-    except sparse.BadIndex as err:
-        raise SparseIndexError(str(err)) from None
+        quantized.encode(values, out, wire.bits)
+    except quantized.NotFinite as err:
+        raise NonFiniteError(str(err)) from None
 
 
 def encode_chunk(
@@ -671,94 +567,7 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes | bytearray | memor
         raise ChunkError(f"{manifest.key}: chunk {index} hash mismatch")
 
 
-def scatter_values(
-    layout: Layout, start: int, values: torch.Tensor, dest: Mapping[str, torch.Tensor], scale: float = 1.0
-) -> None:
-    """Writes `values` (the elements of layout bytes [start, ...), any float dtype) times `scale` into
-    the destination tensors in place; `copy_` converts dtype and device in the same pass."""
-    end, pos = start + values.numel() * layout.wire.itemsize, 0
-    for entry, a, b in layout.pieces(start, end):
-        target = dest[entry.name].view(-1)[a:b]
-        target.copy_(values[pos : pos + b - a])
-        if scale != 1.0:  # a power of two for fp16 chunks: exact
-            target.mul_(scale)
-        pos += b - a
-
-
-def check_destination(layout: Layout, dest: Mapping[str, torch.Tensor], *, wire_dtype: bool = True) -> None:
-    """LayoutMismatch unless `dest` has the layout's names and shapes, contiguous, each tensor in the
-    parameter's dtype or, for a bf16/fp32 wire and `wire_dtype`, in the wire dtype, which holds the
-    wire's values exactly (a mean that the bulk plane receives straight into place: `chunk_targets`).
-    `wire_dtype` False: for a caller that writes other values than the wire's (an fp32 mean)."""
-    layout.check_tensors(dest, "destination", dtypes=False)
-    in_wire = dtype_name(layout.wire.torch_dtype) if wire_dtype and layout.wire in PLACEABLE else None
-    for entry in layout.tensors:
-        t = dest[entry.name]
-        if dtype_name(t.dtype) not in (entry.dtype, in_wire):
-            raise LayoutMismatch(f"destination: {entry.name} has dtype {dtype_name(t.dtype)}, layout says {entry.dtype}"
-                                 + (f" (or the wire's {in_wire})" if in_wire else ""))
-        if not t.is_contiguous():
-            raise LayoutMismatch(f"destination: {entry.name} is not contiguous (decode writes into it in place)")
-
-
 # Wire formats whose chunks a destination in the wire dtype can receive as they are: fp16 chunks may
 # carry a scale that takes their values beyond fp16, int8/int4 must be dequantized.
 PLACEABLE = frozenset({WireDtype.BF16, WireDtype.FP32})
 
-
-def chunk_targets(manifest: Manifest, index: int, dest: Mapping[str, torch.Tensor]) -> list[memoryview] | None:
-    """The bytes of `dest` that chunk `index` fills, in order, where its wire bytes can go there as
-    they are (a bf16/fp32 wire, every tensor the chunk touches in the wire dtype on the CPU); else
-    None. The bulk plane receives such a chunk straight into them: no buffer, no copy."""
-    wire = manifest.layout.wire
-    if wire not in PLACEABLE:
-        return None
-    start, end = manifest.chunk_bounds(index)
-    targets = []
-    for entry, a, b in manifest.layout.pieces(start, end):
-        t = dest[entry.name]
-        if t.dtype != wire.torch_dtype or t.device.type != "cpu":
-            return None
-        targets.append(as_memoryview(t.view(-1)[a:b].view(torch.uint8)))
-    return targets
-
-
-def check_placed(manifest: Manifest, index: int, targets: Sequence[memoryview]) -> None:
-    """The finite check decode_verified_chunk makes, for a verified chunk received into `targets`."""
-    wire = manifest.layout.wire
-    if wire is WireDtype.BF16:  # the bits straight from the buffers (no tensor per piece)
-        finite = all(kernels.bf16_finite(t) for t in targets)
-    else:
-        finite = all(is_finite(wire_view(t, None).view(wire.torch_dtype)) for t in targets if len(t))
-    if not finite:
-        raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
-
-
-def decode_verified_chunk(
-    manifest: Manifest, index: int, data: bytes | memoryview, dest: Mapping[str, torch.Tensor]
-) -> None:
-    """Decodes chunk `index` (already checked by verify_chunk) into `dest`; NonFiniteError on NaN/Inf."""
-    try:
-        values, multiplier = chunk_values(data, manifest.layout.wire, manifest.scale_exps[index],
-                                          manifest.chunk_elements(index), manifest.layout.keep)
-    except BadEncoding as err:
-        raise type(err)(f"{manifest.key}: chunk {index}: {err}; the object is refused") from None
-    if not is_finite(values):
-        raise NonFiniteError(f"{manifest.key}: NaN or Inf in chunk {index}; the object is refused")
-    start = manifest.chunk_bounds(index)[0]
-    scatter_values(manifest.layout, start, values, dest, multiplier)
-
-
-def decode(encoded: Encoded, dest: Mapping[str, torch.Tensor], *, made_here: bool = False) -> None:
-    """Decodes a whole local object into preallocated `dest` (names and shapes of the layout).
-
-    `made_here`: this process encoded the object (a mean shard it reduced), so its bytes need no
-    second hash (at 1.2 GB, 0.4 GB of blake3 per peer per round). The decoded values are still
-    checked: an int8/int4 mean near the float32 limit can decode to Inf, which every other peer
-    refuses, and so must this one."""
-    check_destination(encoded.manifest.layout, dest)
-    for i in range(encoded.manifest.num_chunks):
-        data = as_memoryview(encoded.chunk(i))
-        if not made_here:
-            verify_chunk(encoded.manifest, i, data)
-        decode_verified_chunk(encoded.manifest, i, data, dest)

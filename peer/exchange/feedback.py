@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from peer.durable import replace_atomic, temp_sibling
-from peer.exchange import codec
+from peer.exchange import codec, decoding
 
 log = logging.getLogger("sitemesh.exchange")
 
@@ -55,7 +55,7 @@ class ErrorFeedback:
         """residual = `meant` - what every peer decodes from `sent`; then written to disk.
         `meant` is consumed (its tensors become the residual)."""
         got = {e.name: torch.empty(e.shape, dtype=meant[e.name].dtype) for e in sent.manifest.layout.tensors}
-        codec.decode(sent, got, made_here=True)  # encoded here: no second hash
+        decoding.decode(sent, got, made_here=True)  # encoded here: no second hash
         self.residual = {n: meant[n].sub_(got[n]) for n in got}
         tmp = temp_sibling(self.path)
         save_file({n: t.contiguous() for n, t in self.residual.items()}, tmp)

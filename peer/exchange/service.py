@@ -10,7 +10,7 @@ registers it on the peer's server:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
@@ -18,16 +18,23 @@ from peer.exchange import chunkwire, codec, protoconv
 from peer.exchange.store import AnnouncementRefused, ExchangeStore, MeanInputs, reduced_over
 from peer.gen.sitemesh.v1 import common_pb2, exchange_pb2, exchange_pb2_grpc
 
-if TYPE_CHECKING:
-    from peer.exchange.bulk import BulkServer
-
 SERVICE = "sitemesh.v1.Exchange"
 # A long poll never holds a server stream longer than this, whatever the client asks.
 MAX_WAIT_S = 60.0
 
 
+class BulkTickets(Protocol):
+    """What OpenBulk needs of a data plane: a ticket for one connection to it. bulk.BulkServer is
+    one; declared here because the plane imports this module (Refusal, resolve_fetch), not the
+    other way round."""
+
+    def ticket(self) -> exchange_pb2.BulkTicket:
+        """A one-connection ticket; Refusal when none can be issued now."""
+        ...
+
+
 class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
-    def __init__(self, store: ExchangeStore, bulk: BulkServer | None = None) -> None:
+    def __init__(self, store: ExchangeStore, bulk: BulkTickets | None = None) -> None:
         self._store = store
         self.bulk = bulk
         """This peer's bulk data plane (OpenBulk hands out its tickets), None: FetchChunks only."""
@@ -130,7 +137,7 @@ async def _key(msg: exchange_pb2.ObjectKey, context: grpc.aio.ServicerContext) -
 
 
 def add_exchange_service(
-    server: grpc.aio.Server, store: ExchangeStore, bulk: BulkServer | None = None
+    server: grpc.aio.Server, store: ExchangeStore, bulk: BulkTickets | None = None
 ) -> ExchangeServicer:
     """Registers the Exchange service on `server` (before it starts); returns the servicer.
     `bulk`: a started BulkServer whose tickets OpenBulk hands out (None: FetchChunks only).

@@ -27,7 +27,8 @@ from peer.exchange.allreduce import (
     reduce_shard,
     shard_chunks,
 )
-from peer.exchange.client import ExchangeClient, FetchError, FetchPolicy, FetchStats
+from peer.exchange.client import ExchangeClient, FetchPolicy
+from peer.exchange.sources import FetchError, FetchStats
 from peer.exchange.store import ExchangeStore
 from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 from tests.support.faultproxy import Fault, FaultProxy

@@ -28,13 +28,12 @@ from peer.exchange import bulk, codec, protoconv
 from peer.exchange.bulk import BulkConfig, BulkServer
 from peer.exchange.client import (
     ExchangeClient,
-    FetchError,
     FetchPolicy,
-    InThread,
     fetch_chunks,
     fetch_into,
     fetch_manifest,
 )
+from peer.exchange.sources import FetchError, InThread
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.transport.channels import PLAINTEXT, Credentials

@@ -16,21 +16,20 @@ import grpc
 import pytest
 import torch
 
-from peer.exchange import codec, protoconv
+from peer.exchange import codec, decoding, protoconv
 from peer.exchange.bulk import BulkServer
 from peer.exchange.chunkwire import WireChunk
 from peer.exchange.client import (
     ExchangeClient,
-    FetchError,
     FetchPolicy,
-    FetchStats,
     fetch_chunks,
     fetch_into,
     fetch_manifest,
 )
 from peer.exchange.service import ExchangeServicer
+from peer.exchange.sources import FetchError, FetchStats
 from peer.exchange.store import ExchangeStore
-from peer.gen.sitemesh.v1 import exchange_pb2
+from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
 from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 from tests.support.faultproxy import Fault, FaultProxy
 
@@ -70,7 +69,7 @@ def _published(
 
 def _dest(enc: codec.Encoded, in_wire: bool = False) -> dict[str, torch.Tensor]:
     """NaN-filled destination tensors, in the parameters' dtype or (`in_wire`) the wire's, which the
-    bulk plane receives straight into (codec.chunk_targets)."""
+    bulk plane receives straight into (decoding.chunk_targets)."""
     dtype = enc.manifest.layout.wire.torch_dtype if in_wire else torch.float32
     return {e.name: torch.full(e.shape, float("nan"), dtype=dtype) for e in enc.manifest.layout.tensors}
 
@@ -159,8 +158,8 @@ def test_clean_transfer_is_exact_and_uses_one_stream(wire: codec.WireDtype, plan
             fn(*args)
         return call
 
-    monkeypatch.setattr(codec, "decode_verified_chunk", counted("decoded", codec.decode_verified_chunk))
-    monkeypatch.setattr(codec, "check_placed", counted("placed", codec.check_placed))
+    monkeypatch.setattr(decoding, "decode_verified_chunk", counted("decoded", decoding.decode_verified_chunk))
+    monkeypatch.setattr(decoding, "check_placed", counted("placed", decoding.check_placed))
     stats, servicer, proxy, _, requests = run(lambda: _fetch_through([], wire=wire, plane=plane, in_wire=in_wire))
     # Received in place exactly where the destination holds the wire's values and the bulk plane carries them.
     placed = plane == "bulk" and (in_wire or wire is codec.WireDtype.FP32)
@@ -421,7 +420,10 @@ def test_manifest_long_poll_and_announce() -> None:
             got = await client.get_manifest(late.manifest.key, wait_s=5.0)
             assert got == late.manifest and 0.25 < time.monotonic() - started < 3.0
             await task
-            await client.announce(enc.manifest)
+            # A producer announces over the Exchange service's Announce RPC; the store holds it.
+            async with grpc.aio.insecure_channel(address) as channel:
+                await exchange_pb2_grpc.ExchangeStub(channel).Announce(
+                    protoconv.manifest_to_proto(enc.manifest), timeout=10.0)
             assert await store.wait_announced(enc.manifest.key, 1.0) == enc.manifest
             await client.close()
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from peer.exchange import codec
+from peer.exchange import codec, decoding
 from peer.exchange.bulk import BulkServer
 from peer.exchange.service import ExchangeServicer, register_servicer
 from peer.exchange.store import ExchangeStore
@@ -61,7 +61,7 @@ def random_model(seed: int, sizes: dict[str, tuple[int, ...]]) -> dict[str, torc
 def decoded(encoded: codec.Encoded) -> dict[str, torch.Tensor]:
     """What a receiver must end up with: the local decode of the published object."""
     out = {e.name: torch.empty(e.shape) for e in encoded.manifest.layout.tensors}
-    codec.decode(encoded, out)
+    decoding.decode(encoded, out)
     return out
 
 

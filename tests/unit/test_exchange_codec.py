@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.exchange import codec, protoconv
+from peer.exchange import codec, decoding, finite, protoconv
 from peer.exchange.codec import WireDtype
 from tests.support.exchange import rehashed
 
@@ -44,7 +44,7 @@ def test_round_trip_matches_the_wire_dtype(shape_by_name, wire, chunk_size, seed
     assert m.num_chunks == math.ceil(m.layout.total_bytes / chunk_size)
     assert protoconv.manifest_from_proto(protoconv.manifest_to_proto(m)) == m
     dest = {n: torch.full_like(t, float("nan")) for n, t in src.items()}
-    codec.decode(enc, dest)
+    decoding.decode(enc, dest)
     for entry in m.layout.tensors:
         flat_src, flat_dst = src[entry.name].reshape(-1), dest[entry.name].reshape(-1)
         for i in range(entry.numel):  # per element: the scale is per chunk, elements may span chunks
@@ -70,7 +70,7 @@ def test_fp16_scales_large_chunks_instead_of_overflowing_and_reports_it() -> Non
     assert enc.manifest.scale_exps == (-4, 0)  # 1e6 / 2^4 = 62500 <= 65504 < 1e6 / 2^3
     assert enc.scaled_chunks == 1
     dest = {n: torch.empty_like(t) for n, t in src.items()}
-    codec.decode(enc, dest)
+    decoding.decode(enc, dest)
     assert torch.equal(dest["small"], src["small"])
     assert torch.allclose(dest["big"], src["big"], rtol=2**-10)
 
@@ -104,15 +104,15 @@ def test_is_finite_agrees_with_an_element_by_element_check(dtype: torch.dtype, s
     for index, what in specials:
         if index < size:
             t[index] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "max": biggest, "-max": -biggest}[what]
-    assert codec.is_finite(t) == bool(torch.isfinite(t).all())
+    assert finite.is_finite(t) == bool(torch.isfinite(t).all())
 
 
 def test_is_finite_of_finite_values_whose_sum_overflows() -> None:
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         huge = torch.full((4096,), torch.finfo(dtype).max, dtype=dtype)
-        assert codec.is_finite(huge)
+        assert finite.is_finite(huge)
         huge[4000] = math.nan
-        assert not codec.is_finite(huge)
+        assert not finite.is_finite(huge)
 
 
 def _malicious_nan_object() -> codec.Encoded:
@@ -126,7 +126,7 @@ def test_non_finite_decoded_chunk_is_refused() -> None:
     enc = _malicious_nan_object()
     enc.manifest.validate()  # the transport is fine: only the content is bad
     with pytest.raises(codec.NonFiniteError, match="chunk 1"):
-        codec.decode(enc, {"w": torch.empty(4)})
+        decoding.decode(enc, {"w": torch.empty(4)})
 
 
 def test_chunk_verification_catches_length_and_content() -> None:
@@ -166,18 +166,18 @@ def test_chunk_verification_of_the_pieces_a_chunk_was_received_into() -> None:
 def test_destination_must_match_the_layout(dest: dict[str, torch.Tensor], reason: str) -> None:
     enc = codec.encode({"w": torch.randn(3, 4)}, round=1, site="s", tokens=1)
     with pytest.raises(codec.LayoutMismatch, match=reason):
-        codec.decode(enc, dest)
+        decoding.decode(enc, dest)
 
 
 def test_a_destination_in_the_wire_dtype_holds_the_wire_values_exactly() -> None:
     src = {"w": torch.randn(3, 4) * 1e3}
     dest = {"w": torch.full((3, 4), float("nan"), dtype=torch.bfloat16)}
-    codec.decode(codec.encode(src, round=1, site="s", tokens=1), dest)
+    decoding.decode(codec.encode(src, round=1, site="s", tokens=1), dest)
     assert torch.equal(dest["w"], src["w"].bfloat16())
     # fp16 chunks may carry a scale their values exceed fp16 by: decoded into the parameter's dtype only.
     fp16 = codec.encode(src, round=1, site="s", tokens=1, wire=codec.WireDtype.FP16)
     with pytest.raises(codec.LayoutMismatch, match="dtype float16, layout says float32$"):
-        codec.decode(fp16, {"w": torch.empty(3, 4, dtype=torch.float16)})
+        decoding.decode(fp16, {"w": torch.empty(3, 4, dtype=torch.float16)})
 
 
 def test_decode_writes_into_the_destination_in_place() -> None:
@@ -186,7 +186,7 @@ def test_decode_writes_into_the_destination_in_place() -> None:
     assert enc.manifest.layout.tensors[0].dtype == "float64"
     dest = {"w": torch.zeros(5, 7, dtype=torch.float64)}
     before = dest["w"].data_ptr()
-    codec.decode(enc, dest)
+    decoding.decode(enc, dest)
     assert dest["w"].data_ptr() == before
     assert torch.equal(dest["w"], src["w"].to(torch.bfloat16).double())
 
@@ -232,7 +232,7 @@ def test_encoding_reads_non_contiguous_sources_correctly() -> None:
     base = torch.randn(6, 4)
     enc = codec.encode({"t": base.t()}, round=1, site="s", tokens=1, wire=WireDtype.FP32, chunk_size=8)
     dest = {"t": torch.empty(4, 6)}
-    codec.decode(enc, dest)
+    decoding.decode(enc, dest)
     assert torch.equal(dest["t"], base.t())
 
 
@@ -243,9 +243,9 @@ def test_accelerator_tensors_encode_and_decode_in_place(wire: WireDtype) -> None
     enc = codec.encode(src, round=1, site="s", tokens=1, wire=wire, chunk_size=64)
     assert enc.data.device.type == "cpu"
     dest = {n: torch.empty_like(t) for n, t in src.items()}
-    codec.decode(enc, dest)
+    decoding.decode(enc, dest)
     on_cpu = {n: t.cpu() for n, t in src.items()}
     want = {n: torch.empty_like(t) for n, t in on_cpu.items()}
-    codec.decode(codec.encode(on_cpu, round=1, site="s", tokens=1, wire=wire, chunk_size=64), want)
+    decoding.decode(codec.encode(on_cpu, round=1, site="s", tokens=1, wire=wire, chunk_size=64), want)
     for n in src:
         assert dest[n].device.type == "cuda" and torch.equal(dest[n].cpu(), want[n])

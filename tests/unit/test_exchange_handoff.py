@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from peer.exchange import codec
+from peer.exchange import codec, decoding
 from peer.trainer.tensor_files import map_state, write_state
 
 SHAPES = {"model.layers.1.w": (300, 7), "model.embed.weight": (1000, 3), "b": (5,), "a.norm": (0,), "z": (2, 2, 2)}
@@ -67,7 +67,7 @@ def test_a_handed_over_pseudo_gradient_is_encoded_where_it_lies_without_a_copy(t
     assert in_place.manifest == converted.manifest
     assert {e.dtype for e in in_place.manifest.layout.tensors} == {"float32"}
     dest = {n: torch.empty(s) for n, s in SHAPES.items()}
-    codec.decode(in_place, dest)
+    decoding.decode(in_place, dest)
     assert all(torch.equal(dest[n], delta[n].to(wire.torch_dtype).float()) for n in SHAPES)
     assert path.read_bytes().endswith(bytes(data.numpy()))  # the file itself is untouched
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.exchange import codec, kernels
+from peer.exchange import finite, kernels
 from peer.exchange.allreduce import REDUCE_BLOCK, weighted_sum
 
 
@@ -71,10 +71,10 @@ def test_the_finite_check_is_exact_on_every_bf16_value() -> None:
 
 def test_codec_checks_bf16_chunks_with_the_kernel() -> None:
     x = torch.randn(10_000).to(torch.bfloat16)
-    assert codec.is_finite(x)
+    assert finite.is_finite(x)
     x[7777] = float("nan")
-    assert not codec.is_finite(x)
-    assert codec.is_finite(x[::2]) and not codec.is_finite(x[1::2])  # strided: torch's sum, same answer
+    assert not finite.is_finite(x)
+    assert finite.is_finite(x[::2]) and not finite.is_finite(x[1::2])  # strided: torch's sum, same answer
 
 
 def test_bad_arguments_are_refused_with_what_is_wrong() -> None:

@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.exchange import codec, protoconv
-from peer.exchange.codec import QUANT_GROUP, WireDtype
+from peer.exchange import codec, decoding, protoconv
+from peer.exchange.codec import WireDtype
+from peer.exchange.quantized import GROUP as QUANT_GROUP
 from peer.gen.sitemesh.v1 import exchange_pb2 as pb
 from tests.support.exchange import decoded, rehashed
 
@@ -65,7 +66,7 @@ def test_a_bad_scale_is_refused_and_nothing_is_applied(wire: WireDtype, bad: flo
     enc = rehashed(enc)  # a buggy sender: the hashes are right, the content is not
     dest = {"w": torch.full((1000,), 7.0)}
     with pytest.raises(codec.ScaleError, match="chunk 1: a group scale is NaN, Inf or not > 0"):
-        codec.decode(enc, dest)
+        decoding.decode(enc, dest)
     assert bool((dest["w"][512:] == 7.0).all())  # the bad chunk wrote nothing
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from peer.exchange import codec
+from peer.exchange import codec, decoding
 from peer.exchange.allreduce import Reducer, ReductionStopped, WireSink
 from tests.support.exchange import random_model
 
@@ -66,7 +66,7 @@ def test_streams_in_lockstep_give_the_exact_token_weighted_sum() -> None:
     for index, got in sums.items():
         want = None
         for site in sorted(TOKENS):  # multiply, then add, in sorted site order
-            values, _ = codec.chunk_values(encoded[site].chunk(index), m.layout.wire, 0, m.chunk_elements(index))
+            values, _ = decoding.chunk_values(encoded[site].chunk(index), m.layout.wire, 0, m.chunk_elements(index))
             term = values.float() * (TOKENS[site] / total)
             want = term if want is None else want + term
         assert torch.equal(got, want), index

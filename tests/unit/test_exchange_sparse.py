@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.exchange import codec, protoconv, sparse
+from peer.exchange import codec, decoding, protoconv, sparse
 from peer.exchange.codec import WireDtype
 from tests.support.exchange import decoded, rehashed
 
@@ -92,7 +92,7 @@ def _refused(enc: codec.Encoded, error: type[Exception], match: str) -> None:
     enc = rehashed(enc)
     dest = {"w": torch.full((N,), 7.0)}
     with pytest.raises(error, match=match):
-        codec.decode(enc, dest)
+        decoding.decode(enc, dest)
     assert bool((dest["w"] == 7.0).all())  # nothing of the chunk was applied
 
 
