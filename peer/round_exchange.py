@@ -163,15 +163,16 @@ class RoundExchange:
         shaped `like` θ, and its total tokens; roots checked against the manifests, and the
         manifests' tokens (the averaging weights) against what the commit names."""
         sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
-        await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
+        manifests = await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
         mean = self._take_mean(like)
         inputs: MeanInputs = tuple(sorted((s, a, root) for s, a, root, _ in contributors))
         if self._wire is codec.WireDtype.SPARSE:  # all-gathered: every peer sums them itself
-            report = await all_to_all_mean(round_, sites, self.store, mean, roots={s: root for s, _, root in inputs})
+            report = await all_to_all_mean(round_, sites, self.store, mean, roots={s: root for s, _, root in inputs},
+                                           manifests=manifests)
         else:
             report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
                                                my_shard=lambda: self._mean_shard(round_, inputs),
-                                               owner_wait_s=OWNER_WAIT_S, memory=self._memory)
+                                               owner_wait_s=OWNER_WAIT_S, memory=self._memory, manifests=manifests)
         if report.reduced_here:
             log.warning("round %d: reduced the shards of %s here (all-to-all for them)", round_, report.reduced_here)
         check_weights(round_, {site: tokens for site, _, _, tokens in contributors}, report.tokens)
@@ -233,7 +234,11 @@ class RoundExchange:
         log.info("round %d: reducing our mean shard over %s for a peer's request", round_, [s for s, _, _ in inputs])
         self._mean_shard(round_, inputs).add_done_callback(done)
 
-    async def _check_roots(self, round_: int, contributors: Sequence[tuple[str, str, bytes]]) -> None:
+    async def _check_roots(self, round_: int,
+                           contributors: Sequence[tuple[str, str, bytes]]) -> dict[str, codec.Manifest]:
+        """Each contributor's manifest, its root checked against the one the round names: a site to
+        blame (InvalidContribution, Unavailable) before any chunk moves."""
+        manifests = {}
         for site, address, root in contributors:
             key = codec.ObjectKey(round_, site)
             if site == self.site:
@@ -242,8 +247,10 @@ class RoundExchange:
             elif not address:
                 manifest = None
             else:
+                client = self._client(address)
+                client.prefetch_ticket()  # its chunks follow (as fetch_manifest does)
                 try:
-                    manifest = await self._client(address).get_manifest(key, wait_s=10.0)
+                    manifest = await client.get_manifest(key, wait_s=10.0)
                 except Exception as err:
                     raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}", site) from err
             if manifest is None:
@@ -253,6 +260,8 @@ class RoundExchange:
                 # instead of committing the round empty; a follower applying the commit re-syncs.
                 raise InvalidContribution(f"round {round_}: {site} serves a pseudo-gradient with root "
                                           f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}", site)
+            manifests[site] = manifest
+        return manifests
 
     # ----- applied states, for peers that fell behind ----------------------------------------
     async def publish_state(self, round_: int, state: dict[str, torch.Tensor]) -> None:

@@ -299,10 +299,11 @@ def weighted_sum(terms: Sequence[tuple[torch.Tensor, float]], acc: torch.Tensor,
 
 async def _manifests(
     round_: int, kind: codec.ObjectKind, sites: Sites, store: ExchangeStore, wait_s: float, policy: FetchPolicy,
-    roots: Mapping[str, bytes] | None = None,
+    roots: Mapping[str, bytes] | None = None, known: Mapping[str, codec.Manifest] | None = None,
 ) -> dict[str, codec.Manifest]:
     """Every site's manifest; LayoutMismatch unless all share one layout and chunk size, ManifestError
-    unless each has the root hash `roots` names for it (when given)."""
+    unless each has the root hash `roots` names for it (when given). `known`: every site's manifest
+    as the caller fetched it already (checking the roots the round names), not fetched again."""
     async def one(site: str, client: ExchangeClient | None) -> codec.Manifest:
         key = codec.ObjectKey(round_, site, kind)
         if client is None:
@@ -312,8 +313,10 @@ async def _manifests(
             return held.manifest
         return await fetch_manifest(key, [client], wait_s, policy)
 
-    found = await asyncio.gather(*(one(s, c) for s, c in sites.items()))
-    manifests = dict(zip(sites, found))
+    if known is not None and known.keys() == sites.keys():
+        manifests = dict(known)
+    else:
+        manifests = dict(zip(sites, await asyncio.gather(*(one(s, c) for s, c in sites.items()))))
     reference = min(manifests.items())  # any fixed one: all must agree with it
     for site, m in manifests.items():
         if (m.layout, m.chunk_size) != (reference[1].layout, reference[1].chunk_size):
@@ -398,15 +401,17 @@ async def all_to_all_mean(
     policy: FetchPolicy = FetchPolicy(),
     manifest_wait_s: float = 600.0,
     roots: Mapping[str, bytes] | None = None,
+    manifests: Mapping[str, codec.Manifest] | None = None,
 ) -> MeanReport:
     """Writes the token-weighted mean of the pseudo-gradients of `sites` for `round_` into `dest`.
 
     `sites` maps every contributor to its client, or to None for one published in `store` (our own).
-    `roots`: the root hash each contributor's object must have (else ManifestError).
+    `roots`: the root hash each contributor's object must have (else ManifestError). `manifests`:
+    every contributor's, fetched by the caller already (else fetched here).
     `dest` is only meaningful when this returns.
     """
     manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy,
-                                 roots)
+                                 roots, manifests)
     any_manifest = next(iter(manifests.values()))
     layout = any_manifest.layout
     decoding.check_destination(layout, dest, wire_dtype=False)  # the fp32 mean goes into it: not the wire's values
@@ -510,6 +515,7 @@ async def reduce_scatter_mean(
     manifest_wait_s: float = 600.0,
     owner_wait_s: float | None = None,
     memory: ExchangeMemory | None = None,
+    manifests: Mapping[str, codec.Manifest] | None = None,
 ) -> MeanReport:
     """Like all_to_all_mean, but each contributor reduces one shard and serves it; every peer pulls
     the mean shards (its own, if `me` contributes, comes from reduce_shard or `my_shard`).
@@ -521,11 +527,13 @@ async def reduce_scatter_mean(
     itself from every pseudo-gradient (all-to-all for that shard), rounds it the same way and logs
     so: the bits are the owner's, whichever way they were made. `owner_wait_s` (default
     `manifest_wait_s`) bounds the wait for an owner's shard before reducing it here. `memory`:
-    this peer's, reused round after round (see reduce_shard).
+    this peer's, reused round after round (see reduce_shard). `manifests`: every contributor's,
+    fetched by the caller already (else fetched here).
     """
     if me in sites and sites[me] is not None:
         raise ValueError(f"{me} must be mapped to None: its objects are in the local store")
-    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy)
+    manifests = await _manifests(round_, codec.ObjectKind.PSEUDO_GRADIENT, sites, store, manifest_wait_s, policy,
+                                 known=manifests)
     order = tuple(sorted(sites))
     ref = manifests[order[0]]
     layout, wire = ref.layout, ref.layout.wire

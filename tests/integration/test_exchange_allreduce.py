@@ -62,10 +62,12 @@ async def _mesh(
     scheme: Scheme, faults: dict[tuple[str, str], list[Fault]], encoded: dict[str, codec.Encoded],
     plane: str = "bulk",
     dest_dtype: torch.dtype = torch.float32,
+    known: bool = False,
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, MeanReport]]:
     """Runs `scheme` on every peer at once; faults[(receiver, sender)] go on that one path (its
     gRPC connection for plane "grpc", its bulk connections for "bulk"). `dest_dtype`: of every
-    peer's mean (the node's is the wire dtype, received in place)."""
+    peer's mean (the node's is the wire dtype, received in place). `known`: every peer is handed
+    the contributors' manifests, as a node that checked their roots is."""
     models = encoded
     stores = {s: ExchangeStore() for s in models}
     async with contextlib.AsyncExitStack() as stack:
@@ -96,6 +98,8 @@ async def _mesh(
         async def peer(me: str) -> MeanReport:
             await stores[me].publish(encoded[me])
             kwargs: dict[str, Any] = {"policy": FetchPolicy.local_test(), "manifest_wait_s": 10.0}
+            if known:
+                kwargs["manifests"] = {s: e.manifest for s, e in encoded.items()}
             if scheme is reduce_scatter_mean:
                 kwargs["me"] = me
             return await scheme(ROUND, sites=clients[me], store=stores[me], dest=dests[me], **kwargs)
@@ -262,6 +266,31 @@ def test_a_source_that_is_lost_for_good_ends_the_exchange_while_another_stream_w
     faults = {("alpha", "charlie"): [Fault(drop_after=20_000)] + [Fault(drop_after=100)] * 20}
     with pytest.raises(FetchError, match="gave up"):
         asyncio.run(_mesh(all_to_all_mean, faults, _encode(_models(seed=12)), plane))
+
+
+@pytest.mark.parametrize("scheme", [all_to_all_mean, reduce_scatter_mean])
+def test_manifests_the_caller_fetched_are_not_fetched_again(scheme: Scheme, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node checks every contributor's root against the round before the mean (round_exchange.py)
+    and hands the manifests on: the mean is the same, with fewer manifest requests (all-gather:
+    none; reduce-scatter: only the shard owners' roots checks and the mean shards')."""
+    encoded = _encode(_models())
+    asked: list[codec.ObjectKey] = []
+    get_manifest = ExchangeClient.get_manifest
+
+    async def counting(self: ExchangeClient, key: codec.ObjectKey, *args: Any, **kwargs: Any) -> Any:
+        asked.append(key)
+        return await get_manifest(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(ExchangeClient, "get_manifest", counting)
+    counts = {}
+    for known in (False, True):
+        asked.clear()
+        dests, _ = asyncio.run(_mesh(scheme, {}, encoded, known=known))
+        _check(scheme, dests, encoded)
+        counts[known] = sum(1 for k in asked if k.kind is codec.ObjectKind.PSEUDO_GRADIENT)
+    assert counts[True] < counts[False]
+    if scheme is all_to_all_mean:
+        assert counts[True] == 0
 
 
 def test_a_peer_with_another_layout_is_refused() -> None:
