@@ -36,9 +36,8 @@ from peer.trainer.process import (
     TrainerError,
     TrainerProcess,
     default_shm_dir,
-    read_state,
-    write_state,
 )
+from peer.trainer.tensor_files import read_state, write_state
 
 MICRO = MODEL_PRESETS["micro"]
 BATCH, SEQ = 8, 32
