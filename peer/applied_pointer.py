@@ -35,6 +35,11 @@ class AppliedPointer:
             return Applied()
         return Applied(int(doc["index"]), int(doc["round"]), str(doc.get("file", "")))
 
+    def pointer(self) -> tuple[int, int]:
+        """(log index, round) of what was applied; (0, 0) before anything was."""
+        applied = self.load()
+        return applied.index, applied.round
+
     def save(self, applied: Applied) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         doc: dict[str, int | str] = {"index": applied.index, "round": applied.round}

@@ -213,8 +213,7 @@ class Node:
         self._store = FileStore(self.data_dir / "consensus")
         founders = None if self.config.join else {SiteId(self.config.site): self.address}
         # What this peer applied is fsynced apart from the log: the log must still reach it.
-        mine = self._applied.load()
-        applied = self.coordinator.training.pointer() if self.coordinator is not None else (mine.index, mine.round)
+        applied = self.coordinator.training.pointer() if self.coordinator is not None else self._applied.pointer()
         durable = self._store.load_or_init(c.DurableState.fresh(founders), keep_through=applied[0])
         if self._store.recovered:
             log.warning("commit log repaired at start-up: %s", self._store.recovered)

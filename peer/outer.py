@@ -73,8 +73,7 @@ def outer_step(
     0 tokens are ignored, and if none remain nothing changes. Every pseudo-gradient must have
     exactly the names of `params`.
     """
-    if lr <= 0 or not 0 <= mu < 1:
-        raise ValueError(f"outer lr={lr} must be > 0 and mu={mu} in [0, 1)")
+    _check_rates(lr, mu)
     for i, (delta, n) in enumerate(contributions):
         if n < 0:
             raise ValueError(f"contribution {i} has negative tokens {n}")
@@ -95,8 +94,7 @@ def nesterov_step(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The step of `outer_step` from a mean formed elsewhere (the exchange's reduction, in the same
     fixed order): new (params, momentum); neither input nor `mean` is changed or kept."""
-    if lr <= 0 or not 0 <= mu < 1:
-        raise ValueError(f"outer lr={lr} must be > 0 and mu={mu} in [0, 1)")
+    _check_rates(lr, mu)
     if mean.keys() != params.keys():
         raise KeyError("the mean's names differ from the parameters'")
     momentum = momentum or {}
@@ -114,6 +112,11 @@ def nesterov_step(
         new_params[name] = torch.sub(p.to(torch.float32), torch.mul(step, lr_t.to(g.device)))
         new_momentum[name] = buf
     return new_params, new_momentum
+
+
+def _check_rates(lr: float, mu: float) -> None:
+    if lr <= 0 or not 0 <= mu < 1:
+        raise ValueError(f"outer lr={lr} must be > 0 and mu={mu} in [0, 1)")
 
 
 def state_dict_hash(state: Mapping[str, torch.Tensor]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -162,7 +162,7 @@ class RoundExchange:
         """The token-weighted mean of the (site, address, root, tokens) contributors' pseudo-gradients,
         shaped `like` θ, and its total tokens; roots checked against the manifests, and the
         manifests' tokens (the averaging weights) against what the commit names."""
-        sites = {site: (None if site == self.site else self._client(address)) for site, address, _, _ in contributors}
+        sites = self._sources((s, a) for s, a, _, _ in contributors)
         manifests = await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
         mean = self._take_mean(like)
         inputs: MeanInputs = tuple(sorted((s, a, root) for s, a, root, _ in contributors))
@@ -203,6 +203,10 @@ class RoundExchange:
             return spare
         return {n: torch.empty_like(t) for n, t in like.items()}
 
+    def _sources(self, pairs: Iterable[tuple[str, str]]) -> dict[str, ExchangeClient | None]:
+        """(site, address) -> the client to pull from; None for this site (its objects are in the store)."""
+        return {site: None if site == self.site else self._client(address) for site, address in pairs}
+
     def _client(self, address: str) -> ExchangeClient:
         if address not in self._clients:
             self._clients[address] = ExchangeClient(address, self._creds, self._plane)
@@ -213,7 +217,7 @@ class RoundExchange:
         key = (round_, tuple((s, r) for s, _, r in inputs))
         held = self._shards.get(key)
         if held is None or (held.done() and (held.cancelled() or held.exception() is not None)):
-            sites = {s: None if s == self.site else self._client(a) for s, a, _ in inputs}
+            sites = self._sources((s, a) for s, a, _ in inputs)
             # What it pulls from the other contributors counts as received from them (the metrics),
             # whether the reduction was started by this peer's own mean or by a peer's request.
             held = asyncio.ensure_future(reduce_shard(round_, self.site, sites, self.store,

@@ -52,8 +52,7 @@ class ThetaStore:
 
     def pointer(self) -> tuple[int, int]:
         """(log index, round) of the state on disk; (0, 0) before the first round."""
-        p = self._pointer.load()
-        return p.index, p.round
+        return self._pointer.pointer()
 
     def load(self) -> AppliedState | None:
         """The applied state on disk, or None before the first round. Blocking."""

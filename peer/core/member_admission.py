@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from peer.core import agreement
-from peer.core.membership_types import Message, MemberState, MemberView, PushPull
+from peer.core.membership_types import Message, MemberState, MemberUpdate, MemberView, PushPull
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,8 @@ class MemberAdmission:
         return Refusal(reason) if reason is not None else self._other_config(msg, members, identity)
 
     def _table_full(self, msg: Message, members: Sequence[MemberView]) -> str | None:
-        rumours = msg.members if isinstance(msg, PushPull) else getattr(msg, "updates", ())
         known = {view.site for view in members}
-        new = {u.site for u in rumours} - known
+        new = {u.site for u in _rumours(msg)} - known
         if new and len(known) + len(new) > self.max_members:
             return f"{len(new)} new members would pass the limit of {self.max_members} members this peer holds"
         return None
@@ -56,8 +55,7 @@ class MemberAdmission:
     def _other_config(self, msg: Message, members: Sequence[MemberView],
                       identity: agreement.TrainingIdentity | None) -> Refusal | None:
         sender = msg.from_site
-        rumours = msg.members if isinstance(msg, PushPull) else getattr(msg, "updates", ())
-        own = next((u.meta for u in rumours if u.site == sender and u.meta is not None), None)
+        own = next((u.meta for u in _rumours(msg) if u.site == sender and u.meta is not None), None)
         if own is None or sender == self.site:
             return None
         live = ((v.site, v.meta.labels) for v in members
@@ -85,3 +83,8 @@ class MemberAdmission:
             return (f"site {msg.from_site} is live at {view.address} (heard {quiet:.1f} s ago); a second "
                     f"process with its name at {sender} is refused: stop one of them")
         return None
+
+
+def _rumours(msg: Message) -> tuple[MemberUpdate, ...]:
+    """What `msg` says about members: a push-pull's whole table, or a probe's piggybacked updates."""
+    return msg.members if isinstance(msg, PushPull) else getattr(msg, "updates", ())
