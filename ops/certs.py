@@ -8,7 +8,7 @@
 Every peer serves and dials with mutual TLS against `ca.crt` (peer/transport/channels.py); what a
 certificate may do is written in it and read back by peer/transport/auth.py:
 
-* subject CN = the site or person's name, OU = its role (`site`, `operator`, `reader`),
+* subject CN = the site or person's name, OU = its role (`site`, `operator`, `reader`, `relay`),
   O = the run id `<run name>-<first 12 hex of the CA certificate's sha256>`, so a certificate names
   the one CA, and so the one run, it belongs to;
 * a site certificate's subject alternative names are the site's name and every address other
@@ -36,7 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from peer.transport.auth import identity_of, run_id_of
 from peer.transport.channels import PLAINTEXT, Credentials
 
-ROLES = ("site", "operator", "reader")
+ROLES = ("site", "operator", "reader", "relay")
 CA_NAME = "ca"
 # Long enough for a multi-month pre-training run; a run that outlives it re-issues (init is cheap).
 DEFAULT_DAYS = 400
@@ -134,8 +134,9 @@ def issue(
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, run_id_of(ca_cert)),
                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
                          x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    # Sites are servers and clients; people only dial.
-    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if role == "site" else [])
+    # Sites and relays are servers and clients; people only dial.
+    serves = role in ("site", "relay")
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if serves else [])
     start, end = _validity(days, now)
     builder = (
         x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
@@ -144,7 +145,7 @@ def issue(
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
-    if role == "site":
+    if serves:
         builder = builder.add_extension(x509.SubjectAlternativeName(_san(name, addresses)), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     out.mkdir(parents=True, exist_ok=True)
@@ -185,8 +186,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     who.add_argument("--site", help="a site's certificate (serves and dials the mesh)")
     who.add_argument("--operator", help="a person or tool that may call Admin Leave/Join and read status")
     who.add_argument("--reader", help="a read-only client: Status, health and reflection")
+    who.add_argument("--relay", help="a relay (`peer serve --role relay`): forwards sites' connections, is no site")
     iss.add_argument("--address", action="append", default=[], metavar="HOST[:PORT]",
-                     help="a host name or IP other sites dial this site by (repeatable; site only)")
+                     help="a host name or IP other sites (or a relay's sites) dial it by (repeatable; site or relay)")
     iss.add_argument("--loopback", action="store_true", help="also valid for localhost, 127.0.0.1 and ::1")
     iss.add_argument("--ca", type=Path, help="directory holding ca.crt and ca.key (default: --out)")
     iss.add_argument("--out", required=True, type=Path, help="directory for NAME.crt, NAME.key and ca.crt")
@@ -206,8 +208,8 @@ def _init(args: argparse.Namespace) -> int:
 
 def _issue(args: argparse.Namespace) -> int:
     role, name = next((r, getattr(args, r)) for r in ROLES if getattr(args, r))
-    if args.address and role != "site":
-        print("ops certs: error: --address is for site certificates only", file=sys.stderr)
+    if args.address and role not in ("site", "relay"):
+        print("ops certs: error: --address is for site and relay certificates only", file=sys.stderr)
         return EXIT_USAGE
     addresses = tuple(args.address) + (LOOPBACK if args.loopback else ())
     try:

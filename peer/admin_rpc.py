@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from peer.config import ConfigError, parse_address
+from peer.config import ConfigError, check_peer_address
 from peer.join_errors import JoinFailed
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
 from peer.core.membership_types import MemberState
@@ -87,7 +87,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinRequest.seeds is empty: give host:port of a member")
         try:
             for seed in request.seeds:
-                parse_address(seed, "seed address")
+                check_peer_address(seed, "seed address")
             members = await self._node.join(request.seeds)
         except ConfigError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

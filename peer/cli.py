@@ -21,7 +21,7 @@ from pathlib import Path
 
 from peer import config as cfg
 from peer.dirlock import lock_dir
-from peer import logformat
+from peer import logformat, relay
 from peer.core.election import ElectionConfig
 from peer.core.lease_config import LeaseConfig
 from peer.logstore import CorruptStore
@@ -58,6 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ca.crt, SITE.crt, SITE.key from `ops certs`: serve and dial with mutual TLS")
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="plaintext gRPC, no identities: anyone who reaches the port is a member")
+    serve.add_argument("--role", choices=("site", "relay"), default="site",
+                       help="site (default): a member of the run; relay: only forward connections to outbound "
+                            "sites, on --listen, with a relay certificate (ops certs issue --relay NAME)")
+    serve.add_argument("--reach", choices=cfg.REACH,
+                       help="direct (default): other sites dial --advertise; outbound: this node accepts no "
+                            "inbound connection and is reached through --relay, which it dials out to")
+    serve.add_argument("--relay", action="append", metavar="HOST:PORT",
+                       help="a relay an outbound site holds a tunnel to (repeatable; two or more: no single "
+                            "point of failure)")
+    serve.add_argument("--proxy", metavar="URL",
+                       help="HTTP CONNECT proxy for every connection this peer opens, http://HOST:PORT "
+                            "(default: $https_proxy; $no_proxy honoured)")
+    serve.add_argument("--relay-listen", metavar="HOST:PORT",
+                       help="also relay for outbound sites on this address (this site must be dialable there)")
     serve.add_argument("--metrics-listen", metavar="HOST:PORT",
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; default off)")
     train = serve.add_argument_group("training (this site trains when --train is given)")
@@ -218,6 +232,10 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "metrics_listen": args.metrics_listen,
         "exchange_plane": args.exchange_plane,
         "overlap": None if args.overlap is None else args.overlap == "on",
+        "reach": args.reach,
+        "relays": args.relay,
+        "proxy": args.proxy,
+        "relay_listen": args.relay_listen,
         "trainer_threads": args.trainer_threads,
     }
     if args.config is not None:
@@ -267,6 +285,8 @@ async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str
 
 def _serve(args: argparse.Namespace) -> int:
     logformat.configure(args.log_level, args.log_format, args.site, dict)
+    if args.role == "relay":
+        return asyncio.run(relay.serve(args.site, args.listen or "0.0.0.0:7100", args.certs))
     try:
         config = _config_from(args)
     except cfg.ConfigError as err:

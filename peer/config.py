@@ -12,10 +12,17 @@ Layout (every key optional unless said; unknown keys are an error that names the
     preset = "wan"                    # lan | wan | local_test (peer.core.membership.MembershipConfig)
     probe_interval_s = 1.5            # any MembershipConfig field overrides the preset
 
-    [sites.lumi]
-    listen = "0.0.0.0:7001"           # where this site's gRPC server binds
-    advertise = "lumi-uan01:7001"     # address other sites use (defaults to listen)
-    join = ["snellius-int4:7001"]     # seeds: any running member
+    [sites.snellius]                  # a site whose peer runs where other sites can dial it
+    listen = "0.0.0.0:7001"
+    advertise = "sitemesh.snellius.example.org:7001"  # address other sites dial (defaults to listen)
+    relay_listen = "0.0.0.0:7100"     # also relay for outbound sites (default: no relay)
+
+    [sites.lumi]                      # compute nodes accept no inbound connection: lumi dials out
+    listen = "127.0.0.1:7001"         # where this site's gRPC server binds (only its tunnels reach it)
+    reach = "outbound"                # direct (default) | outbound: reached through its relays
+    relays = ["sitemesh.snellius.example.org:7100", "relay.example.org:7100"]
+    proxy = "http://proxy.lumi.example:3128"  # HTTP CONNECT proxy for all it dials (default: https_proxy)
+    join = ["sitemesh.snellius.example.org:7001"]     # seeds: any running member
     data_dir = "/scratch/project_x/sitemesh"
     accelerator = "4x MI250X"
     tokens_per_s = 0.0
@@ -49,9 +56,12 @@ from peer.core.lease_config import LeaseConfig
 from peer.core.rounds import RoundsConfig
 from peer.outer_config import OuterConfig
 from peer.trainer.config import TrainerConfig
+from peer.transport import route
 
 _ADDRESS_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 PRESETS = ("lan", "wan", "local_test")
+REACH = ("direct", "outbound")
+"""How other sites reach a peer: dialling its address, or through relays it dials out to."""
 """Named timing presets; each names a MembershipConfig, an ElectionConfig and a LeaseConfig classmethod."""
 # Tables of the run file that other components own; the peer accepts them without reading them.
 _FOREIGN_TOP = {"placement", "trainer", "data", "model"}
@@ -71,6 +81,18 @@ def parse_address(text: str, what: str = "address") -> tuple[str, int]:
     if port > 65535:
         raise ConfigError(f"malformed {what} {text!r}: port {port} is out of range 0-65535")
     return m.group("host"), port
+
+
+def check_peer_address(text: str, what: str = "address") -> None:
+    """A peer's dial address: `host:port`, or relay://SITE@RELAYS for a site reached through relays
+    (peer/transport/route.py); ConfigError saying what is wrong."""
+    if text.startswith(route.SCHEME):
+        try:
+            route.parse(text)
+        except route.BadRoute as err:
+            raise ConfigError(f"malformed {what}: {err}") from None
+    else:
+        parse_address(text, what)
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,19 @@ class PeerConfig:
     """Torch intra-op threads of the trainer worker; None: torch's default (one per core). Several
     sites on one machine (ops local_mesh) must share its cores: OpenMP threads spin-waiting for a
     core another trainer holds made a step ~10x slower (docs/decisions/trainer-cpu-fp32-one-thread.md)."""
+    reach: str = "direct"
+    """"direct": other sites dial `advertise`; "outbound": this site accepts no inbound connection
+    and is reached through `relays`, to which it holds tunnels it dialled out (peer/transport/tunnel.py);
+    it advertises relay://SITE@RELAYS (peer/transport/route.py)."""
+    relays: tuple[str, ...] = ()
+    """host:port of the relays an outbound site holds tunnels to (`peer serve --role relay`, or a
+    direct site's `relay_listen`): name two or more, so no relay is a single point of failure."""
+    proxy: str = ""
+    """HTTP CONNECT proxy every connection this peer opens goes through ("http://host:port"), for
+    compute nodes that reach out only through one; empty: the environment's https_proxy, if any
+    (no_proxy honoured)."""
+    relay_listen: str = ""
+    """host:port where this site also relays for outbound sites (it must be dialable there); empty: none."""
     overlap: bool = True
     """Train round r+1 while round r is exchanged and committed, folding θ_r in when it is applied
     (RoundsConfig.overlap, docs/decisions/rounds-overlap-fold.md); false: strictly serial rounds."""
@@ -138,7 +173,7 @@ class PeerConfig:
         if self.advertise:
             parse_address(self.advertise, "advertise address")
         for seed in self.join:
-            parse_address(seed, "seed address")
+            check_peer_address(seed, "seed address")
         if (self.trainer is None) != (self.rounds is None):
             raise ConfigError("trainer and rounds must be set together")
         if self.round_interval_s < 0:
@@ -158,6 +193,39 @@ class PeerConfig:
             raise ConfigError(f"exchange_plane {self.exchange_plane!r}: use one of {', '.join(PLANES)}")
         if self.join_timeout_s <= 0:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
+        self._check_reach()
+
+    def _check_reach(self) -> None:
+        if self.reach not in REACH:
+            raise ConfigError(f"reach {self.reach!r}: use one of {', '.join(REACH)}")
+        for relay in self.relays:
+            parse_address(relay, "relay address")
+        if self.relay_listen:
+            parse_address(self.relay_listen, "relay_listen address")
+        if self.proxy:
+            try:
+                route.host_port(self.proxy.removeprefix("http://").rstrip("/"))
+            except route.BadRoute as err:
+                raise ConfigError(f"proxy {self.proxy!r}: {err}; give http://HOST:PORT of an HTTP CONNECT proxy") \
+                    from None
+        if self.reach == "direct":
+            if self.relays:
+                raise ConfigError("relays are for reach = \"outbound\" sites: set reach = \"outbound\" or drop relays")
+            return
+        if not self.relays:
+            raise ConfigError("reach = \"outbound\" needs relays (host:port of `peer serve --role relay` or a "
+                              "direct site's relay_listen; two or more so none is a single point of failure)")
+        if self.advertise:
+            raise ConfigError("an outbound site advertises its relays (relay://SITE@RELAYS), not an address: "
+                              "drop advertise, or set reach = \"direct\"")
+        if self.insecure:
+            raise ConfigError("an outbound site proves itself to its relays with its certificate: give --certs")
+
+    def dial_address(self, bound: str) -> str:
+        """What other sites dial to reach this peer, whose server is bound at `bound`."""
+        if self.reach == "outbound":
+            return route.relayed_address(self.site, self.relays)
+        return self.advertise or bound
 
 
 def _check_keys(table: dict[str, Any], allowed: set[str], where: str, path: Path) -> None:
@@ -183,7 +251,7 @@ def _membership_from(table: dict[str, Any], path: Path) -> MembershipConfig:
 
 
 _SITE_KEYS = {"listen", "advertise", "join", "data_dir", "accelerator", "tokens_per_s", "certs", "metrics_listen",
-              "exchange_plane", "overlap"}
+              "exchange_plane", "overlap", "reach", "relays", "proxy", "relay_listen"}
 
 
 def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
@@ -224,8 +292,9 @@ def load(path: Path, site: str, overrides: dict[str, Any]) -> PeerConfig:
 def from_values(values: dict[str, Any]) -> PeerConfig:
     """Builds a PeerConfig from plain values, normalising types (lists, paths)."""
     values = dict(values)
-    if "join" in values:
-        values["join"] = tuple(values["join"])
+    for key in ("join", "relays"):
+        if key in values:
+            values[key] = tuple(values[key])
     for key in ("data_dir", "certs"):
         if values.get(key) is not None:
             values[key] = Path(values[key])

@@ -46,6 +46,7 @@ from peer.admin_rpc import AdminServicer
 from peer.applied_pointer import Applied, AppliedPointer
 from peer.join_errors import JoinFailed, JoinRefused
 from peer.dirlock import lock_dir
+from peer.reach import Reach
 from peer.transport.channels import ChannelPool, bind, new_server
 from peer.transport.guard import site_security
 from peer.transport.consensus_rpc import CONSENSUS
@@ -92,7 +93,8 @@ class Node:
         # Certificates are read here, so a missing or wrong one stops the peer before it binds.
         self.creds, self.guard = site_security(config.certs, config.site, config.run_name)
         self._server = new_server((self.guard,))
-        self._pool = ChannelPool(self.creds)
+        self.reach = Reach(config, self.creds)
+        self._pool = ChannelPool(self.creds, self.reach.dialer)
         delivery_timeout = max(config.membership.probe_timeout_s * 4, 1.0)
         self._gossip = OneWaySender(MEMBERSHIP, self._pool, delivery_timeout)
         self._consensus_sender = OneWaySender(CONSENSUS, self._pool, delivery_timeout)
@@ -132,7 +134,7 @@ class Node:
         """Who is let into membership at all: no duplicate site, no table overflow, no other run."""
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
-                                    config.exchange_plane, config.trainer_threads)
+                                    config.exchange_plane, config.trainer_threads, self.reach.dialer)
             rounds = dataclasses.replace(config.rounds, overlap=config.overlap)
             self.coordinator = Coordinator(self, training, rounds, config.leases)
 
@@ -142,7 +144,7 @@ class Node:
         host, _ = self.config.listen.rsplit(":", 1)
         self._lock = lock_dir(self.data_dir)
         port = bind(self._server, self.config.listen, self.creds)
-        self.address = self.config.advertise or f"{host}:{port}"
+        self.address = self.config.dial_address(f"{host}:{port}")
         if self.coordinator is not None:
             self.identity = await self._training_identity()
         now = self._clock()
@@ -185,21 +187,20 @@ class Node:
             self.metrics_port = metrics.serve(self, self.config.metrics_listen)
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.reach.start(port, bulk_plane.port if bulk_plane is not None else None, self.config.join_timeout_s)
         self.spawn(self._timer_loop())
         if self.coordinator is not None:
-            # Builds the trainer process (tokenizing the corpus on first use); the mesh already
-            # answers meanwhile, so this site is a live member that trains once ready.
+            # Builds the trainer (tokenizing on first use); meanwhile the site is a live member.
             await self.coordinator.start()
         return self.address
 
     async def _training_identity(self) -> agreement.TrainingIdentity:
-        """What this site trains, computed before it joins anything (a shard's content hash is cached,
-        so a restart costs a stat per shard and a tokenizer load)."""
-        trainer = self.config.trainer
-        assert trainer is not None
+        """What this site trains, computed before it joins anything (content hashes are cached: a
+        restart costs a stat per shard and a tokenizer load)."""
+        assert self.config.trainer is not None
         t0 = self._clock()
         try:
-            identity = await asyncio.to_thread(training_identity, trainer)
+            identity = await asyncio.to_thread(training_identity, self.config.trainer)
         except (OSError, ValueError) as err:
             raise TrainerError(f"what this site trains cannot be identified: {err}", fatal=True) from err
         log.info("trains %s (model, tokenizer, data by content; %.2f s to identify)", identity.fingerprint,
@@ -326,6 +327,7 @@ class Node:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._pool.close()
+        await self.reach.close()
         try:  # the bulk listener closes in training.close(): a successor may take the lock after
             if self.coordinator is not None:
                 await self.coordinator.training.close()

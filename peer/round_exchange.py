@@ -28,6 +28,7 @@ from peer.exchange.sources import FetchStats
 from peer.exchange.store import ExchangeStore, MeanInputs
 from peer.trainer.config import TrainerConfig
 from peer.transport.channels import PLAINTEXT, Credentials
+from peer.transport.dialer import Dialer
 
 log = logging.getLogger("sitemesh.training")
 
@@ -72,7 +73,9 @@ def check_weights(round_: int, named: dict[str, int], served: dict[str, int]) ->
 
 class RoundExchange:
     def __init__(self, site: str, trainer_config: TrainerConfig, creds: Credentials = PLAINTEXT,
-                 plane: str = DEFAULT_PLANE) -> None:
+                 plane: str = DEFAULT_PLANE, dialer: Dialer | None = None) -> None:
+        self._dialer = dialer
+        """Opens connections to the other sites' exchange (directly, through a proxy or a relay)."""
         self.site = site
         self._config = trainer_config
         self._wire = codec.WireDtype.named(trainer_config.wire)
@@ -209,7 +212,7 @@ class RoundExchange:
 
     def _client(self, address: str) -> ExchangeClient:
         if address not in self._clients:
-            self._clients[address] = ExchangeClient(address, self._creds, self._plane)
+            self._clients[address] = ExchangeClient(address, self._creds, self._plane, dialer=self._dialer)
         return self._clients[address]
 
     def _mean_shard(self, round_: int, inputs: MeanInputs) -> asyncio.Future[codec.Encoded]:

@@ -41,6 +41,7 @@ from peer.trainer.config import TrainerConfig
 from peer.trainer.process import Evaluation, TrainerError, TrainerProcess
 from peer.trainer.tensor_files import map_state, read_state, write_state
 from peer.transport.channels import PLAINTEXT, Credentials
+from peer.transport.dialer import Dialer
 
 log = logging.getLogger("sitemesh.training")
 
@@ -80,7 +81,8 @@ class HashMismatch(RuntimeError):
 
 class SiteTraining:
     def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig,
-                 creds: Credentials = PLAINTEXT, plane: str = DEFAULT_PLANE, threads: int | None = None) -> None:
+                 creds: Credentials = PLAINTEXT, plane: str = DEFAULT_PLANE, threads: int | None = None,
+                 dialer: Dialer | None = None) -> None:
         self._threads = threads
         """Torch intra-op threads of the trainer worker (None: torch's default, one per core)."""
         self.site = site
@@ -88,7 +90,7 @@ class SiteTraining:
         self.dir = self.states.dir
         self.trainer_config = trainer_config
         self.outer = outer
-        self.exchange = RoundExchange(site, trainer_config, creds, plane)
+        self.exchange = RoundExchange(site, trainer_config, creds, plane, dialer)
         self.process = TrainerProcess(threads)
         self.blocks: list[tuple[int, int]] = []
         self.weights: dict[str, torch.Tensor] = {}

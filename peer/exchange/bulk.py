@@ -22,7 +22,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
 import secrets
 import socket
 import ssl
@@ -42,6 +41,7 @@ from peer.exchange.service import Refusal, resolve_fetch
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.transport.channels import PLAINTEXT, Credentials
+from peer.transport.tls_context import server_tls
 
 log = logging.getLogger("sitemesh.exchange")
 
@@ -82,45 +82,6 @@ class BulkConfig:
             raise ValueError(f"invalid bulk config {self}: connections and tickets >= 1, port in [0, 65536)")
         if min(self.request_timeout_s, self.send_stall_s, self.ticket_ttl_s, self.accept_backoff_s) <= 0:
             raise ValueError(f"invalid bulk config {self}: timeouts must be > 0")
-
-
-def server_tls(creds: Credentials) -> ssl.SSLContext:
-    """The bulk listener's TLS: this site's certificate, clients must show one of the run CA."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=creds.ca.decode())
-    _load_own(ctx, creds)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def client_tls(creds: Credentials) -> ssl.SSLContext:
-    """A receiver's TLS: the server's certificate must chain to the run CA and name the host dialed
-    (as gRPC checks it); the receiver shows its own site certificate."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=creds.ca.decode())
-    _load_own(ctx, creds)
-    return ctx
-
-
-def _load_own(ctx: ssl.SSLContext, creds: Credentials) -> None:
-    # ssl loads certificates only from files and the credentials live in memory: hand it anonymous
-    # in-memory files (Linux memfd), so the private key never lands in /tmp, even for a moment.
-    if not hasattr(os, "memfd_create"):  # not Linux: a private temporary directory, removed at once
-        import tempfile
-        from pathlib import Path
-
-        with tempfile.TemporaryDirectory() as tmp:
-            cert, key = Path(tmp) / "c.pem", Path(tmp) / "k.pem"
-            cert.write_bytes(creds.cert)
-            key.write_bytes(creds.key)
-            ctx.load_cert_chain(cert, key)
-        return
-    fds = [os.memfd_create(name, os.MFD_CLOEXEC) for name in ("sitemesh-cert", "sitemesh-key")]
-    try:
-        for fd, data in zip(fds, (creds.cert, creds.key)):
-            os.write(fd, data)
-        ctx.load_cert_chain(*(f"/proc/self/fd/{fd}" for fd in fds))
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def error_frame(code: grpc.StatusCode, message: str) -> bytes:
@@ -405,12 +366,20 @@ class BulkTarget:
     token: bytes
     tls: ssl.SSLContext | None = None
     server_name: str = ""
-    """The name the server's certificate must carry (the host of the gRPC address)."""
+    """The name the server's certificate must carry (the host of the gRPC address; a relayed
+    site's name)."""
+    dial: Callable[[], socket.socket] | None = None
+    """Opens the byte stream to the plane (peer/transport/dialer.py: through a proxy or a relay);
+    None: connect to host:port."""
 
 
 def connect(target: BulkTarget, request: exchange_pb2.FetchRequest, timeout_s: float) -> socket.socket:
     """Opens the connection and sends the request (blocking; in the receiving thread)."""
-    sock = socket.create_connection((target.host, target.port), timeout=timeout_s)
+    if target.dial is None:
+        sock = socket.create_connection((target.host, target.port), timeout=timeout_s)
+    else:
+        sock = target.dial()
+        sock.settimeout(timeout_s)  # as create_connection leaves it: receive bounds silences by it
     try:
         if target.tls is not None:
             sock = target.tls.wrap_socket(sock, server_hostname=target.server_name or target.host)

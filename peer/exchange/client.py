@@ -18,6 +18,7 @@ which reads the range and names the fault it ended with.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
@@ -38,7 +39,8 @@ from peer.exchange.service import SERVICE
 from peer.exchange.sources import Attempt, ChunkSink, ChunkSource, FetchError, FetchStats, InThread, Retry, closed_under_us
 from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
-from peer.transport import channels
+from peer.transport import channels, route, tls_context
+from peer.transport.dialer import Dialer
 
 log = logging.getLogger("sitemesh.exchange")
 
@@ -75,14 +77,16 @@ class ExchangeClient:
     `plane`: "bulk" fetches chunk ranges over the peer's bulk data plane (peer/exchange/bulk.py)
     when it offers one (OpenBulk), else over FetchChunks, saying so once in the log; "grpc" always
     over FetchChunks. `bulk_address` (host:port) dials the bulk plane there instead of the host of
-    `address` and the ticket's port (a fault proxy or delay line in front of it).
+    `address` and the ticket's port (a fault proxy or delay line in front of it). `dialer` opens
+    both planes' connections the way `address` says (directly, through a proxy or a relay).
     """
 
     def __init__(self, address: str, creds: channels.Credentials = channels.PLAINTEXT, plane: str = DEFAULT_PLANE,
-                 bulk_address: str | None = None) -> None:
+                 bulk_address: str | None = None, dialer: Dialer | None = None) -> None:
         self._planes = PlaneChoice(plane)
         self.address = address
         self._creds = creds
+        self._dialer = dialer or channels.default_dialer()
         self._bulk_address = bulk_address
         self._bulk_tls: ssl.SSLContext | None = None
         self._spare: tuple[float, asyncio.Future[exchange_pb2.BulkTicket]] | None = None
@@ -90,7 +94,7 @@ class ExchangeClient:
         self._connect()
 
     def _connect(self) -> None:
-        self._channel = channels.open_channel(self.address, self._creds)
+        self._channel = channels.open_channel(self.address, self._creds, self._dialer)
         self._stub = exchange_pb2_grpc.ExchangeStub(self._channel)
         # FetchChunks with chunkwire's zero-copy parser instead of the generated Chunk.FromString.
         self._fetch_chunks = self._channel.unary_stream(
@@ -191,19 +195,19 @@ class ExchangeClient:
                      self.address, err.code().name, err.details())
             self._planes.no_bulk_plane()
             return None
-        host = self.address.rsplit(":", 1)[0].strip("[]")
-        port = ticket.port
-        if self._bulk_address is not None:
-            host, port_text = self._bulk_address.rsplit(":", 1)
-            port = int(port_text)
         tls = None
         if ticket.tls:
             if self._creds.plaintext:
                 raise FetchError(f"{self.address} serves its bulk plane over TLS but this peer has no certificates")
             if self._bulk_tls is None:
-                self._bulk_tls = bulk.client_tls(self._creds)
+                self._bulk_tls = tls_context.client_tls(self._creds)
             tls = self._bulk_tls
-        return bulk.BulkTarget(host, port, ticket.token, tls, self.address.rsplit(":", 1)[0].strip("[]"))
+        name = route.server_name(self.address)
+        if self._bulk_address is not None:
+            hop = route.host_port(self._bulk_address)
+            return bulk.BulkTarget(hop.host, hop.port, ticket.token, tls, name, functools.partial(self._dialer.tcp, hop))
+        dial = functools.partial(self._dialer.open, self.address, "bulk", ticket.port)
+        return bulk.BulkTarget(name, ticket.port, ticket.token, tls, name, dial)
 
     async def source(self, timeout_s: float) -> ChunkSource:
         """The chunk source of the next attempt on this peer: a bulk connection where the plane

@@ -6,7 +6,8 @@ Certificates come from `ops certs` (ops/certs.py): subject CN = name, OU = role,
 * a **site** may call the peer-to-peer services (membership, consensus, rounds, leases, exchange),
   and only with messages whose sender field names itself: a site cannot speak for another;
 * an **operator** may call `Admin/Leave`, `Admin/Join` and everything a reader may;
-* a **reader** may call `Admin/Status`, health and reflection only.
+* a **reader** may call `Admin/Status`, health and reflection only; so may a **relay**, which
+  forwards sites' connections it cannot read (peer/transport/relay_server.py) and is no site.
 
     .venv/bin/python -m pytest tests/unit/test_auth.py -q
 """
@@ -29,6 +30,9 @@ class Role(enum.Enum):
     SITE = "site"
     OPERATOR = "operator"
     READER = "reader"
+    RELAY = "relay"
+    """Forwards connections to sites that only dial out (peer/transport/relay_server.py): it reads
+    and forges nothing it forwards, and may call what a reader may."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def identity_of(cert_pem: bytes) -> Identity:
     try:
         parsed = Role(role)
     except ValueError:
-        raise BadCertificate(f"unknown role {role!r} in certificate: one of site, operator, reader") from None
+        raise BadCertificate(f"unknown role {role!r} in certificate: one of site, operator, reader, relay") from None
     return Identity(parsed, _one(cert, NameOID.COMMON_NAME, "name (CN)"),
                     _one(cert, NameOID.ORGANIZATION_NAME, "run id (O)"))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 
+from peer.transport.dialer import Dialer, Egress
 from peer.transport.front import Front, FrontedServer, SlotKeeper
 from peer.transport.intercept import SafeDecode
 from peer.transport.limits import CallLimiter
@@ -34,6 +35,10 @@ _OPTIONS: list[tuple[str, int]] = [
     # Each channel its own TCP connection: with gRPC's global pool a channel opened to escape a
     # wedged connection (ExchangeClient.reconnect) would share that very connection.
     ("grpc.use_local_subchannel_pool", 1),
+    # Proxies are the dialer's business (peer/transport/dialer.py reads https_proxy and no_proxy
+    # itself): gRPC's own reading of the environment would send relayed and loopback-forwarded
+    # connections to the proxy too.
+    ("grpc.enable_http_proxy", 0),
 ]
 
 
@@ -105,18 +110,41 @@ def channel_options(creds: Credentials = PLAINTEXT) -> list[tuple[str, int | str
     return options
 
 
-def open_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.aio.Channel:
-    """An asyncio channel to `host:port`."""
+_DEFAULT_DIALER: Dialer | None = None
+
+
+def default_dialer() -> Dialer:
+    """The process's dialer when none is given: the environment's proxy (`https_proxy`, `no_proxy`).
+    A peer passes its own (its run file's proxy); tools such as `ops` use this one."""
+    global _DEFAULT_DIALER
+    if _DEFAULT_DIALER is None:
+        _DEFAULT_DIALER = Dialer(Egress.from_env())
+    return _DEFAULT_DIALER
+
+
+def _dial(address: str, creds: Credentials, dialer: Dialer | None) -> tuple[str, list[tuple[str, int | str]]]:
+    target, name = (dialer or default_dialer()).grpc_target(address)
+    options = channel_options(creds)
+    if name and not creds.plaintext:  # a forwarded connection: the certificate names the peer, not 127.0.0.1
+        options.append(("grpc.ssl_target_name_override", name))
+    return target, options
+
+
+def open_channel(address: str, creds: Credentials = PLAINTEXT, dialer: Dialer | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to the peer at `address` (``host:port`` or a relayed address,
+    peer/transport/route.py), opened the way `dialer` says (default: `default_dialer()`)."""
+    target, options = _dial(address, creds, dialer)
     if creds.plaintext:
-        return grpc.aio.insecure_channel(address, options=channel_options(creds))
-    return grpc.aio.secure_channel(address, creds.client(), options=channel_options(creds))
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, creds.client(), options=options)
 
 
-def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT) -> grpc.Channel:
+def open_blocking_channel(address: str, creds: Credentials = PLAINTEXT, dialer: Dialer | None = None) -> grpc.Channel:
     """A blocking channel, for command-line tools that make one call and exit."""
+    target, options = _dial(address, creds, dialer)
     if creds.plaintext:
-        return grpc.insecure_channel(address, options=channel_options(creds))
-    return grpc.secure_channel(address, creds.client(), options=channel_options(creds))
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, creds.client(), options=options)
 
 
 HANDSHAKE_TIMEOUT_MS = 10_000
@@ -179,14 +207,15 @@ def bind(server: grpc.aio.Server, address: str, creds: Credentials = PLAINTEXT) 
 class ChannelPool:
     """One asyncio channel per peer address, shared by every service that talks to it."""
 
-    def __init__(self, creds: Credentials = PLAINTEXT) -> None:
+    def __init__(self, creds: Credentials = PLAINTEXT, dialer: Dialer | None = None) -> None:
         self._creds = creds
+        self._dialer = dialer
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address, self._creds)
+            channel = self._channels[address] = open_channel(address, self._creds, self._dialer)
         return channel
 
     async def close(self) -> None:

@@ -36,6 +36,7 @@ from peer.exchange.client import (
 from peer.exchange.sources import FetchError, InThread
 from peer.exchange.store import ExchangeStore
 from peer.gen.sitemesh.v1 import exchange_pb2
+from peer.transport import tls_context
 from peer.transport.channels import PLAINTEXT, Credentials
 from tests.support.exchange import decoded, random_model, rehashed, serving, serving_bulk
 
@@ -383,7 +384,7 @@ def test_under_mutual_tls_the_bulk_plane_is_tls_and_outsiders_read_nothing(
             # A certificate of another run's CA: the handshake fails, before any token is read.
             ticket = await client._stub.OpenBulk(exchange_pb2.BulkRequest())
             with pytest.raises((ssl.SSLError, ConnectionError)):
-                target = bulk.BulkTarget("localhost", server.port, ticket.token, bulk.client_tls(outsider))
+                target = bulk.BulkTarget("localhost", server.port, ticket.token, tls_context.client_tls(outsider))
                 sock = await asyncio.to_thread(bulk.connect, target, exchange_pb2.FetchRequest.FromString(
                     _request(enc)), 5.0)
                 await asyncio.to_thread(sock.recv, 1)  # TLS 1.3: the server's refusal arrives on the first read
@@ -447,7 +448,7 @@ def test_close_drops_open_connections_plain_and_tls(
         server = BulkServer(store, config, creds)
         async with serving_bulk(store, bulk=server, creds=creds):
             raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-            sock = bulk.client_tls(client_creds).wrap_socket(raw, server_hostname="localhost") if secure else raw
+            sock = tls_context.client_tls(client_creds).wrap_socket(raw, server_hostname="localhost") if secure else raw
             await asyncio.sleep(0.2)  # the server waits for the request now
             start = time.monotonic()
             server.close()
@@ -662,8 +663,8 @@ def test_the_private_key_is_loaded_without_a_temporary_file(
 
     monkeypatch.setattr(tempfile, "TemporaryDirectory", refuse)
     monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
-    assert bulk.server_tls(tls[0]).verify_mode == ssl.CERT_REQUIRED
-    bulk.client_tls(tls[1])
+    assert tls_context.server_tls(tls[0]).verify_mode == ssl.CERT_REQUIRED
+    tls_context.client_tls(tls[1])
 
 
 def test_the_ticket_is_asked_for_beside_the_manifests_long_poll_and_used_by_the_fetch() -> None:
