@@ -46,6 +46,7 @@ from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-expor
     Message,
     RefusalKind,
     implausible_epoch,
+    leader_not_known_yet,
     without_standing,
 )
 from peer.core.consensus_effects import (
@@ -98,6 +99,8 @@ class ConsensusCore:
     applied_index: LogIndex = LogIndex(0)
     role: Role = Role.FOLLOWER
     leader: SiteId | None = None
+    # The epoch `leader` was heard at: a candidate keeps the leader of the epoch before its own.
+    leader_epoch: Epoch = Epoch(0)
     # Votes refused until this time: the last contact with a live leader (or this peer's start)
     # plus election_timeout_min. Guards other leaders' leases (election.vote_decision).
     sticky_until: float = 0.0
@@ -180,12 +183,11 @@ class ConsensusCore:
         # not a joiner: only a joiner whose membership reported nobody yet trusts anyone.
         seated = (h.from_site in dict(voters) or h.from_site in self.members or self.log.ever_voter(h.from_site)
                   or not (voters or self.members))
-        if not seated and voters and h.epoch > self.hard.epoch and isinstance(msg, (AppendEntries, InstallSnapshot)):
-            # A leader elected while this peer was away (paused, cut off) may have joined meanwhile:
-            # neither its log nor its membership knows it yet, and both will. Refused, not implausible.
-            return [Rejected(h.from_site, type(msg).__name__, f"{h.from_site or '(no name)'} leads epoch {h.epoch}, "
-                             f"newer than ours ({self.hard.epoch}), and is no voter or member this peer knows yet",
-                             RefusalKind.ROUTINE)]
+        # A leader that joined while this peer was away waits until membership or the log seats it.
+        heard = self.leader if self.leader_epoch == self.hard.epoch else None
+        waits = leader_not_known_yet(msg, seated, bool(voters), self.hard.epoch, heard)
+        if waits is not None:
+            return [Rejected(h.from_site, type(msg).__name__, waits, RefusalKind.ROUTINE)]
         leading = self.hard.epoch if self.role is Role.LEADER else None
         implausible = without_standing(msg, seated, self.next_index, leading, self.log.last_index)
         if implausible is not None:
@@ -384,7 +386,7 @@ class ConsensusCore:
         self._reset_election_timer()
 
     def _become_leader(self, effects: list[Effect]) -> None:
-        self.role, self.leader = Role.LEADER, self.site
+        self.role, self.leader, self.leader_epoch = Role.LEADER, self.site, self.hard.epoch
         self.became_leader_at = self.now
         self.next_index = {}
         self.match_index, self.ack_time, self.sent_at = {}, {}, {}
@@ -467,7 +469,7 @@ class ConsensusCore:
     def _follow(self, h: Header, effects: list[Effect]) -> None:
         if self.leader != h.from_site:
             effects.append(LeaderChanged(h.from_site, h.epoch))
-        self.role, self.leader, self.votes = Role.FOLLOWER, h.from_site, set()
+        self.role, self.leader, self.leader_epoch, self.votes = Role.FOLLOWER, h.from_site, h.epoch, set()
         self.sticky_until = self.now + self.config.election_timeout_min_s
         self.sticky_why = f"leader {h.from_site} heard within the election timeout (its lease holds)"
         self._reset_election_timer()

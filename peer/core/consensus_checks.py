@@ -16,7 +16,9 @@ at the wire's bound that nobody can increment, a repaired log the leader never r
 * **Standing**: every message comes from a voter of this peer's configurations or a member its
   membership knows (a peer with no voters yet trusts anyone); a leader takes replies only from
   sites it replicated to, and acks only within its own log; entries must be consecutive and no
-  newer than their leader's epoch.
+  newer than their leader's epoch. Entries from a site this peer does not know yet, at an epoch
+  whose leader it has not heard, wait (`leader_not_known_yet`): a leader that joined while this
+  peer was away.
 
 A refusal is a `Rejected` effect with a `RefusalKind`; it never changes state, durable or not.
 docs/decisions/security-consensus-standing.md.
@@ -104,6 +106,30 @@ def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, cl
         return None
     return (f"implausible epoch {claimed}: more than {MAX_EPOCH_JUMP} above ours ({epoch}) from {sender}, "
             f"and no majority of the voters is there")
+
+
+def leader_not_known_yet(msg: Message, seated: bool, has_voters: bool, epoch: Epoch,
+                         leader: SiteId | None) -> str | None:
+    """Why entries or a snapshot from a site this peer does not know (`seated` False) wait, or None
+    (then `without_standing` judges them). A leader elected while this peer was away (paused, cut
+    off) may have joined meanwhile: neither this peer's log nor its membership knows it yet, and
+    both will (membership's gossip reports it within a detection time; the entry that seated it is
+    among those the leader sends once it is believed). That leader's epoch is above this peer's, or
+    is this peer's own while it has heard no leader of it: a voter's refusal of its pre-vote, or a
+    candidate's request, moves a peer to an epoch without naming the epoch's leader. `leader`: the
+    leader this peer heard at `epoch` (itself when it leads), None if none; an unknown site that
+    claims an epoch whose leader this peer heard is a second leader (I1), and a peer with no voters
+    (a joiner, whose membership reports the members first) has no seat to wait for: both are
+    implausible. Waiting changes nothing, and the leader retries at its next heartbeat."""
+    if seated or not has_voters or not isinstance(msg, (AppendEntries, InstallSnapshot)):
+        return None
+    sender, claimed = msg.header.from_site or "(no name)", msg.header.epoch
+    unknown = "and is no voter or member this peer knows yet"
+    if claimed > epoch:
+        return f"{sender} leads epoch {claimed}, newer than ours ({epoch}), {unknown}"
+    if claimed == epoch and leader is None:
+        return f"{sender} leads epoch {claimed}, ours, whose leader this peer has not heard yet, {unknown}"
+    return None
 
 
 def without_standing(msg: Message, seated: bool, replicated: Collection[SiteId], leading: Epoch | None,

@@ -41,6 +41,11 @@ SEEDS = range(6)
 """Seeds whose runs are checked in detail (and shared, cached, by the tests that read them)."""
 CI_SEEDS = range(100)
 """The bounded sweep CI runs (two processes: about 45 s on two cores)."""
+REGRESSION_SEEDS = (30378,)
+"""Seeds outside CI_SEEDS that a sweep of fresh seeds once found violating an invariant, each run as
+found (`--members 5 --faults all`): 30378, a peer stopped while the late joiner became leader moved
+to the joiner's epoch by its voters' refusals and then refused the joiner as implausible
+(docs/decisions/security-consensus-standing.md)."""
 ALL = parse_kinds("all")
 
 
@@ -146,6 +151,13 @@ def test_a_bounded_sweep_of_every_fault_finds_no_violation(capsys: pytest.Captur
     assert last.startswith(f"seeds={len(CI_SEEDS)} events=") and last.endswith(" violations=0"), last
     totals = dict(kv.split("=") for kv in counters.removeprefix("counters: ").split())
     assert set(totals) == set(peer_sim.COUNTERS) and all(v.isdigit() for v in totals.values()), counters
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+def test_seeds_that_once_found_a_violation_hold_every_invariant(seed: int) -> None:
+    _, res = simulate(seed, PeerSimConfig(sites=5, faults=ALL))
+    replay = f"replay: ops simulate --protocol peer --members 5 --faults all --seed {seed} --trace"
+    assert res.violations == [], (res.violations, replay)
 
 
 def test_contributions_admitted_without_vouchers_are_reported_with_a_replay_command(

@@ -25,7 +25,7 @@ from peer.core.commitlog import (
 )
 from peer.core.consensus import ConsensusCore
 from peer.core.consensus_effects import Rejected, Status
-from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind
+from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind, leader_not_known_yet
 from peer.core.election import Epoch, Header, RequestVote, SiteId, VoteReply
 from peer.logstore import MemoryStore
 from peer.sim.consensus_cluster import SIM_CONFIG, _App
@@ -82,6 +82,27 @@ def test_a_snapshot_from_a_site_that_never_joined_is_refused() -> None:
     assert [(type(e), e.kind) for e in newer] == [(Rejected, RefusalKind.ROUTINE)], newer  # type: ignore[attr-defined]
     assert _snapshot_status(core) == before
     _commits_on(net, leader)
+
+
+@pytest.mark.parametrize("seated,voters,claimed,leader,waits", [
+    (False, True, 6, "a", "d leads epoch 6, newer than ours (5)"),  # elected while this peer was away
+    (False, True, 5, None, "d leads epoch 5, ours, whose leader this peer has not heard yet"),  # seed 30378
+    (False, True, 5, "a", None),  # this epoch's leader is known: d would be a second one (I1)
+    (False, True, 5, "me", None),  # this peer leads the epoch
+    (False, False, 6, None, None),  # a joiner: its membership reports the members before any entries
+    (True, True, 5, None, None),  # a site this peer knows: the other checks judge it
+])
+def test_entries_from_a_site_not_known_yet_wait_only_where_an_honest_leader_could_send_them(
+        seated: bool, voters: bool, claimed: int, leader: str | None, waits: str | None) -> None:
+    """peer/core/consensus_checks.leader_not_known_yet: a leader that joined while this peer (epoch
+    5) was away is refused as ROUTINE until its seat is known; None means the standing check judges."""
+    snap = Snapshot(LogIndex(10), Epoch(claimed), Round(3), b"w", ((SiteId("d"), "d:7000"),))
+    for msg in (AppendEntries(_header("d", claimed), LogIndex(10), Epoch(claimed), (), LogIndex(9), 1),
+                InstallSnapshot(_header("d", claimed), snap, 1)):
+        why = leader_not_known_yet(msg, seated, voters, Epoch(5), SiteId(leader) if leader else None)
+        assert (why is None) if waits is None else (why is not None and why.startswith(waits)), why
+    vote = RequestVote(_header("d", claimed), Epoch(claimed), 10, Epoch(5), False)
+    assert leader_not_known_yet(vote, seated, voters, Epoch(5), None) is None
 
 
 def test_an_ack_beyond_the_leaders_log_is_refused() -> None:

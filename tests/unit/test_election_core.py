@@ -1,9 +1,11 @@
 """Elections through the consensus core on a manual clock: one leader, epochs, lease, CheckQuorum,
-stale-epoch fencing, paused leader, restart with a stale epoch. Harness: peer.sim.lockstep.Lockstep."""
+stale-epoch fencing, paused leader, restart with a stale epoch, a paused follower woken under a leader
+that joined meanwhile. Harness: peer.sim.lockstep.Lockstep."""
 
 from __future__ import annotations
 
 from peer.core.commitlog import AppendEntries, Epoch, LogIndex, PersistHardState
+from peer.core.consensus_checks import RefusalKind
 from peer.core.consensus_effects import LeaderChanged, Rejected, Send
 from peer.core.election import Header, RequestVote, Role, SiteId
 from peer.sim.consensus_cluster import SIM_CONFIG
@@ -150,3 +152,55 @@ def test_partitioned_peer_does_not_disrupt_the_leader_when_it_returns() -> None:
     net.blocked = set()
     net.run_for(2 * E_MAX)
     assert net.leader() == leader and net.cluster.core(leader).hard.epoch == epoch
+
+
+def test_a_paused_follower_defers_a_leader_that_joined_while_it_was_stopped() -> None:
+    """Whole-peer simulator seed 30378: s2 was stopped (SIGSTOP) before the late joiner s4 became a
+    voter, and s4 led when s2 woke. s2's pre-vote was refused by voters already at s4's epoch, so s2
+    moved to that epoch without hearing its leader; s4's next heartbeat, at s2's own epoch now, from
+    a site neither s2's log nor its membership knew, was refused as implausible (which no honest
+    message is). It is deferred (ROUTINE, nothing changes) until membership reports the joiner; then
+    s2 follows it and learns the joiner's seat from the log it sends."""
+    net = Lockstep(4)
+    leader = _elect(net)
+    net.propose(leader)
+    net.run_for(0.2)
+    sleeper, *awake = [s for s in net.cluster.live() if s != leader]
+    net.paused.add(sleeper)
+    joiner = SiteId("s04")
+    net.cluster.start(joiner, net.t)
+    for s in [leader, *awake]:
+        net.cluster.core(s).member_alive(joiner, f"{joiner}:7000")
+    old = net.cluster.core(leader)
+    assert net.run_until(lambda: joiner in dict(old.log.voters_at(old.commit_index)), timeout=2.0)
+    # The joiner is elected: the old leader stops, and the awake followers reach only the joiner.
+    net.cluster.crash(leader)
+    net.blocked = {(a, b) for a in awake for b in net.cluster.cores if b != joiner}
+    assert net.run_until(lambda: net.leader() == joiner, timeout=10 * E_MAX)
+    net.blocked = set()
+    lead, core = net.cluster.core(joiner), net.cluster.core(sleeper)
+    assert joiner not in dict(core.log.voters()) and joiner not in core.members
+    assert core.hard.epoch < lead.hard.epoch
+    # SIGCONT: its election timer fires, the awake voters' refusals take it to the joiner's epoch,
+    # and the joiner's heartbeats of that epoch reach it (the cluster raises at an implausible refusal).
+    net.paused.discard(sleeper)
+    net.run_for(2 * E_MAX)
+    epoch = lead.hard.epoch
+    assert (core.hard.epoch, core.leader, net.leader()) == (epoch, None, joiner)
+    before = core.status()
+    heartbeat = AppendEntries(Header(joiner, f"{joiner}:7000", epoch, 0), LogIndex(lead.log.last_index),
+                              lead.log.last_epoch, (), lead.commit_index, 99)
+    [deferred] = core.receive(heartbeat, net.t)
+    assert isinstance(deferred, Rejected) and deferred.kind is RefusalKind.ROUTINE, deferred
+    assert "has not heard" in deferred.reason and core.status() == before, deferred
+    # Membership catches up (its gossip after SIGCONT): the sleeper follows the joiner and its log
+    # gets the joiner's seat.
+    core.member_alive(joiner, f"{joiner}:7000")
+    assert net.run_until(lambda: core.leader == joiner and core.commit_index == lead.commit_index,
+                         timeout=2.0)
+    assert joiner in dict(core.log.voters()) and net.leader() == joiner
+    # A site that never joined is refused as implausible at an epoch whose leader this peer knows.
+    stranger = AppendEntries(Header(SiteId("d"), "d:7000", core.hard.epoch, 0), LogIndex(0), Epoch(0), (),
+                             LogIndex(0), 1)
+    [no] = core.receive(stranger, net.t)
+    assert isinstance(no, Rejected) and no.kind is RefusalKind.IMPLAUSIBLE, no
