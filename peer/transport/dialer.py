@@ -46,6 +46,9 @@ class Egress:
     proxy: Direct | None = None
     no_proxy: tuple[str, ...] = ()
     """Host names, domain suffixes (".cluster.local" or "cluster.local") and "*" as curl reads them."""
+    loopback_direct: bool = True
+    """Loopback is dialled directly: a proxy taken from the environment (set for pip on a login
+    node, say) must not catch a local mesh. A proxy the run file names applies to loopback too."""
 
     @classmethod
     def from_env(cls, proxy: str = "", no_proxy: str | None = None) -> Egress:
@@ -60,11 +63,11 @@ class Egress:
                 hop = route.host_port(bare)
             except route.BadRoute as err:
                 raise ValueError(f"proxy {text!r}: {err}; give http://HOST:PORT (an HTTP CONNECT proxy)") from None
-        return cls(hop, tuple(s.strip() for s in skip.split(",") if s.strip()))
+        return cls(hop, tuple(s.strip() for s in skip.split(",") if s.strip()), loopback_direct=not proxy)
 
     def proxy_for(self, host: str) -> Direct | None:
         """The proxy to reach `host` through, or None to dial it directly."""
-        if self.proxy is None or host in _LOOPBACK:
+        if self.proxy is None or (self.loopback_direct and host in _LOOPBACK):
             return None
         for entry in self.no_proxy:
             if entry == "*" or host == entry.lstrip(".") or host.endswith("." + entry.lstrip(".")):

@@ -70,6 +70,7 @@ def test_egress_proxy_honours_no_proxy_and_never_proxies_loopback(monkeypatch: p
     assert egress.proxy_for("login1") is None
     assert egress.proxy_for("127.0.0.1") is None
     assert Egress.from_env("http://other:8080", no_proxy="*").proxy_for("relay.example.org") is None
+    assert Egress.from_env("http://other:8080", no_proxy="").proxy_for("127.0.0.1") == Direct("other", 8080)
     monkeypatch.delenv("https_proxy")
     assert Egress.from_env().proxy is None
     with pytest.raises(ValueError, match="HTTP CONNECT proxy"):

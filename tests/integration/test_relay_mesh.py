@@ -1,0 +1,188 @@
+"""Sites that accept no inbound connection, reached through relays they dial out to: real peers,
+real relays (`peer serve --role relay`), a real HTTP CONNECT proxy (Debian tinyproxy), mutual TLS.
+
+On loopback every port is dialable, so what makes a site "outbound" here is what it advertises
+(relay://SITE@RELAYS): every other peer reaches it only through a relay, and the relays' own
+counts and logs show the traffic went there. tests/integration/test_relay_netns.py puts the sites
+in network namespaces where nftables really drops inbound connections.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ops.certs import LOOPBACK, issue, make_run
+from tests.integration.peers import REPO, Cluster, _env, audit, commits, wait_for
+from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
+
+DOCS = 8
+TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
+         "--round-deadline", "60", "--start-sites", "3"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Relay:
+    """A `peer serve --role relay` process on loopback."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        if not (cluster.certs / "ca.crt").exists():
+            make_run("test", cluster.certs, [], operators=("operator",))
+        if not (cluster.certs / f"{name}.crt").exists():
+            issue(cluster.certs, name, "relay", cluster.certs, LOOPBACK)
+        self.log_path = cluster.workdir / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "peer.cli", "serve", "--role", "relay", "--site", name, "--listen", "127.0.0.1:0",
+             "--certs", str(cluster.certs)],
+            stdout=subprocess.PIPE, stderr=self.log_path.open("a"), text=True, env=_env(), cwd=REPO)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, f"relay {name} did not start: {line!r} {self.log_path.read_text()}"
+        self.address = line.strip().rsplit(" ", 1)[-1]
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> str:
+        """SIGTERM; the relay's last line (what it forwarded and what that cost)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        assert self.proc.stdout is not None
+        return self.proc.stdout.read().strip().splitlines()[-1]
+
+
+@pytest.fixture
+def tinyproxy(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real HTTP CONNECT proxy on loopback: (its URL, its log)."""
+    binary = shutil.which("tinyproxy")
+    if binary is None:
+        pytest.skip("tinyproxy is not installed (scripts/setup_slurm_packages.sh installs it as root)")
+    port, log = _free_port(), tmp_path / "tinyproxy.log"
+    conf = tmp_path / "tinyproxy.conf"
+    conf.write_text(f'Port {port}\nListen 127.0.0.1\nTimeout 600\nAllow 127.0.0.1\nLogFile "{log}"\n'
+                    "LogLevel Connect\nMaxClients 200\n")
+    proc = subprocess.Popen([binary, "-d", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _listening(port), 10, "tinyproxy to listen")
+        yield f"http://127.0.0.1:{port}", log
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _outbound(relays: list[Relay | str], proxy: str = "") -> list[str]:
+    args = ["--reach", "outbound"]
+    for relay in relays:
+        args += ["--relay", relay if isinstance(relay, str) else relay.address]
+    return args + (["--proxy", proxy] if proxy else [])
+
+
+def _alive(cluster: Cluster, site: str) -> set[str]:
+    doc = cluster.status(cluster.peers[site].address)
+    return {m["site"] for m in doc["members"] if m["state"] == "alive"}
+
+
+@pytest.mark.timeout(300)
+def test_outbound_sites_join_through_relays_and_a_proxy_and_outlive_a_relay(tmp_path: Path,
+                                                                          tinyproxy: tuple[str, Path]) -> None:
+    proxy, proxy_log = tinyproxy
+    cluster = Cluster(tmp_path, tls=True)
+    relay_port = _free_port()
+    try:
+        # a is direct and relays too; r1 only relays. b and c name r1 first, so r1 carries them.
+        a = cluster.start("a", extra=["--round-interval", "0.5", "--relay-listen", f"127.0.0.1:{relay_port}"])
+        r1 = Relay(cluster, "r1")
+        both = [r1.address, f"127.0.0.1:{relay_port}"]
+        b = cluster.start("b", join=[a.address], extra=["--round-interval", "0.5", *_outbound(list(both))])
+        c = cluster.start("c", join=[a.address], extra=["--round-interval", "0.5", *_outbound(list(both), proxy)])
+        assert b.address == f"relay://b@{','.join(both)}"
+        wait_for(lambda: all(_alive(cluster, s) == {"a", "b", "c"} for s in "abc"), 60, "three members alive")
+        # An operator's tool reaches an outbound site by its relayed address too.
+        assert cluster.status(c.address)["leader"] in {"a", "b", "c"}
+        # c reached its relays through the proxy only: the proxy's log shows its CONNECTs to them.
+        connects = proxy_log.read_text()
+        assert f"CONNECT {r1.address}" in connects and f"CONNECT 127.0.0.1:{relay_port}" in connects
+
+        r1.kill()  # kill -9 of the relay carrying b and c: they move to a's relay
+        committed = {s: cluster.status(cluster.peers[s].address)["committed_round"] for s in "abc"}
+        wait_for(lambda: all(cluster.status(cluster.peers[s].address)["committed_round"] >= committed[s] + 6
+                             for s in "abc"), 60, "rounds to go on after the relay died")
+        assert all(_alive(cluster, s) == {"a", "b", "c"} for s in "abc"), "nobody was taken for dead"
+        assert "reaching b through relay" in a.log() and "reaching c through relay" in a.log()
+    finally:
+        cluster.close()
+
+
+def test_an_outbound_site_that_no_relay_takes_does_not_join_half_working(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, tls=True)
+    try:
+        a = cluster.start("a")
+        dead = f"127.0.0.1:{_free_port()}"
+        started = time.monotonic()
+        with pytest.raises(AssertionError, match="did not start") as err:
+            cluster.start("b", join=[a.address], extra=[*_outbound([dead]), "--join-timeout", "3"])
+        assert time.monotonic() - started < 60
+        log = (tmp_path / "b.log").read_text()
+        assert f"no relay took b's tunnel within 3 s ({dead}: " in log and "peer serve --role relay" in log, log
+        assert str(err.value)
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(900)
+def test_three_outbound_sites_train_through_two_relays_and_lose_nothing_when_one_dies(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, tls=True, preset="lan")
+    try:
+        r1, r2 = Relay(cluster, "r1"), Relay(cluster, "r2")
+        relays: list[Relay | str] = [r1, r2]
+        a = cluster.start("a", extra=[*TRAIN, *_outbound(relays)])
+        for site in ("b", "c"):
+            cluster.start(site, join=[a.address], extra=[*TRAIN, *_outbound(relays)])
+
+        def rounds_with_all() -> list[int]:
+            return [c.round for c in commits(tmp_path / "a") if len(c.contributors) == 3]
+
+        wait_for(lambda: len(rounds_with_all()) >= 1, 400, "a round every site contributed to")
+        before = len(rounds_with_all())
+        r1.kill()  # every site named r1 first: it carried the exchange
+        wait_for(lambda: len(rounds_with_all()) >= before + 1 or _done(cluster), 400,
+                 "a round with every site after the relay died")
+        wait_for(lambda: _done(cluster), 600, "the epoch to complete")
+        wait_for(lambda: len({cluster.status(cluster.peers[s].address)["training"]["applied_round"]
+                              for s in "abc"}) == 1, 120, "every site to apply the last round")
+        hashes = {cluster.status(cluster.peers[s].address)["training"]["weights_hash"] for s in "abc"}
+        assert len(hashes) == 1, "I7: every peer holds the same θ"
+        counts = _committed_samples(tmp_path / "a")
+        assert max(counts.values()) == 1 and set(counts) == _epoch_samples_of(DOCS)
+        epoch = audit(*(tmp_path / s for s in "abc"))
+        assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
+        assert "forwarded" in r2.stop()
+    finally:
+        cluster.close()
+
+
+def _done(cluster: Cluster) -> bool:
+    return bool(cluster.status(cluster.peers["a"].address)["training"]["epoch_complete"])
