@@ -7,7 +7,7 @@
 
 `ops status --json` prints a stable document (documented in docs/ops.md):
     {"self": SITE, "uptime_s": float, "version": str,
-     "members": [{"site", "address", "state", "incarnation", "last_heard_s", "meta"}, ...],
+     "members": [{"site", "address", "state", "incarnation", "last_heard_s", "rtt_ms", "path", "meta"}, ...],
      "leader": SITE or null, "epoch": int, "committed_round": int, "voters": [SITE, ...],
      "consensus": {"role", "lease_remaining_s", "commit_index", "applied_index"},
      "training": null or {"applied_round", "weights_hash", "samples_committed", "samples_total",
@@ -102,6 +102,8 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
                 "state": membership_pb2.MemberState.Name(mem.state).removeprefix("MEMBER_STATE_").lower(),
                 "incarnation": mem.incarnation,
                 "last_heard_s": round(mem.last_heard_s, 3),
+                "rtt_ms": round(1000 * mem.rtt_s, 1) if mem.HasField("rtt_s") else None,
+                "path": mem.path,
                 "meta": {
                     "role": mem.meta.role,
                     "accelerator": mem.meta.accelerator,
@@ -199,7 +201,7 @@ def _timeline_table(timelines: dict[str, dict[str, Any] | None | str]) -> str:
 
 
 def _table(doc: dict[str, Any]) -> str:
-    rows = [("SITE", "ADDRESS", "STATE", "INC", "HEARD", "ROLE", "ACCELERATOR", "TOK/S")]
+    rows = [("SITE", "ADDRESS", "STATE", "INC", "HEARD", "RTT", "PATH", "ROLE", "ACCELERATOR", "TOK/S")]
     for mem in doc["members"]:
         me = mem["site"] == doc["self"]
         rows.append((
@@ -208,6 +210,8 @@ def _table(doc: dict[str, Any]) -> str:
             mem["state"],
             str(mem["incarnation"]),
             "-" if me else f"{mem['last_heard_s']:.1f}s",
+            "-" if mem["rtt_ms"] is None else f"{mem['rtt_ms']:.0f}ms",
+            mem["path"] or "-",
             mem["meta"]["role"],
             mem["meta"]["accelerator"] or "-",
             f"{mem['meta']['tokens_per_s']:.0f}",

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from peer.config import ConfigError, check_peer_address
+from peer.reach import Reach
+from peer.transport.route import BadRoute
 from peer.join_errors import JoinFailed
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
 from peer.core.membership_types import MemberState
@@ -63,15 +65,19 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             ))
             if coord.last_timeline is not None:
                 reply.training.last_round.CopyFrom(timeline_to_proto(coord.last_timeline))
+        reach = self._node.reach
         for view in self._node.members():
+            me = view.site == self._node.config.site
             reply.members.append(
                 admin_pb2.MemberStatus(
                     site=view.site,
                     address=view.address,
                     state=membership_pb2.MemberState.Value(f"MEMBER_STATE_{view.state.name}"),
                     incarnation=view.incarnation,
-                    last_heard_s=0.0 if view.site == self._node.config.site else max(now - view.last_heard, 0.0),
+                    last_heard_s=0.0 if me else max(now - view.last_heard, 0.0),
                     meta=to_proto(view.meta, common_pb2.MemberMeta) if view.meta else None,
+                    rtt_s=view.rtt_s,
+                    path=reach.describe() if me else _path(reach, view.address),
                 )
             )
         return reply
@@ -94,3 +100,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         except JoinFailed as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         return admin_pb2.JoinReply(members=members)
+
+    async def DialBack(self, request, context):  # noqa: N802
+        try:
+            check_peer_address(request.address, "address to dial back")
+        except ConfigError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return await self._node.reach.dial_back(request.address, request.from_site)
+
+
+def _path(reach: Reach, address: str) -> str:
+    """How this peer dials `address`; an address no route can be read from says so."""
+    try:
+        return reach.dialer.path(address)
+    except BadRoute as err:
+        return f"unknown ({err})"

@@ -29,6 +29,7 @@ from peer.core.membership import MembershipConfig
 from peer.heldout import default_eval_every
 from peer.join_errors import JoinFailed
 from peer.node import Node
+from peer.reach import NotReachable
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
@@ -271,9 +272,10 @@ async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str
         print(f"peer {config.site} metrics on http://{host}:{node.metrics_port}/metrics", flush=True)
     try:
         if config.join:
+            await node.reach.check_reachable(address, config.join)
             members = await node.join(config.join)
             print(f"peer {config.site} joined: {members} members", flush=True)
-    except JoinFailed as err:
+    except (JoinFailed, NotReachable) as err:
         print(f"peer: error: {err}", file=sys.stderr)
         node.stop()
         await node.wait_stopped()

@@ -24,6 +24,7 @@ from peer.core.timeline import RoundClock, RoundTimeline
 from peer.heldout import HeldOut
 from peer.leasing import Leasing
 from peer.peer_events import PeerEvents
+from peer.reach import Reach
 from peer.training import SiteTraining
 from peer.transport.channels import Credentials
 
@@ -89,6 +90,8 @@ class PeerView(Protocol):
     config: PeerConfig
     events: PeerEvents
     refused: Counter[tuple[str, str, str]]
+    reach: Reach
+    """How it reaches the others and is reached (the path column of `ops status`)."""
 
     @property
     def coordinator(self) -> TrainingView | None: ...

@@ -32,6 +32,7 @@ class Member:
     incarnation: int
     since: float  # when `state` was entered: bounds gossip to the dead
     last_heard: float  # last message from it, or last state change
+    rtt_s: float | None = None  # the last direct probe's round trip (ops status); None before one
 
     @property
     def address(self) -> str:
@@ -72,12 +73,12 @@ class MemberTable:
         """Our view of one member (None if unknown); O(1), for callers polling one member."""
         m = self._me if site == self.site else self._members.get(site)
         return None if m is None else MemberView(m.site, m.address, m.state, m.incarnation,
-                                                 m.last_heard, m.meta)
+                                                 m.last_heard, m.meta, m.rtt_s)
 
     def members(self) -> list[MemberView]:
         """Every member we know of, us included, sorted by site."""
         rows = [self._me, *self._members.values()]
-        return [MemberView(m.site, m.address, m.state, m.incarnation, m.last_heard, m.meta)
+        return [MemberView(m.site, m.address, m.state, m.incarnation, m.last_heard, m.meta, m.rtt_s)
                 for m in sorted(rows, key=lambda m: m.site)]
 
     def _add(self, u: MemberUpdate, now: float) -> Member:

@@ -75,6 +75,7 @@ class _Probe:
     seq: int
     timeout_at: float  # direct Ack deadline; inf once the indirect probes are out
     deadline: float  # end of the period: still no Ack means SUSPECT
+    sent: float  # when the Ping went: a direct Ack measures the round trip
     expected_nacks: int = 0
     nacks: int = 0
 
@@ -265,7 +266,7 @@ class Membership(MemberTable):
         if target is None:
             return []
         seq = self._next_seq()
-        self._probe = _Probe(target.site, seq, now + self.config.probe_timeout_s * h, now + period)
+        self._probe = _Probe(target.site, seq, now + self.config.probe_timeout_s * h, now + period, now)
         return [Send(target.address, Ping(seq, self.site, self.address, target.site,
                                           self._updates_for((target.site,))))]
 
@@ -299,6 +300,9 @@ class Membership(MemberTable):
         if p is not None and p.seq == msg.seq:
             self._probe = None
             self._awareness.apply(-1)
+            member = self._members.get(p.target)
+            if member is not None and p.timeout_at != _INF:  # direct: an indirect Ack's trip has a detour
+                member.rtt_s = now - p.sent
             return []
         relay = self._relays.pop(msg.seq, None)
         if relay is None:

@@ -174,3 +174,5 @@ class MemberView:
     incarnation: int
     last_heard: float
     meta: MemberMeta | None
+    rtt_s: float | None = None
+    """Round trip of this member's last direct probe (Ping to Ack), transport included; None before one."""

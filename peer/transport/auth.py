@@ -6,6 +6,7 @@ Certificates come from `ops certs` (ops/certs.py): subject CN = name, OU = role,
 * a **site** may call the peer-to-peer services (membership, consensus, rounds, leases, exchange),
   and only with messages whose sender field names itself: a site cannot speak for another;
 * an **operator** may call `Admin/Leave`, `Admin/Join` and everything a reader may;
+* a site may also call `Admin/DialBack` for itself (a joining site's reachability check);
 * a **reader** may call `Admin/Status`, health and reflection only; so may a **relay**, which
   forwards sites' connections it cannot read (peer/transport/relay_server.py) and is no site.
 
@@ -120,6 +121,9 @@ def authorize(who: Identity, run_id: str, method: str, request: Any | None) -> s
     if service == "sitemesh.v1.Admin":
         if name in _OPERATOR_METHODS and who.role is Role.OPERATOR:
             return None
+        if name == "DialBack" and who.role is Role.SITE:
+            claimed = getattr(request, "from_site", who.name) if request is not None else who.name
+            return None if claimed == who.name else f"site {who.name} sent {name} as {claimed!r}"
         return f"{who.role.value} {who.name} may not call Admin/{name} (operators only)"
     if service in _SENDERS or service == "sitemesh.v1.Exchange":
         if who.role is not Role.SITE:

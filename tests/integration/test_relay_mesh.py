@@ -120,8 +120,14 @@ def test_outbound_sites_join_through_relays_and_a_proxy_and_outlive_a_relay(tmp_
         c = cluster.start("c", join=[a.address], extra=["--round-interval", "0.5", *_outbound(list(both), proxy)])
         assert b.address == f"relay://b@{','.join(both)}"
         wait_for(lambda: all(_alive(cluster, s) == {"a", "b", "c"} for s in "abc"), 60, "three members alive")
-        # An operator's tool reaches an outbound site by its relayed address too.
-        assert cluster.status(c.address)["leader"] in {"a", "b", "c"}
+        # An operator's tool reaches an outbound site by its relayed address too, and sees each
+        # site's path and the round trip its probes measured.
+        view = {m["site"]: m for m in cluster.status(c.address)["members"]}
+        assert view["c"]["path"].startswith(f"outbound via {r1.address} (up), 127.0.0.1:{relay_port} (up)")
+        assert view["b"]["path"] == f"via relay {r1.address}" and view["a"]["path"] == f"via proxy {proxy[7:]}"
+        wait_for(lambda: all(m["rtt_ms"] is not None for m in cluster.status(a.address)["members"] if m["site"] != "a"),
+                 30, "a's probes to measure every round trip")
+        assert {m["site"]: m["path"] for m in cluster.status(a.address)["members"]}["a"].startswith("direct, relaying")
         # c reached its relays through the proxy only: the proxy's log shows its CONNECTs to them.
         connects = proxy_log.read_text()
         assert f"CONNECT {r1.address}" in connects and f"CONNECT 127.0.0.1:{relay_port}" in connects
@@ -148,6 +154,21 @@ def test_an_outbound_site_that_no_relay_takes_does_not_join_half_working(tmp_pat
         log = (tmp_path / "b.log").read_text()
         assert f"no relay took b's tunnel within 3 s ({dead}: " in log and "peer serve --role relay" in log, log
         assert str(err.value)
+    finally:
+        cluster.close()
+
+
+def test_a_site_advertising_an_address_nobody_dials_is_refused_with_the_fix(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, tls=True)
+    try:
+        a = cluster.start("a")
+        wrong = f"127.0.0.1:{_free_port()}"  # nothing listens there: a typo, or a compute node's name
+        b = cluster.start("b", join=[a.address], extra=["--advertise", wrong])
+        assert b.proc.wait(timeout=60) == 2
+        log = b.log()
+        assert f"not reachable at {wrong} from a: UNAVAILABLE" in log, log
+        assert 'set reach = "outbound" with relays, or advertise another address' in log
+        assert "b" not in {m["site"] for m in cluster.status(a.address)["members"]}, "b never joined"
     finally:
         cluster.close()
 

@@ -10,7 +10,7 @@ import pytest
 
 from ops.certs import CertError, init_ca, issue
 from peer.dirlock import DirLocked, lock_dir
-from peer.gen.sitemesh.v1 import consensus_pb2, exchange_pb2, leases_pb2, membership_pb2, rounds_pb2
+from peer.gen.sitemesh.v1 import admin_pb2, consensus_pb2, exchange_pb2, leases_pb2, membership_pb2, rounds_pb2
 from peer.transport.auth import Identity, Role, authorize, identity_of, run_id_of
 
 RUN = "r-000000000000"
@@ -31,6 +31,7 @@ def test_certificates_carry_role_name_and_run(tmp_path: Path) -> None:
 
 SITE, OP, READER = (Identity(Role.SITE, "a", RUN), Identity(Role.OPERATOR, "alice", RUN),
                     Identity(Role.READER, "bob", RUN))
+RELAY = Identity(Role.RELAY, "r1", RUN)
 
 
 @pytest.mark.parametrize(("who", "method", "allowed"), [
@@ -46,6 +47,14 @@ SITE, OP, READER = (Identity(Role.SITE, "a", RUN), Identity(Role.OPERATOR, "alic
     (READER, "/sitemesh.v1.Exchange/OpenBulk", False),  # a bulk ticket reads what FetchChunks reads
     (SITE, "/sitemesh.v1.Exchange/OpenBulk", True),
     (SITE, "/sitemesh.v1.Unknown/Thing", False),
+    (SITE, "/sitemesh.v1.Admin/DialBack", True),
+    (OP, "/sitemesh.v1.Admin/DialBack", False),
+    # A relay forwards sites' connections; it can read status and nothing a site may say.
+    (RELAY, "/sitemesh.v1.Admin/Status", True),
+    (RELAY, "/sitemesh.v1.Membership/SendPing", False),
+    (RELAY, "/sitemesh.v1.Exchange/FetchChunks", False),
+    (RELAY, "/sitemesh.v1.Admin/DialBack", False),
+    (RELAY, "/sitemesh.v1.Admin/Leave", False),
 ])
 def test_roles(who: Identity, method: str, allowed: bool) -> None:
     assert (authorize(who, RUN, method, None) is None) == allowed
@@ -63,6 +72,7 @@ def test_roles(who: Identity, method: str, allowed: bool) -> None:
      leases_pb2.Release(header=leases_pb2.LeaseHeader(site="b"))),
     ("/sitemesh.v1.Exchange/Announce", exchange_pb2.Manifest(key=exchange_pb2.ObjectKey(site="a")),
      exchange_pb2.Manifest(key=exchange_pb2.ObjectKey(site="b"))),
+    ("/sitemesh.v1.Admin/DialBack", admin_pb2.DialBackRequest(from_site="a"), admin_pb2.DialBackRequest(from_site="b")),
 ])
 def test_a_site_speaks_only_for_itself(method: str, own: object, forged: object) -> None:
     assert authorize(SITE, RUN, method, own) is None

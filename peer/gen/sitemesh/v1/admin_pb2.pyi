@@ -13,20 +13,24 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("site", "address", "state", "incarnation", "last_heard_s", "meta")
+    __slots__ = ("site", "address", "state", "incarnation", "last_heard_s", "meta", "rtt_s", "path")
     SITE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARD_S_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
+    RTT_S_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     site: str
     address: str
     state: _membership_pb2.MemberState
     incarnation: int
     last_heard_s: float
     meta: _common_pb2.MemberMeta
-    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_membership_pb2.MemberState, str]] = ..., incarnation: _Optional[int] = ..., last_heard_s: _Optional[float] = ..., meta: _Optional[_Union[_common_pb2.MemberMeta, _Mapping]] = ...) -> None: ...
+    rtt_s: float
+    path: str
+    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_membership_pb2.MemberState, str]] = ..., incarnation: _Optional[int] = ..., last_heard_s: _Optional[float] = ..., meta: _Optional[_Union[_common_pb2.MemberMeta, _Mapping]] = ..., rtt_s: _Optional[float] = ..., path: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("self", "members", "uptime_s", "version", "consensus", "training")
@@ -143,3 +147,23 @@ class JoinReply(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     members: int
     def __init__(self, members: _Optional[int] = ...) -> None: ...
+
+class DialBackRequest(_message.Message):
+    __slots__ = ("from_site", "address")
+    FROM_SITE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    from_site: str
+    address: str
+    def __init__(self, from_site: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class DialBackReply(_message.Message):
+    __slots__ = ("reached", "error", "rtt_s", "from_site")
+    REACHED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RTT_S_FIELD_NUMBER: _ClassVar[int]
+    FROM_SITE_FIELD_NUMBER: _ClassVar[int]
+    reached: bool
+    error: str
+    rtt_s: float
+    from_site: str
+    def __init__(self, reached: _Optional[bool] = ..., error: _Optional[str] = ..., rtt_s: _Optional[float] = ..., from_site: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,11 @@ class AdminStub:
                 request_serializer=sitemesh_dot_v1_dot_admin__pb2.JoinRequest.SerializeToString,
                 response_deserializer=sitemesh_dot_v1_dot_admin__pb2.JoinReply.FromString,
                 _registered_method=True)
+        self.DialBack = channel.unary_unary(
+                '/sitemesh.v1.Admin/DialBack',
+                request_serializer=sitemesh_dot_v1_dot_admin__pb2.DialBackRequest.SerializeToString,
+                response_deserializer=sitemesh_dot_v1_dot_admin__pb2.DialBackReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -75,6 +80,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DialBack(self, request, context):
+        """Dial the caller back at the address it names (sites only, for themselves).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +104,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Join,
                     request_deserializer=sitemesh_dot_v1_dot_admin__pb2.JoinRequest.FromString,
                     response_serializer=sitemesh_dot_v1_dot_admin__pb2.JoinReply.SerializeToString,
+            ),
+            'DialBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.DialBack,
+                    request_deserializer=sitemesh_dot_v1_dot_admin__pb2.DialBackRequest.FromString,
+                    response_serializer=sitemesh_dot_v1_dot_admin__pb2.DialBackReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +192,33 @@ class Admin:
             '/sitemesh.v1.Admin/Join',
             sitemesh_dot_v1_dot_admin__pb2.JoinRequest.SerializeToString,
             sitemesh_dot_v1_dot_admin__pb2.JoinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DialBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sitemesh.v1.Admin/DialBack',
+            sitemesh_dot_v1_dot_admin__pb2.DialBackRequest.SerializeToString,
+            sitemesh_dot_v1_dot_admin__pb2.DialBackReply.FromString,
             options,
             channel_credentials,
             insecure,
