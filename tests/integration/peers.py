@@ -11,6 +11,7 @@ operator certificate in `<workdir>/certs`, issues each site's certificate on its
 from __future__ import annotations
 
 import json
+import socket
 import os
 import re
 import signal
@@ -57,6 +58,8 @@ class Cluster:
     preset: str = "local_test"
     tls: bool = False
     peers: dict[str, Peer] = field(default_factory=dict)
+    helpers: list[subprocess.Popen[str]] = field(default_factory=list)
+    """Processes started beside the peers (relays): killed with them."""
 
     @property
     def certs(self) -> Path:
@@ -101,6 +104,10 @@ class Cluster:
         return json.loads(result.stdout)
 
     def close(self) -> None:
+        for proc in self.helpers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
         for peer in self.peers.values():
             if peer.proc.poll() is None:
                 peer.proc.send_signal(signal.SIGCONT)
@@ -146,3 +153,48 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, interva
         if time.monotonic() - start > timeout_s:
             raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Relay:
+    """A `peer serve --role relay` process on loopback."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        if not (cluster.certs / "ca.crt").exists():
+            make_run("test", cluster.certs, [], operators=("operator",))
+        if not (cluster.certs / f"{name}.crt").exists():
+            issue(cluster.certs, name, "relay", cluster.certs, LOOPBACK)
+        self.log_path = cluster.workdir / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "peer.cli", "serve", "--role", "relay", "--site", name, "--listen", "127.0.0.1:0",
+             "--certs", str(cluster.certs)],
+            stdout=subprocess.PIPE, stderr=self.log_path.open("a"), text=True, env=_env(), cwd=REPO)
+        cluster.helpers.append(self.proc)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, f"relay {name} did not start: {line!r} {self.log_path.read_text()}"
+        self.address = line.strip().rsplit(" ", 1)[-1]
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> str:
+        """SIGTERM; the relay's last line (what it forwarded and what that cost)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        assert self.proc.stdout is not None
+        return self.proc.stdout.read().strip().splitlines()[-1]
+
+
+def outbound(relays: list[Relay | str], proxy: str = "") -> list[str]:
+    args = ["--reach", "outbound"]
+    for relay in relays:
+        args += ["--relay", relay if isinstance(relay, str) else relay.address]
+    return args + (["--proxy", proxy] if proxy else [])

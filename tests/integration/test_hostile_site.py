@@ -19,7 +19,7 @@ from ops.certs import LOOPBACK, issue
 from peer.core.commitlog import AppendEntries, AppendReply, InstallSnapshot, LogIndex, Round, Snapshot
 from peer.core.election import Epoch, Header, SiteId
 from peer.transport.channels import Credentials
-from tests.integration.peers import REPO, Cluster, _env, wait_for
+from tests.integration.peers import REPO, Cluster, Relay, _env, outbound, wait_for
 from tests.integration.test_security import _consensus_send
 
 SETTLE_S = 30.0
@@ -35,10 +35,13 @@ def tls(tmp_path: Path):
     c.close()
 
 
-def _mesh(tls: Cluster) -> dict[str, object]:
+def _mesh(tls: Cluster, relayed: bool = False) -> dict[str, object]:
+    """a, b, c with committed rounds; `relayed`: b and c accept no inbound connection and are
+    reached through a relay, which the probes sent to them go through too."""
     first = tls.start("a", extra=ROUNDS)
+    via = outbound([Relay(tls, "r1")]) if relayed else []
     for site in ("b", "c"):
-        tls.start(site, join=[first.address], extra=ROUNDS)
+        tls.start(site, join=[first.address], extra=[*ROUNDS, *via])
     wait_for(lambda: len(tls.status(first.address)["voters"]) == 3 and tls.status(first.address)["committed_round"]
              >= 2, SETTLE_S, "three voters and committed rounds")
     return tls.status(first.address)
@@ -60,8 +63,9 @@ def _goes_on(tls: Cluster, probe: str, leader: str, epoch: int | None = None) ->
         assert "Traceback" not in p.log(), p.log()[-3000:]
 
 
-def test_false_messages_of_sites_of_the_run_are_refused_and_the_run_goes_on(tls: Cluster) -> None:
-    status = _mesh(tls)
+@pytest.mark.parametrize("relayed", [False, True], ids=["direct", "through-a-relay"])
+def test_false_messages_of_sites_of_the_run_are_refused_and_the_run_goes_on(tls: Cluster, relayed: bool) -> None:
+    status = _mesh(tls, relayed)
     leader, epoch = status["leader"], status["epoch"]
     assert isinstance(leader, str) and isinstance(epoch, int)
     followers = sorted(s for s in tls.peers if s != leader)

@@ -10,60 +10,20 @@ in network namespaces where nftables really drops inbound connections.
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ops.certs import LOOPBACK, issue, make_run
-from tests.integration.peers import REPO, Cluster, _env, audit, commits, wait_for
+from tests.integration.peers import Cluster, Relay, audit, commits, free_port, outbound, wait_for
 from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
 
 DOCS = 24  # ~420 samples, ~17 rounds: rounds with every site remain after the relay's death
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
          "--round-deadline", "60", "--start-sites", "3"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Relay:
-    """A `peer serve --role relay` process on loopback."""
-
-    def __init__(self, cluster: Cluster, name: str) -> None:
-        if not (cluster.certs / "ca.crt").exists():
-            make_run("test", cluster.certs, [], operators=("operator",))
-        if not (cluster.certs / f"{name}.crt").exists():
-            issue(cluster.certs, name, "relay", cluster.certs, LOOPBACK)
-        self.log_path = cluster.workdir / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "peer.cli", "serve", "--role", "relay", "--site", name, "--listen", "127.0.0.1:0",
-             "--certs", str(cluster.certs)],
-            stdout=subprocess.PIPE, stderr=self.log_path.open("a"), text=True, env=_env(), cwd=REPO)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, f"relay {name} did not start: {line!r} {self.log_path.read_text()}"
-        self.address = line.strip().rsplit(" ", 1)[-1]
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> str:
-        """SIGTERM; the relay's last line (what it forwarded and what that cost)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        assert self.proc.stdout is not None
-        return self.proc.stdout.read().strip().splitlines()[-1]
 
 
 @pytest.fixture
@@ -72,7 +32,7 @@ def tinyproxy(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     binary = shutil.which("tinyproxy")
     if binary is None:
         pytest.skip("tinyproxy is not installed (scripts/setup_slurm_packages.sh installs it as root)")
-    port, log = _free_port(), tmp_path / "tinyproxy.log"
+    port, log = free_port(), tmp_path / "tinyproxy.log"
     conf = tmp_path / "tinyproxy.conf"
     conf.write_text(f'Port {port}\nListen 127.0.0.1\nTimeout 600\nAllow 127.0.0.1\nLogFile "{log}"\n'
                     "LogLevel Connect\nMaxClients 200\n")
@@ -93,13 +53,6 @@ def _listening(port: int) -> bool:
         return False
 
 
-def _outbound(relays: list[Relay | str], proxy: str = "") -> list[str]:
-    args = ["--reach", "outbound"]
-    for relay in relays:
-        args += ["--relay", relay if isinstance(relay, str) else relay.address]
-    return args + (["--proxy", proxy] if proxy else [])
-
-
 def _alive(cluster: Cluster, site: str) -> set[str]:
     doc = cluster.status(cluster.peers[site].address)
     return {m["site"] for m in doc["members"] if m["state"] == "alive"}
@@ -110,14 +63,14 @@ def test_outbound_sites_join_through_relays_and_a_proxy_and_outlive_a_relay(tmp_
                                                                           tinyproxy: tuple[str, Path]) -> None:
     proxy, proxy_log = tinyproxy
     cluster = Cluster(tmp_path, tls=True)
-    relay_port = _free_port()
+    relay_port = free_port()
     try:
         # a is direct and relays too; r1 only relays. b and c name r1 first, so r1 carries them.
         a = cluster.start("a", extra=["--round-interval", "0.5", "--relay-listen", f"127.0.0.1:{relay_port}"])
         r1 = Relay(cluster, "r1")
         both = [r1.address, f"127.0.0.1:{relay_port}"]
-        b = cluster.start("b", join=[a.address], extra=["--round-interval", "0.5", *_outbound(list(both))])
-        c = cluster.start("c", join=[a.address], extra=["--round-interval", "0.5", *_outbound(list(both), proxy)])
+        b = cluster.start("b", join=[a.address], extra=["--round-interval", "0.5", *outbound(list(both))])
+        c = cluster.start("c", join=[a.address], extra=["--round-interval", "0.5", *outbound(list(both), proxy)])
         assert b.address == f"relay://b@{','.join(both)}"
         wait_for(lambda: all(_alive(cluster, s) == {"a", "b", "c"} for s in "abc"), 60, "three members alive")
         # An operator's tool reaches an outbound site by its relayed address too, and sees each
@@ -146,10 +99,10 @@ def test_an_outbound_site_that_no_relay_takes_does_not_join_half_working(tmp_pat
     cluster = Cluster(tmp_path, tls=True)
     try:
         a = cluster.start("a")
-        dead = f"127.0.0.1:{_free_port()}"
+        dead = f"127.0.0.1:{free_port()}"
         started = time.monotonic()
         with pytest.raises(AssertionError, match="did not start") as err:
-            cluster.start("b", join=[a.address], extra=[*_outbound([dead]), "--join-timeout", "3"])
+            cluster.start("b", join=[a.address], extra=[*outbound([dead]), "--join-timeout", "3"])
         assert time.monotonic() - started < 60
         log = (tmp_path / "b.log").read_text()
         assert f"no relay took b's tunnel within 3 s ({dead}: " in log and "peer serve --role relay" in log, log
@@ -162,7 +115,7 @@ def test_a_site_advertising_an_address_nobody_dials_is_refused_with_the_fix(tmp_
     cluster = Cluster(tmp_path, tls=True)
     try:
         a = cluster.start("a")
-        wrong = f"127.0.0.1:{_free_port()}"  # nothing listens there: a typo, or a compute node's name
+        wrong = f"127.0.0.1:{free_port()}"  # nothing listens there: a typo, or a compute node's name
         b = cluster.start("b", join=[a.address], extra=["--advertise", wrong])
         assert b.proc.wait(timeout=60) == 2
         log = b.log()
@@ -179,9 +132,9 @@ def test_three_outbound_sites_train_through_two_relays_and_lose_nothing_when_one
     try:
         r1, r2 = Relay(cluster, "r1"), Relay(cluster, "r2")
         relays: list[Relay | str] = [r1, r2]
-        a = cluster.start("a", extra=[*TRAIN, *_outbound(relays)])
+        a = cluster.start("a", extra=[*TRAIN, *outbound(relays)])
         for site in ("b", "c"):
-            cluster.start(site, join=[a.address], extra=[*TRAIN, *_outbound(relays)])
+            cluster.start(site, join=[a.address], extra=[*TRAIN, *outbound(relays)])
 
         def rounds_with_all() -> list[int]:
             return [c.round for c in commits(tmp_path / "a") if len(c.contributors) == 3]
