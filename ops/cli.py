@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.audit",
     "ops.report",
     "ops.placement.commands",
+    "ops.autopilot.loop",
     "ops.simulate",
 )
 

@@ -190,10 +190,10 @@ class SlurmSite:
             site=site, shape=shape, probed_at=probed_at, answer=parse_test_only(proc.stderr + proc.stdout)
         )
 
-    def submit(self, shape: JobShape, job_name: str, script: str) -> str:
-        """Submits `script` (sent on stdin) with `shape`; returns the job id."""
+    def submit(self, shape: JobShape, job_name: str, script: str, extra: Sequence[str] = ()) -> str:
+        """Submits `script` (sent on stdin) with `shape` and `extra` sbatch options; returns the job id."""
         proc = self.run(
-            ["sbatch", "--parsable", f"--job-name={job_name}", *shape.sbatch_args()], stdin=script
+            ["sbatch", "--parsable", f"--job-name={job_name}", *shape.sbatch_args(), *extra], stdin=script
         )
         # --parsable prints "jobid" or "jobid;cluster"; anything else on stdout is not an id.
         first = proc.stdout.strip().split(";")[0]

@@ -127,14 +127,16 @@ def test_a_site_advertising_an_address_nobody_dials_is_refused_with_the_fix(tmp_
 
 
 @pytest.mark.timeout(900)
-def test_three_outbound_sites_train_through_two_relays_and_lose_nothing_when_one_dies(tmp_path: Path) -> None:
+def test_three_outbound_sites_train_through_two_relays_and_lose_nothing_when_one_dies(
+        tmp_path: Path, tinyproxy: tuple[str, Path]) -> None:
+    proxy, proxy_log = tinyproxy
     cluster = Cluster(tmp_path, tls=True, preset="lan")
     try:
         r1, r2 = Relay(cluster, "r1"), Relay(cluster, "r2")
         relays: list[Relay | str] = [r1, r2]
         a = cluster.start("a", extra=[*TRAIN, *outbound(relays)])
-        for site in ("b", "c"):
-            cluster.start(site, join=[a.address], extra=[*TRAIN, *outbound(relays)])
+        cluster.start("b", join=[a.address], extra=[*TRAIN, *outbound(relays)])
+        cluster.start("c", join=[a.address], extra=[*TRAIN, *outbound(relays, proxy)])  # out only through the proxy
 
         def rounds_with_all() -> list[int]:
             return [c.round for c in commits(tmp_path / "a") if len(c.contributors) == 3]
@@ -155,6 +157,7 @@ def test_three_outbound_sites_train_through_two_relays_and_lose_nothing_when_one
         epoch = audit(*(tmp_path / s for s in "abc"))
         assert (epoch["duplicated"], epoch["lost"]) == (0, 0)
         assert "forwarded" in r2.stop()
+        assert f"CONNECT {r2.address}" in proxy_log.read_text()
     finally:
         cluster.close()
 

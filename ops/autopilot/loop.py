@@ -1,0 +1,167 @@
+"""`ops autopilot`: keeps every site's next job queued until the run is done.
+
+    ops autopilot --config run.toml                       # every 60 s, until stopped
+    ops autopilot --config run.toml --once                # one pass (cron, scrontab, tests)
+    ops autopilot --config run.toml --peer HOST:PORT --certs certs/ --as alice   # stop at the end
+
+Each pass, for each site with a `[sites.NAME.slurm]` table: list the run's jobs there (squeue,
+through the site's command prefix: ops/autopilot/queue.py), decide (ops/autopilot/keeper.py),
+submit what was decided (the site's sbatch template, ops/placement/templates.py, its configured
+shape), and log the decision with its reason. With `--peer` the loop asks the mesh whether the
+run's data epochs are done and then submits nothing more.
+
+Its state is one JSON file (`--state`, default `<run file>.autopilot.json`): the highest sequence
+number submitted per site and every decision taken. It is written before and after each sbatch, so
+a loop killed between the two, restarted, or run twice by mistake still never reuses a job name:
+the next number is above every one the file or the queue has seen. Where it is meant to live:
+a login node under `scrontab` (`--once` every few minutes) or a small service machine, anywhere the
+sites' command prefixes (`ssh lumi-uan01 ...`) work from; docs/decisions/autopilot-operator-loop.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+import grpc
+
+from ops.autopilot import queue
+from ops.autopilot.keeper import Hold, KeeperConfig, Submit, decide, job_name
+from ops.certs import CertError, add_client_flags, client_credentials
+from ops.placement import config as cfg
+from ops.placement import templates
+from ops.placement.slurm import SlurmError, SlurmSite
+from peer.durable import write_atomic
+from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
+from peer.transport.channels import open_blocking_channel
+
+log = logging.getLogger("sitemesh.autopilot")
+
+KEEP_DECISIONS = 1000
+"""Decisions kept in the state file (the newest): a week of a three-site run at one a minute is
+more than this only while nothing changes, and those are holds."""
+
+
+@dataclass
+class AutopilotState:
+    """What the loop must remember between passes and restarts."""
+
+    run: str
+    seen: dict[str, int] = field(default_factory=dict)
+    """Site -> the highest sequence number submitted (or seen in its queue)."""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path, run: str) -> AutopilotState:
+        """The state in `path` (a fresh one if there is none); ValueError naming a damaged file."""
+        if not path.exists():
+            return cls(run)
+        try:
+            doc = json.loads(path.read_text())
+            state = cls(str(doc["run"]), {str(k): int(v) for k, v in doc["seen"].items()}, list(doc["decisions"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path} is not an autopilot state file ({err}): move it aside only if no job of this "
+                             "run is queued or running (or their numbers would be reused)") from None
+        if state.run != run:
+            raise ValueError(f"{path} belongs to run {state.run!r}, not {run!r}: give --state another file")
+        return state
+
+    def save(self, path: Path) -> None:
+        self.decisions = self.decisions[-KEEP_DECISIONS:]
+        write_atomic(path, json.dumps({"run": self.run, "seen": self.seen, "decisions": self.decisions},
+                                      indent=1).encode())
+
+
+def run_name(path: Path) -> str:
+    """The run's name from the run file's `[run] name` (the job names carry it)."""
+    return str(tomllib.loads(path.read_text()).get("run", {}).get("name", "sitemesh"))
+
+
+def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, target_reached: bool,
+             keeper: KeeperConfig, now: float | None = None) -> list[str]:
+    """Decides and submits for every site once; the decision lines, also logged and recorded."""
+    lines = []
+    for site in run.select(None):
+        slurm = SlurmSite(site.command_prefix, timeout_s=run.placement.probe_timeout_s)
+        try:
+            jobs = queue.site_jobs(slurm, state.run, site.name)
+            state.seen[site.name] = max([state.seen.get(site.name, 0), *(j.seq for j in jobs)])
+            decision = decide(time.time() if now is None else now, site.name, jobs, state.seen[site.name],
+                              target_reached, keeper)
+            if isinstance(decision, Submit):
+                line = _submit(run, site, slurm, state, state_path, decision)
+            else:
+                line = f"{site.name}: holding: {decision.reason}"
+        except (SlurmError, templates.TemplateError, OSError) as err:
+            line = f"{site.name}: cannot act this pass: {err}"
+            decision = Hold(site.name, str(err))
+        state.decisions.append({"at": time.time(), "site": site.name, "line": line,
+                                "kind": type(decision).__name__.lower()})
+        log.info("%s", line)
+        lines.append(line)
+    state.save(state_path)
+    return lines
+
+
+def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state: AutopilotState, state_path: Path,
+            decision: Submit) -> str:
+    # Recorded first: if the loop dies during sbatch, the number is burnt, never reused.
+    state.seen[site.name] = decision.seq
+    state.save(state_path)
+    name = job_name(state.run, site.name, decision.seq)
+    job_id = queue.submit(slurm, site.shape, name, templates.render(site, run.path), decision.begin)
+    return f"{site.name}: submitted {name} as job {job_id} ({site.shape.describe()}): {decision.reason}"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("autopilot", help="keep every site's next Slurm job queued until the run is done")
+    p.add_argument("--config", type=Path, required=True, help="the run file ([sites.NAME.slurm] tables)")
+    p.add_argument("--state", type=Path, help="state file (default: <run file>.autopilot.json)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit (scrontab, cron, tests)")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between passes (default 60)")
+    p.add_argument("--handover", type=float, default=KeeperConfig.handover_s,
+                   help=f"seconds before a job's end its successor may start (default {KeeperConfig.handover_s:.0f})")
+    p.add_argument("--peer", help="a member of the run: stop submitting once its data epochs are done")
+    add_client_flags(p)
+    p.set_defaults(func=_main)
+
+
+def _target_reached(args: argparse.Namespace) -> bool:
+    """Whether the mesh says its data epochs are done (False without --peer, or when nobody answers)."""
+    if not args.peer:
+        return False
+    try:
+        with open_blocking_channel(args.peer, client_credentials(args)) as channel:
+            reply = admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=30)
+    except (grpc.RpcError, CertError) as err:  # a mesh that does not answer must not stop the queues
+        log.warning("cannot ask %s whether the run is done (%s): going on", args.peer, err)
+        return False
+    return reply.HasField("training") and reply.training.epoch_complete
+
+
+def _main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        run = cfg.load(args.config)
+        state_path = args.state or args.config.with_name(args.config.name + ".autopilot.json")
+        state = AutopilotState.load(state_path, run_name(args.config))
+        keeper = KeeperConfig(handover_s=args.handover)
+    except (cfg.PlacementConfigError, ValueError, OSError) as err:
+        print(f"ops autopilot: error: {err}", file=sys.stderr)
+        return 2
+    while True:
+        one_pass(run, state, state_path, _target_reached(args), keeper)
+        if args.once:
+            return 0
+        time.sleep(args.interval)

@@ -1,0 +1,53 @@
+"""A site's jobs of this run as its Slurm shows them (the operator loop's eyes), and submission.
+
+`squeue --me --states=all` lists the user's jobs, queued, running and recently ended (Slurm keeps
+ended jobs for `MinJobAge`, 300 s by default); jobs are recognised by name
+(`sitemesh-<run>-<site>-<seq>`, ops/autopilot/keeper.py), so jobs of other runs and a person's own
+are left alone. Older ended jobs need no listing: the loop's state file remembers their sequence
+numbers, which is all the keeper needs of them. Every command goes through the site's command
+prefix (ops/placement/slurm.py), as `ops probe` and `ops submit` do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from ops.autopilot.keeper import Job, job_state, parse_job_name
+from ops.placement.config import JobShape, parse_slurm_time
+from ops.placement.slurm import SlurmError, SlurmSite, parse_slurm_timestamp
+
+_FORMAT = "%i|%j|%T|%S|%e|%l"
+"""Job id, name, state, start, end, time limit."""
+
+
+def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
+    """This run's jobs at `site` that Slurm still lists, by sequence number."""
+    proc = slurm.run(["squeue", "--me", "--states=all", "--noheader", f"--format={_FORMAT}"])
+    jobs: list[Job] = []
+    for line in proc.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 6:
+            raise SlurmError(f"unexpected squeue line {line!r} in:\n{proc.stdout.strip()}")
+        job_id, name, state, start, end, limit = parts
+        named = parse_job_name(name, run)
+        if named is None or named[0] != site:
+            continue
+        kind = job_state(state)
+        jobs.append(Job(site, named[1], job_id, kind, state, _limit_s(limit),
+                        _when(start) if kind.name != "QUEUED" else None,
+                        _when(end) if kind.name in ("ENDED", "FAILED") else None))
+    return sorted(jobs, key=lambda j: j.seq)
+
+
+def submit(slurm: SlurmSite, shape: JobShape, name: str, script: str, begin: float | None) -> str:
+    """Submits `script` as `name`, not to start before `begin` (Unix seconds); the job id."""
+    extra = [] if begin is None else [f"--begin={dt.datetime.fromtimestamp(begin, dt.timezone.utc):%Y-%m-%dT%H:%M:%S}"]
+    return slurm.submit(shape, name, script, extra)
+
+
+def _when(text: str) -> float | None:
+    return None if text in ("N/A", "", "Unknown", "None") else parse_slurm_timestamp(text).timestamp()
+
+
+def _limit_s(text: str) -> float:
+    return float(parse_slurm_time(text)) if text not in ("UNLIMITED", "INVALID", "") else float("inf")

@@ -1,0 +1,90 @@
+"""`ops autopilot` against a real local Slurm (tests/integration/slurm_cluster.py): a site gets its
+first job, then a successor queued to start before the running job's end; a restarted loop, one
+whose state file is gone, and a job cancelled under it never make it reuse a job name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ops.autopilot.keeper import parse_job_name
+from tests.integration.peers import wait_for
+from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "scripts/slurm/snellius-h100.sbatch"
+
+
+def _run_file(tmp_path: Path, cluster: SlurmCluster) -> Path:
+    peer = tmp_path / "fake-peer"  # stands for `peer serve`: trains "forever", leaves at SIGTERM
+    peer.write_text("#!/bin/bash\ntrap 'exit 0' TERM\nwhile true; do sleep 0.2; done\n")
+    peer.chmod(0o755)
+    path = tmp_path / "run.toml"
+    path.write_text(f"""
+[run]
+name = "soak"
+[placement]
+target_tokens = 1e9
+log = "placement.jsonl"
+[sites.free]
+tokens_per_s = 1000.0
+[sites.free.slurm]
+nodes = 1
+time = "3"
+partition = "free"
+command_prefix = {json.dumps(cluster.prefix)}
+template = "{TEMPLATE}"
+peer_command = "{peer}"
+workdir = "{tmp_path}"
+""")
+    return path
+
+
+def _pass(config: Path, *extra: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "autopilot", "--config", str(config), "--once",
+                           "--handover", "60", *extra], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line.split(" ", 2)[2] for line in done.stderr.splitlines() if "free: " in line]
+
+
+def _jobs(cluster: SlurmCluster) -> dict[int, tuple[str, str]]:
+    """seq -> (job id, state) of the run's jobs Slurm lists."""
+    out = cluster.run("squeue", "--states=all", "--noheader", "--format=%i|%j|%T").stdout
+    jobs = {}
+    for line in out.splitlines():
+        job_id, name, state = line.strip().split("|")
+        named = parse_job_name(name, "soak")
+        if named is not None:
+            assert named[1] not in jobs, f"job name {name} used twice"
+            jobs[named[1]] = (job_id, state)
+    return jobs
+
+
+def test_the_loop_keeps_a_successor_queued_and_never_reuses_a_job_name(slurm: SlurmCluster, tmp_path: Path) -> None:
+    config = _run_file(tmp_path, slurm)
+    (line,) = _pass(config)
+    assert line.startswith("free: submitted sitemesh-soak-free-1 as job ") and "it has no job yet" in line
+    wait_for(lambda: _jobs(slurm).get(1, ("", ""))[1] == "RUNNING", 30, "job 1 to run")
+
+    (line,) = _pass(config)  # job 1 runs: its successor queues, to start 60 s before job 1's end
+    assert line.startswith("free: submitted sitemesh-soak-free-2") and "its successor may start from" in line
+    assert _jobs(slurm)[2][1] == "PENDING"
+    held = _pass(config)
+    assert held == ["free: holding: job 2 (%s) is queued" % _jobs(slurm)[2][0]]
+
+    # A loop that lost its state file (a second loop on another machine) reads the queue and holds.
+    state = config.with_name(config.name + ".autopilot.json")
+    assert json.loads(state.read_text())["seen"] == {"free": 2}
+    state.unlink()
+    assert _pass(config) == held
+
+    # The queued successor is cancelled under it: replaced under a new name, never 2 again.
+    slurm.run("scancel", _jobs(slurm)[2][0])
+    wait_for(lambda: _jobs(slurm)[2][1] == "CANCELLED", 30, "job 2 to be cancelled")
+    (line,) = _pass(config)
+    assert line.startswith("free: submitted sitemesh-soak-free-3")
+    assert sorted(_jobs(slurm)) == [1, 2, 3]
+    decisions = json.loads(state.read_text())["decisions"]
+    assert [d["kind"] for d in decisions] == ["hold", "submit"]

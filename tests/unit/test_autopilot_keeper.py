@@ -1,0 +1,94 @@
+"""The operator loop's decisions (ops/autopilot/keeper.py), table by table, with a manual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from ops.autopilot.keeper import (
+    Hold,
+    Job,
+    JobState,
+    KeeperConfig,
+    Submit,
+    decide,
+    job_name,
+    job_state,
+    parse_job_name,
+)
+
+CONFIG = KeeperConfig(handover_s=300, max_failures=3, backoff_s=(600, 3600), min_useful_s=120)
+T0 = 1_800_000_000.0
+
+
+def job(seq: int, state: JobState, start: float | None = None, end: float | None = None,
+        slurm: str = "", wall_s: float = 3600) -> Job:
+    return Job("lumi", seq, str(1000 + seq), state, slurm or state.name, wall_s, start, end)
+
+
+def test_names_carry_run_site_and_sequence_and_other_jobs_are_ignored() -> None:
+    assert job_name("c4", "lumi", 7) == "sitemesh-c4-lumi-7"
+    assert parse_job_name("sitemesh-c4-lumi-7", "c4") == ("lumi", 7)
+    assert parse_job_name("sitemesh-c4-my-site-12", "c4") == ("my-site", 12)
+    for other in ("sitemesh-other-lumi-7", "sitemesh-c4-lumi", "sitemesh-c4-lumi-x", "interactive", "sitemesh-c4--3"):
+        assert parse_job_name(other, "c4") is None, other
+    assert job_state("CANCELLED by 1000") is JobState.FAILED
+    assert job_state("TIMEOUT") is JobState.ENDED and job_state("PENDING") is JobState.QUEUED
+    assert job_state("NODE_FAIL") is JobState.FAILED and job_state("COMPLETING") is JobState.RUNNING
+
+
+def test_a_site_without_a_job_gets_one_at_once() -> None:
+    d = decide(T0, "lumi", [], 0, False, CONFIG)
+    assert d == Submit("lumi", 1, None, "no job running or queued: it has no job yet")
+
+
+def test_a_running_job_gets_a_successor_that_may_start_handover_s_before_its_end() -> None:
+    d = decide(T0 + 60, "lumi", [job(1, JobState.RUNNING, start=T0)], 1, False, CONFIG)
+    assert isinstance(d, Submit) and d.seq == 2
+    assert d.begin == T0 + 3600 - 300
+    assert "job 1 (1001) runs until" in d.reason and "300 s before" in d.reason
+    # Submitted late (the loop was down): it may start at once.
+    late = decide(T0 + 3500, "lumi", [job(1, JobState.RUNNING, start=T0)], 1, False, CONFIG)
+    assert isinstance(late, Submit) and late.begin == T0 + 3500
+
+
+def test_nothing_is_submitted_while_a_job_is_queued_or_once_the_target_is_reached() -> None:
+    jobs = [job(1, JobState.RUNNING, start=T0), job(2, JobState.QUEUED)]
+    assert decide(T0 + 60, "lumi", jobs, 2, False, CONFIG) == Hold("lumi", "job 2 (1002) is queued")
+    assert decide(T0, "lumi", [], 0, True, CONFIG) == Hold("lumi", "the run reached its target: no more jobs")
+
+
+def test_sequence_numbers_are_never_reused() -> None:
+    # The state file remembers 9 (jobs aged out of sacct); the queue shows 4: the next is 10.
+    d = decide(T0, "lumi", [job(4, JobState.ENDED, T0 - 4000, T0 - 400)], 9, False, CONFIG)
+    assert isinstance(d, Submit) and d.seq == 10
+
+
+def test_a_failed_or_cancelled_job_is_replaced_at_once() -> None:
+    d = decide(T0, "lumi", [job(1, JobState.FAILED, T0 - 50, T0 - 10, "NODE_FAIL")], 1, False, CONFIG)
+    assert d == Submit("lumi", 2, None, "no job running or queued: its last job 1 (1001) failed (NODE_FAIL)")
+    short = decide(T0, "lumi", [job(1, JobState.ENDED, T0 - 50, T0 - 10, "COMPLETED")], 1, False, CONFIG)
+    assert isinstance(short, Submit) and "ended after 40 s, under 120 s" in short.reason
+
+
+def test_a_site_whose_jobs_keep_failing_is_backed_off_doubling_not_retried_in_a_loop() -> None:
+    fails = [job(i, JobState.FAILED, T0 + 100 * i, T0 + 100 * i + 5, "FAILED") for i in (1, 2, 3)]
+    end = fails[-1].end
+    assert end is not None
+    held = decide(end + 10, "lumi", fails, 3, False, CONFIG)
+    assert isinstance(held, Hold) and "its last 3 jobs failed (1 FAILED, 2 FAILED, 3 FAILED)" in held.reason
+    assert isinstance(decide(end + 600, "lumi", fails, 3, False, CONFIG), Submit)  # the pause is over
+    fourth = [*fails, job(4, JobState.FAILED, end + 700, end + 705, "FAILED")]
+    assert isinstance(decide(end + 705 + 1199, "lumi", fourth, 4, False, CONFIG), Hold)  # doubled: 1200 s
+    assert isinstance(decide(end + 705 + 1200, "lumi", fourth, 4, False, CONFIG), Submit)
+    many = [job(i, JobState.FAILED, T0, T0 + 1, "FAILED") for i in range(1, 20)]
+    assert isinstance(decide(T0 + 1 + 3599, "lumi", many, 19, False, CONFIG), Hold)  # capped at an hour
+    assert isinstance(decide(T0 + 1 + 3600, "lumi", many, 19, False, CONFIG), Submit)
+    # A good job ends the streak.
+    healed = [*fails, job(4, JobState.ENDED, end + 700, end + 4300, "TIMEOUT")]
+    assert isinstance(decide(end + 4301, "lumi", healed, 4, False, CONFIG), Submit)
+
+
+def test_bad_configs_are_refused() -> None:
+    for bad in ({"max_failures": 0}, {"handover_s": -1}, {"backoff_s": (10.0, 5.0)}, {"backoff_s": (0.0, 5.0)}):
+        with pytest.raises(ValueError):
+            KeeperConfig(**bad)  # type: ignore[arg-type]
