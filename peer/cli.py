@@ -12,6 +12,7 @@ SIGTERM (Slurm's end-of-job signal) and SIGINT mean a graceful leave. Errors a u
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import signal
 import sys
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from peer import config as cfg
+from peer.core.site_names import is_job_member, job_member
 from peer.dirlock import lock_dir
 from peer import logformat, relay
 from peer.core.election import ElectionConfig
@@ -59,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ca.crt, SITE.crt, SITE.key from `ops certs`: serve and dial with mutual TLS")
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="plaintext gRPC, no identities: anyone who reaches the port is a member")
+    serve.add_argument("--job", type=int, metavar="N",
+                       help="this peer is the site's job number N (ops autopilot): it joins as member SITE.jN with "
+                            "the data dir's jN/ beside its predecessor, which leaves at its wall time")
     serve.add_argument("--role", choices=("site", "relay"), default="site",
                        help="site (default): a member of the run; relay: only forward connections to outbound "
                             "sites, on --listen, with a relay certificate (ops certs issue --relay NAME)")
@@ -239,9 +244,20 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
         "relay_listen": args.relay_listen,
         "trainer_threads": args.trainer_threads,
     }
+    if is_job_member(args.site):
+        raise cfg.ConfigError(f"site name {args.site!r} reads as a job's member: name the site and give --job N")
     if args.config is not None:
-        return cfg.load(args.config, args.site, overrides)
-    return cfg.from_values({"site": args.site, **{k: v for k, v in overrides.items() if v is not None}})
+        config = cfg.load(args.config, args.site, overrides)
+    else:
+        config = cfg.from_values({"site": args.site, **{k: v for k, v in overrides.items() if v is not None}})
+    if args.job is None:
+        return config
+    try:
+        member = job_member(config.site, args.job)
+    except ValueError as err:
+        raise cfg.ConfigError(f"--job: {err}") from None
+    data_dir = config.data_dir / f"j{args.job}" if config.data_dir is not None else None
+    return dataclasses.replace(config, site=member, data_dir=data_dir)
 
 
 async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO") -> int:

@@ -120,7 +120,7 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
     state.seen[site.name] = decision.seq
     state.save(state_path)
     name = job_name(state.run, site.name, decision.seq)
-    job_id = queue.submit(slurm, site.shape, name, templates.render(site, run.path), decision.begin)
+    job_id = queue.submit(slurm, site.shape, name, templates.render(site, run.path, decision.seq), decision.begin)
     return f"{site.name}: submitted {name} as job {job_id} ({site.shape.describe()}): {decision.reason}"
 
 

@@ -29,8 +29,8 @@ class TemplateError(ValueError):
     """A template or its parameters cannot produce a script."""
 
 
-def values(site: SiteSlurm, config_path: Path) -> dict[str, str]:
-    """What each placeholder becomes for `site`."""
+def values(site: SiteSlurm, config_path: Path, job: int | None = None) -> dict[str, str]:
+    """What each placeholder becomes for `site` (`job`: the job's sequence number, ops autopilot)."""
     p = site.params
     config = p.remote_config or str(config_path)
     modules = ["module purge", *(f"module load {shlex.quote(m)}" for m in p.modules)] if p.modules else []
@@ -47,7 +47,7 @@ def values(site: SiteSlurm, config_path: Path) -> dict[str, str]:
         # The peer command is the user's shell text (it may be a path or `python -m peer.cli serve`);
         # only the values we add are quoted.
         "peer": f"{p.peer_command} --config {shlex.quote(config)} --site {shlex.quote(site.name)} "
-                f"--launcher srun --nproc-per-node {ranks}",
+                f"--launcher srun --nproc-per-node {ranks}" + (f" --job {job}" if job is not None else ""),
     }
 
 
@@ -63,8 +63,8 @@ def render_text(text: str, fill: dict[str, str], where: str) -> str:
     return _PLACEHOLDER.sub(lambda m: fill[m.group(1)], text)
 
 
-def render(site: SiteSlurm, config_path: Path) -> str:
-    """The batch script for `site`, ready for `sbatch`."""
+def render(site: SiteSlurm, config_path: Path, job: int | None = None) -> str:
+    """The batch script for `site`, ready for `sbatch`; `job` makes its peer that job's member."""
     template = site.params.template
     if template is None:
         raise TemplateError(f"[sites.{site.name}.slurm] has no template, so the site cannot be submitted to")
@@ -72,4 +72,4 @@ def render(site: SiteSlurm, config_path: Path) -> str:
         text = template.read_text()
     except OSError as err:
         raise TemplateError(f"cannot read template {template} of site {site.name}: {err.strerror}") from err
-    return render_text(text, values(site, config_path), str(template))
+    return render_text(text, values(site, config_path, job), str(template))

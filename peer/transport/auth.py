@@ -4,7 +4,8 @@ Pure policy, no gRPC: peer/transport/guard.py runs it on every call of a mutual-
 Certificates come from `ops certs` (ops/certs.py): subject CN = name, OU = role, O = run id.
 
 * a **site** may call the peer-to-peer services (membership, consensus, rounds, leases, exchange),
-  and only with messages whose sender field names itself: a site cannot speak for another;
+  and only with messages whose sender field names itself or one of its jobs' members (`SITE.jN`,
+  peer/core/site_names.py): a site cannot speak for another;
 * an **operator** may call `Admin/Leave`, `Admin/Join` and everything a reader may;
 * a site may also call `Admin/DialBack` for itself (a joining site's reachability check);
 * a **reader** may call `Admin/Status`, health and reflection only; so may a **relay**, which
@@ -25,6 +26,8 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
+
+from peer.core.site_names import site_of
 
 
 class Role(enum.Enum):
@@ -123,7 +126,7 @@ def authorize(who: Identity, run_id: str, method: str, request: Any | None) -> s
             return None
         if name == "DialBack" and who.role is Role.SITE:
             claimed = getattr(request, "from_site", who.name) if request is not None else who.name
-            return None if claimed == who.name else f"site {who.name} sent {name} as {claimed!r}"
+            return None if site_of(claimed) == who.name else f"site {who.name} sent {name} as {claimed!r}"
         return f"{who.role.value} {who.name} may not call Admin/{name} (operators only)"
     if service in _SENDERS or service == "sitemesh.v1.Exchange":
         if who.role is not Role.SITE:
@@ -132,7 +135,7 @@ def authorize(who: Identity, run_id: str, method: str, request: Any | None) -> s
         if senders is None or request is None:
             return None
         for claimed in senders(request):
-            if claimed != who.name:
+            if site_of(claimed) != who.name:  # a site speaks for itself and its jobs' members (SITE.jN)
                 return f"site {who.name} sent {name} as {claimed!r}"
         return None
     return f"no access rule for {method}"

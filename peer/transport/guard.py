@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from peer.core.site_names import site_of
 from peer.transport.auth import BadCertificate, Identity, Role, authorize, identity_of, run_id_of
 from peer.transport.channels import Credentials, run_named
 from peer.transport.front import remote_of
@@ -78,12 +79,14 @@ class Guard(CallCheck):
 
 
 
-def site_security(certs: Path | None, site: str, run_name: str) -> tuple[Credentials, Guard]:
-    """A site's TLS credentials and guard from its certificate directory, the run id from its CA;
-    for None (`--insecure`), plaintext under the run file's `run_name`. OSError naming the file when
-    the certificate is not this site's."""
+def site_security(certs: Path | None, member: str, run_name: str) -> tuple[Credentials, Guard]:
+    """A member's TLS credentials and guard from its certificate directory (its site's certificate:
+    a job's member `SITE.jN` uses SITE's), the run id from its CA; for None (`--insecure`),
+    plaintext under the run file's `run_name`. OSError naming the file when the certificate is not
+    the site's."""
     if certs is None:
         return Credentials(run_id=run_name), Guard(run_name, tls=False)
+    site = site_of(member)
     creds = Credentials.from_dir(certs, site)
     try:
         run_id, who = run_id_of(creds.ca), identity_of(creds.cert)

@@ -19,8 +19,8 @@ handshake fails against this run's CA).
 
 Bounds (`RelayLimits`): tunnels, connections per tunnel, connections waiting for a dial back, header
 bytes and seconds, bytes held per connection (peer/transport/splice.py), and a tunnel silent past
-`tunnel_idle_s` is dropped. The tunnel's line protocol, inside its TLS: relay -> site "READY"
-once it holds the tunnel, then "OPEN <id> <service>" and "PONG"; site -> relay "PING" (tunnel.py
+`tunnel_idle_s` is dropped. The tunnel's line protocol, inside its TLS: site -> relay
+"TUNNEL <member>" (the site, or one of its jobs' members), relay -> site "READY" once it holds it, then "OPEN <id> <service>" and "PONG"; site -> relay "PING" (tunnel.py
 sends one every `PING_S`).
 
     peer serve --role relay --site relay1 --listen 0.0.0.0:7100 --certs certs/
@@ -37,6 +37,7 @@ import socket
 import ssl
 from dataclasses import dataclass, field
 
+from peer.core.site_names import site_of
 from peer.transport import route
 from peer.transport.auth import BadCertificate, Role, identity_of
 from peer.transport.channels import Credentials
@@ -207,8 +208,17 @@ class RelayServer:
         writer.transport.abort()
 
     async def _hold_tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        site = self._site_of(writer)
-        if site is None:
+        holder = self._site_of(writer)
+        if holder is None:
+            return
+        # The member the tunnel stands for: the certificate's site, or one of its jobs (SITE.jN).
+        words = (await asyncio.wait_for(reader.readline(), self.limits.header_s)).decode("ascii", "replace").split()
+        site = words[1] if len(words) == 2 and words[0] == "TUNNEL" else ""
+        if site_of(site) != holder:
+            self.stats.refuse("not its site")
+            log.warning("refused a tunnel from site %s for %r: a site holds tunnels for itself and its jobs",
+                        holder, site)
+            writer.transport.abort()
             return
         if site not in self._tunnels and len(self._tunnels) >= self.limits.tunnels:
             self.stats.refuse("tunnels full")

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from peer.core.site_names import site_of
+
 SCHEME = "relay://"
 SERVICES = ("grpc", "bulk")
 """What a relayed connection reaches at the site: its gRPC server, or its bulk data plane."""
@@ -91,6 +93,6 @@ def relayed_address(site: str, relays: tuple[str, ...]) -> str:
 
 def server_name(address: str) -> str:
     """The name the peer at `address` proves with its certificate: a relayed site's own name (every
-    site certificate carries it, ops/certs.py), else the host dialled."""
+    site certificate carries it, ops/certs.py; a job's member proves its site's), else the host dialled."""
     route = parse(address)
-    return route.site if isinstance(route, Relayed) else route.host
+    return site_of(route.site) if isinstance(route, Relayed) else route.host

@@ -128,6 +128,7 @@ class TunnelAgent:
             raise BadCertificate("the relay showed no certificate")
         who = identity_of(ssl.DER_cert_to_PEM_cert(der).encode())
         try:
+            writer.write(f"TUNNEL {self.site}\n".encode())
             ready = await asyncio.wait_for(reader.readline(), self._dialer.connect_s)
         except BaseException:
             writer.transport.abort()
