@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from peer.core.ids import SiteId
+from peer.core.site_names import site_of
 from peer.core.vouchers import VoucherKeys
 from peer.transport.auth import BadCertificate, Role, identity_of, run_id_of
 from peer.transport.channels import Credentials
@@ -67,7 +68,7 @@ class CaVerifier:
                 self._known.clear()
             self._known[certificate] = known
         name, key, until = known
-        if name != owner:
+        if name != site_of(owner):  # a site's certificate vouches for the site and its jobs' members
             return f"its certificate is {name}'s, not {owner}'s"
         if self.clock() > until:
             return f"its certificate expired at {until.isoformat()}"

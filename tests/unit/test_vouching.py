@@ -56,6 +56,8 @@ def test_signatures_verify_only_for_the_owner_of_this_run(certs: Path) -> None:
         ("a's voucher", good, ""),
         ("b signs, names a as owner", replace(signed(v_of("b"), b), owner=SiteId("a")),
          "its certificate is b's, not a's"),
+        ("a's job 3 vouches under a's certificate", signed(v_of("a.j3"), a), ""),
+        ("b signs as a's job", replace(signed(v_of("b"), b), owner=SiteId("a.j3")), "its certificate is b's, not a.j3's"),
         ("b's signature under a's certificate", replace(good, signature=signed(v_of("a"), b).signature),
          "the signature does not verify with its certificate (forged or altered)"),
         ("holder rewritten", replace(good, holder=SiteId("c")),
