@@ -14,7 +14,7 @@ import pytest
 from tests.integration.peers import Cluster, audit, commits, wait_for
 from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
 
-DOCS = 64  # ~1100 samples: the epoch outlasts the successor's start on a loaded machine
+DOCS = 32  # ~770 samples: the epoch outlasts the successor's start on a loaded machine
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
          "--round-deadline", "60", "--start-sites", "2"]
 
