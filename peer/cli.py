@@ -30,7 +30,6 @@ from peer.logstore import CorruptStore
 from peer.core.membership import MembershipConfig
 from peer.heldout import default_eval_every
 from peer.join_errors import JoinFailed
-from peer.node import Node
 from peer.reach import NotReachable
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
@@ -261,6 +260,8 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
 
 
 async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO") -> int:
+    from peer.node import Node  # torch and numba (~370 MiB): a relay (--role relay) never needs them
+
     try:
         node = Node(config)
     except OSError as err:  # certificates missing or not this site's

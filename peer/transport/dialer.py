@@ -199,7 +199,8 @@ class Dialer:
                 sock.settimeout(None)
             except OSError as err:
                 sock.close()
-                failures.append(str(err))
+                what = str(err) or type(err).__name__
+                failures.append(what if what.startswith(f"relay {route.text(hop)}") else f"relay {route.text(hop)}: {what}")
                 continue
             if hop != good:
                 with self._lock:

@@ -188,6 +188,9 @@ class RelayServer:
             except asyncio.TimeoutError:
                 self.stats.refuse("no dial back")
                 return await _answer(writer, 504, f"site {site} did not dial back within {self.limits.header_s:.0f} s")
+            except ConnectionError as err:  # the site refused, or its tunnel ended: the next relay may do
+                self.stats.refuse("site refused" if isinstance(err, ConnectionRefusedError) else "tunnel gone")
+                return await _answer(writer, 503, f"site {site}: {err}")
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             self.stats.relayed += 1
             await splice((reader, writer), far, self._count)
@@ -236,14 +239,22 @@ class RelayServer:
                 line = await asyncio.wait_for(reader.readline(), self.limits.tunnel_idle_s)
                 if not line:
                     break
-                if line.strip() == b"PING":
+                said = line.split()
+                if said == [b"PING"]:
                     writer.write(b"PONG\n")
+                elif len(said) == 2 and said[0] == b"REFUSE":
+                    refused = tunnel.waiting.pop(said[1].decode("ascii", "replace"), None)
+                    if refused is not None and not refused.done():
+                        refused.set_exception(ConnectionRefusedError("does not serve that service"))
         except asyncio.TimeoutError:
             log.warning("tunnel from site %s silent for %.0f s: dropped", site, self.limits.tunnel_idle_s)
         finally:
             if self._tunnels.get(site) is tunnel:
                 del self._tunnels[site]
                 log.info("tunnel from site %s down", site)
+            for back in tunnel.waiting.values():  # no dial back can come through a tunnel that is gone
+                if not back.done():
+                    back.set_exception(ConnectionResetError("its tunnel to this relay closed"))
             writer.transport.abort()
 
     def _site_of(self, writer: asyncio.StreamWriter) -> str | None:

@@ -17,6 +17,10 @@ BUFFER_BYTES = 256 * 1024
 """Per direction: a few TCP windows' worth at 200 Mbit/s and 100 ms is in flight in the sockets'
 own buffers; this is what the process itself holds."""
 READ_BYTES = 64 * 1024
+HALF_CLOSED_S = 30.0
+"""After one direction ended, how long the other may still carry bytes. A TLS close_notify comes
+back within a round trip; a side that never closes (a client that CONNECTed, was refused by the
+site's server and went silent) must not hold the connection, and a relay's slot, for ever."""
 
 
 async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Callable[[int], None],
@@ -36,14 +40,25 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Cal
 async def splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                  b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                  count: Callable[[int], None] = lambda n: None) -> None:
-    """Copies a→b and b→a until both directions ended (or one broke), then closes both ends.
-    `count(n)` is told every n bytes forwarded, either way."""
+    """Copies a→b and b→a until both directions ended (or one broke, or the other did not end
+    within `HALF_CLOSED_S` of the first), then closes both ends. `count(n)` is told every n bytes
+    forwarded, either way."""
     for _, writer in (a, b):
         writer.transport.set_write_buffer_limits(high=BUFFER_BYTES)
+    ends = (a[1], b[1])
+    pumps = [asyncio.ensure_future(_pump(a[0], b[1], count, ends)),
+             asyncio.ensure_future(_pump(b[0], a[1], count, ends))]
     try:
-        ends = (a[1], b[1])
-        await asyncio.gather(_pump(a[0], b[1], count, ends), _pump(b[0], a[1], count, ends))
+        _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        if pending:  # one direction ended: the other has HALF_CLOSED_S to end too
+            _, pending = await asyncio.wait(pending, timeout=HALF_CLOSED_S)
+        if pending:  # it did not: what it waits on (a silent reader, a receiver that reads nothing) is cut
+            for end in ends:
+                end.transport.abort()
     finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
         for _, writer in (a, b):
             writer.close()
         for _, writer in (a, b):

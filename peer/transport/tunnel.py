@@ -151,6 +151,10 @@ class TunnelAgent:
                 if len(words) == 3 and words[0] == "OPEN" and words[2] in self._services:
                     state.relayed += 1
                     self._spawn(self._dial_back(hop, words[1], self._services[words[2]]))
+                elif len(words) == 3 and words[0] == "OPEN":
+                    # A service this peer does not run (a trainer-less site has no bulk plane): the
+                    # asker's mistake -- anyone may send a CONNECT -- not the relay's; the tunnel stands.
+                    writer.write(f"REFUSE {words[1]}\n".encode())
                 elif words != ["PONG"]:
                     return f"the relay sent {line[:60]!r}"
         except asyncio.TimeoutError:

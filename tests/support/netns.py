@@ -31,12 +31,14 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -71,6 +73,10 @@ def unavailable(nft: bool = True) -> str | None:
     return None
 
 
+_SYN = "tcp flags & (fin | syn | rst | ack) == syn"
+"""A TCP packet that opens a connection (what a firewall refusing inbound connections drops)."""
+
+
 def _ruleset(others: list[str]) -> str:
     """nftables rules of one site's namespace: TCP from here to the other sites goes to the delay line."""
     to_others = (f"ip daddr {{ {', '.join(others)} }} meta l4proto tcp redirect to :{DELAY_PORT}"
@@ -102,14 +108,17 @@ class Probe:
 
 class Namespaces:
     """A hub (bridge) + one namespace per site, veths shaped by tbf at both ends, and with `rtt_s`
-    the transparent delay line in every site namespace; all removed on exit."""
+    the transparent delay line in every site namespace; all removed on exit. `rates`: a site's own
+    link rate where it is not `rate_mbit` (a relay on a data-transfer node, say)."""
 
-    def __init__(self, sites: int, rate_mbit: float, rtt_s: float = 0.0, subnet: str = "10.212.0") -> None:
+    def __init__(self, sites: int, rate_mbit: float, rtt_s: float = 0.0, subnet: str = "10.212.0",
+                 rates: Mapping[int, float] | None = None) -> None:
         tag = os.getpid() % 100_000
         self.hub = f"x12h{tag}"
         self.names = [f"x12p{tag}n{i}" for i in range(sites)]
         self.ips = [f"{subnet}.{i + 1}" for i in range(sites)]
         self.rate_mbit, self.rtt_s = rate_mbit, rtt_s
+        self.rates = {i: (rates or {}).get(i, rate_mbit) for i in range(sites)}
         self._tag = tag
         self._delays: list[subprocess.Popen[str]] = []  # the delay line processes, one per site
 
@@ -144,7 +153,7 @@ class Namespaces:
             # Both directions of the access link: the site's uplink and its downlink.
             for where, dev in ((ns, here), (self.hub, there)):
                 _run(["ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                      "rate", f"{self.rate_mbit:g}mbit", "burst", "256kb", "latency", "200ms"])
+                      "rate", f"{self.rates[i]:g}mbit", "burst", "256kb", "latency", "200ms"])
         if self.rtt_s > 0:
             for i in range(len(self.names)):
                 self._start_delay(i)
@@ -159,6 +168,37 @@ class Namespaces:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the delay line in {self.names[site]} did not start (exit {proc.poll()})")
+
+    def outbound_only(self, site: int, reach: Sequence[int] | None = None) -> None:
+        """Makes `site` a compute node that only dials out: nftables drops every TCP connection
+        attempt (a SYN) into its namespace from another (loopback stays open: the delay line and a
+        site's own tunnel agent use it; replies to what it dialled pass), and with `reach` every one
+        it makes to a namespace not listed. By SYN, not by conntrack's "new": connections open
+        before the rules (untracked where no rule needed conntrack yet) must go on, not be taken
+        for new ones mid-stream. `dropped(site)` counts the packets dropped since."""
+        allowed = ", ".join(self.ips[j] for j in reach or ())
+        egress = "" if reach is None else (
+            f'oifname != "lo" ip daddr != {{ {allowed} }} {_SYN} counter drop' if allowed
+            else f'oifname != "lo" {_SYN} counter drop')
+        _run([*self.exec(site), "nft", "-f", "-"], stdin=f"""
+table inet outbound_only {{
+    chain inbound {{
+        type filter hook input priority 0; policy accept;
+        iifname "lo" accept
+        {_SYN} counter drop
+    }}
+    chain outbound {{
+        type filter hook output priority 0; policy accept;
+        {egress}
+    }}
+}}
+""")
+
+    def dropped(self, site: int) -> int:
+        """Packets `outbound_only` rules of `site` have dropped (each retried SYN counts)."""
+        done = subprocess.run([*self.exec(site), "nft", "list", "table", "inet", "outbound_only"],
+                              capture_output=True, text=True, check=True)
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", done.stdout))
 
     def remove(self) -> None:
         for proc in self._delays:

@@ -194,3 +194,23 @@ def test_connections_to_one_site_are_bounded(certs: Path) -> None:
         await relay.close()
 
     _run(go)
+
+
+def test_a_service_the_site_does_not_run_is_refused_at_once_and_the_tunnel_stands(certs: Path) -> None:
+    async def go() -> None:
+        relay, at = await _relay(certs)
+        async with _echo_server() as service:  # a trainer-less site: gRPC, no bulk plane
+            agent = TunnelAgent("lumi", (at,), Credentials.from_dir(certs, "lumi"), Dialer(), {"grpc": service})
+            agent.start()
+            assert await agent.wait_up(10)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(DialError, match="503 site lumi: does not serve that service"):
+                await asyncio.to_thread(Dialer().open, f"relay://lumi@{at}", "bulk")
+            assert loop.time() - started < 5  # not the 10 s wait for a dial-back that never comes
+            assert relay.tunnels() == ["lumi"] and agent.states[at].up
+            assert await asyncio.to_thread(_round_trip, Dialer(), f"relay://lumi@{at}", "grpc", b"still") == b"still"
+            await agent.close()
+        await relay.close()
+
+    _run(go)
