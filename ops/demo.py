@@ -6,11 +6,14 @@
 Starts one `peer serve --train` per site on loopback, all at once (the first founds the run, the
 others join it), says who has joined while they start, then prints every committed round with its
 seconds (the slowest site's), tokens per second, overhead share (1 - compute / wall, peer/core/timeline.py),
-leader, voters, samples committed and whether every live peer holds the same θ (I7), under a
+and, from the commit log (ops/round_log.py), the leader that committed it, the voters then, the
+samples committed through it and θ's hash, with whether every live peer holds that θ (I7), under a
 progress bar over the data epoch on a terminal. One site leaves gracefully half way (the run goes
 on without it). It ends with `ops audit`, the held-out perplexity of the final checkpoint (loaded
 with `AutoModelForCausalLM.from_pretrained`) next to the untrained model's and a centralised run on
-the same tokens (`--no-baseline` skips it), and the path of the PNG report (ops/report.py).
+the same tokens (ops/baseline.py; `--no-baseline` skips it), and the path of the PNG report
+(ops/report.py), whose held-out panel draws the checkpoints' curve and the baseline's at the same
+tokens (also written to `baseline.json`, for `ops report --reference`).
 Exit status 0 when all of that held.
 """
 
@@ -28,12 +31,14 @@ from typing import Any
 
 import grpc
 
-from ops import local_mesh, report
+from ops import baseline, local_mesh, report, round_log
 from ops.certs import make_run
 from ops.mesh import status_document
+from ops.round_log import CommittedRound
 from peer import timeline_file
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.core.timeline import RoundTimeline
+from peer.logstore import CorruptStore
 from peer.transport.channels import Credentials, open_blocking_channel
 
 SITE_NAMES = ("snellius", "lumi", "frontier", "leonardo", "mareNostrum", "jupiter")
@@ -52,8 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="round after which the last site leaves gracefully (default: half way; 0 = never)")
     p.add_argument("--workdir", type=Path, default=Path("runs") / "demo", help="where sites keep their state")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
+    p.add_argument("--overlap", choices=("on", "off"), default="on",
+                   help="on (peer serve's default): a site trains the next round while this one is exchanged; "
+                        "off: serial rounds")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
-                   help="skip the centralised baseline on the same tokens (saves about a minute)")
+                   help="skip the centralised baseline on the same tokens (and the time it trains)")
     p.set_defaults(func=run)
 
 
@@ -76,6 +84,7 @@ def _serve_args(args: argparse.Namespace, workdir: Path, total_steps: int) -> li
     return ["--preset", "lan", "--train", args.model, "--max-documents", str(args.max_documents),
             "--inner-steps", str(args.inner_steps), "--batch-size", str(args.batch_size),
             "--total-steps", str(total_steps), "--round-deadline", "600", "--checkpoint-every", "1",
+            "--overlap", args.overlap,
             "--certs", str(workdir / "certs")]
 
 
@@ -128,22 +137,29 @@ def _wait_for_members(addresses: dict[str, str], deadline: float, creds: Credent
     return False
 
 
-def round_line(r: int, records: list[RoundTimeline], doc: dict[str, Any] | None, same: bool) -> str:
-    """One committed round as the sites measured it: the slowest site's wall time, the tokens
-    trained per second of it, the mean overhead share, then the log's view as of now (`doc`; None
-    for a round that committed between two looks, whose leader, samples and θ are no longer shown)."""
+def round_line(r: int, records: list[RoundTimeline], committed: CommittedRound, samples_total: int,
+               same: bool) -> str:
+    """One committed round: as the sites measured it (the slowest site's wall time, the tokens
+    trained per second of it, the mean overhead share, the mean loss), then as the commit log
+    records it (`committed`: the leader that committed it, the voters then, the samples committed
+    through it, θ's hash) and whether every live peer holds that θ (`same`)."""
     wall = max(rec.wall_s for rec in records)
     tokens = sum(rec.tokens for rec in records)
     overhead = sum(rec.overhead_share for rec in records) / len(records)
     losses = [rec.loss for rec in records if rec.tokens and not math.isnan(rec.loss)]
-    line = (f"round {r:3d}  {wall:5.1f}s  {tokens / wall if wall else 0:6.0f} tok/s  overhead {100 * overhead:3.0f}%  "
-            f"loss {sum(losses) / len(losses) if losses else float('nan'):.3f}")
-    if doc is None:
-        return line
-    t = doc["training"]
-    return (f"{line}  leader {doc['leader']}  voters {','.join(doc['voters'])}  "
-            f"samples {t['samples_committed']}/{t['samples_total']}  θ {t['weights_hash'][:12]} "
+    return (f"round {r:3d}  {wall:5.1f}s  {tokens / wall if wall else 0:6.0f} tok/s  overhead {100 * overhead:3.0f}%  "
+            f"loss {sum(losses) / len(losses) if losses else float('nan'):.3f}  leader {committed.leader}  "
+            f"voters {','.join(committed.voters)}  samples {committed.samples_committed}/{samples_total}  "
+            f"θ {committed.weights_hash[:12]} "
             f"{'same on all live peers' if same else 'DIFFERS between peers (I7 violated)'}")
+
+
+def _committed(workdir: Path, sites: list[str]) -> dict[str, dict[int, CommittedRound]] | None:
+    """Each site's commit log by round; None when a copy caught a log mid-write (look again)."""
+    try:
+        return {s: round_log.read(workdir / s) for s in sites}
+    except CorruptStore:
+        return None
 
 
 class _Narrator:
@@ -214,15 +230,23 @@ def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: d
         if len(rounds) != 1 or min(rounds) <= printed:
             continue
         applied = min(rounds)
-        same = len({d["training"]["weights_hash"] for d in docs.values()}) == 1
-        ok &= same
-        records = {s: timeline_file.read(workdir / s) for s in live}
+        records = {s: timeline_file.read(workdir / s) for s in docs}
+        # Every peer has committed (durably, before applying) the rounds it applied.
+        if (logs := _committed(workdir, list(docs))) is None:
+            continue
+        held = {d["training"]["weights_hash"] for d in docs.values()}
+        log = next(iter(logs.values()))
         # A site writes its record just after status shows the round applied; a round a state
         # transfer skipped has no record at that site, but a later one does.
         done = min((recs[-1].round if recs else 0) for recs in records.values())
         for r in range(printed + 1, min(applied, done) + 1):
+            # One hash for r in every peer's log; each peer checked its θ_r against it when it
+            # applied r (a mismatch makes it re-sync), and for the round applied now their θ is here.
+            same = len({each[r].weights_hash for each in logs.values()}) == 1
+            same &= r != applied or held == {log[r].weights_hash}
+            ok &= same
             if this := [rec for recs in records.values() for rec in recs if rec.round == r]:
-                narrator.line(round_line(r, this, any_doc if r == applied else None, same))
+                narrator.line(round_line(r, this, log[r], t["samples_total"], same))
             printed = r
         if printed < applied:
             continue
@@ -254,46 +278,32 @@ def _audit(workdir: Path, sites: list[str]) -> bool:
 
 def _evaluate(workdir: Path, sites: list[str], site: str, args: argparse.Namespace) -> bool:
     """Loads the final checkpoint the way a user would, compares it with the untrained model and
-    (unless --no-baseline) a centralised run on the same tokens, and writes the PNG report."""
+    (unless --no-baseline) a centralised run on the same tokens, and writes the PNG report with the
+    mesh's held-out curve (its checkpoints) and, beside it, the baseline's at the same tokens."""
     ckpt = (workdir / site / "checkpoints" / "latest").resolve()
-    meta = json.loads((ckpt / "meta.json").read_text()) if (ckpt / "meta.json").exists() else {}
+    final_round = int(ckpt.name.removeprefix("round-"))
     heldout = report.heldout_samples(args.max_documents)
     final = report.checkpoint_perplexity(ckpt, heldout)
     initial = report.untrained_perplexity(args.model, args.max_documents)
-    print(f"final checkpoint {ckpt} (round {meta.get('round', '?')}) loads with AutoModelForCausalLM.from_pretrained")
+    print(f"final checkpoint {ckpt} (round {final_round}) loads with AutoModelForCausalLM.from_pretrained")
     line = f"held-out perplexity: untrained {initial:.1f} -> sitemesh {final:.1f}"
+    # The mesh's curve: its checkpoints on the same held-out samples, by the tokens committed then.
+    data = report.collect([workdir / s for s in sites], heldout_documents=args.max_documents)
+    committed = data.committed_tokens()
+    reference = ""
     if args.baseline:
-        print("training the centralised baseline on the same tokens (one trainer, all sites' batch)...", flush=True)
-        central = centralised_perplexity(args, heldout)
+        print("training the centralised baseline on the same tokens (one trainer, all sites' batch), "
+              "evaluated at the mesh's checkpoints' tokens...", flush=True)
+        data.reference = baseline.centralised_curve(args.model, args.max_documents, args.sites, args.batch_size,
+                                                    heldout, [committed[r] for r, _ in data.perplexity if r in committed])
+        path = workdir / "baseline.json"
+        path.write_text(json.dumps([{"tokens": t, "perplexity": p} for t, p in data.reference], indent=1))
+        reference = f" --reference {path}"
+        central = report.interpolate(data.reference, committed[final_round])
+        assert central is not None, "the baseline is evaluated around the final checkpoint's tokens"
         line += f"; centralised on the same tokens {central:.1f} (ratio {final / central:.3f})"
     print(line, flush=True)
     out = workdir / "report.png"
-    data = report.collect([workdir / s for s in sites], heldout_documents=args.max_documents)
     report.render(data, out)
-    print(f"report: {out}  (ops report --data-dir ... --format md for text)", flush=True)
+    print(f"report: {out}  (ops report --data-dir ...{reference} --format md for text)", flush=True)
     return final < initial
-
-
-def centralised_perplexity(args: argparse.Namespace, heldout: Any) -> float:
-    """The baseline the run is judged by: one trainer from the same θ_0 with every site's batch at
-    once (sites x batch), on every sample of the data epoch once, in the epoch's block order (the
-    tokens the mesh trained), same inner optimizer defaults, the same held-out samples."""
-    import torch
-
-    from peer.trainer.blocks import BlockIndex
-    from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
-    from peer.trainer.evaluate import perplexity
-    from peer.trainer.inner import Trainer
-
-    data = DataConfig.shipped(max_documents=args.max_documents)
-    index = BlockIndex(data)
-    ranges = [b.full_range() for b in index.epoch_order()]
-    batch = args.batch_size * args.sites
-    steps = max(1, sum(r.num_samples for r in ranges) // batch)
-    inner = InnerConfig(batch_size=batch, micro_batch_size=args.batch_size, total_steps=steps,
-                        warmup_steps=min(50, steps // 10))
-    trainer = Trainer(TrainerConfig(MODEL_PRESETS[args.model], data, inner), index=index)
-    theta = trainer.model_weights()
-    result = trainer.train_round(theta, ranges, steps)
-    trainer.load_global({n: theta[n] - result.pseudo_gradient[n] for n in theta})
-    return perplexity(trainer.module, heldout, torch.device("cpu"), bf16=False)
