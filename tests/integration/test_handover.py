@@ -1,8 +1,11 @@
 """One site handed over from one Slurm job to the next without losing a round (issue 35, item 2):
-real peers with mutual TLS. Site b's job 1 trains; its job 2 joins beside it as member b.j2 (it
-takes θ and the log by state transfer and trains), then job 1 gets SIGTERM, as Slurm sends it
-before the wall time, and leaves. The run goes on; at the end every sample of the epoch is
-committed once (`ops audit` over a, b's job 1 and b's job 2) and a and b.j2 hold the same θ."""
+real peers with mutual TLS. Site b's job 1 and job 2 are members of their own (b.j1, b.j2) under
+b's one certificate; the first round opens once a, b.j1 and b.j2 are live (so that the epoch
+cannot end before the successor's trainer is up, however fast the machine), they train together,
+then job 1 gets SIGTERM, as Slurm sends it before the wall time, and leaves. The run goes on with
+a and b.j2; at the end every sample of the epoch is committed once (`ops audit` over a, b's job 1
+and b's job 2) and a and b.j2 hold the same θ. (A successor that joins after rounds were committed
+takes θ by state transfer, as every late joiner does: tests/integration/test_darl_mesh.py.)"""
 
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ import pytest
 from tests.integration.peers import Cluster, audit, commits, wait_for
 from tests.integration.test_training_mesh import _committed_samples, _epoch_samples_of
 
-DOCS = 32  # ~770 samples: the epoch outlasts the successor's start on a loaded machine
+DOCS = 32  # 509 samples: rounds with all three, then with a and b.j2 alone
 TRAIN = ["--train", "micro", "--max-documents", str(DOCS), "--inner-steps", "8", "--batch-size", "1",
-         "--round-deadline", "60", "--start-sites", "2"]
+         "--round-deadline", "60", "--start-sites", "3"]
 
 
 def _training(cluster: Cluster, member: str) -> dict:
@@ -32,9 +35,7 @@ def test_a_sites_next_job_takes_over_without_losing_a_round(tmp_path: Path) -> N
         a = cluster.start("a", extra=TRAIN)
         cluster.start("b", join=[a.address], extra=[*TRAIN, "--job", "1"])
         cluster.peers["b.j1"] = cluster.peers.pop("b")
-        wait_for(lambda: any(len(c.contributors) == 2 for c in commits(tmp_path / "a")), 400,
-                 "a round a and b's first job trained")
-        # The successor starts while job 1 still trains: a member of its own, under b's certificate.
+        # The successor starts beside job 1: a member of its own, under b's certificate.
         cluster.start("b", join=[a.address], extra=[*TRAIN, "--job", "2"])
         cluster.peers["b.j2"] = cluster.peers.pop("b")
         wait_for(lambda: any({c.site for c in commit.contributors} >= {"a", "b.j1", "b.j2"}
