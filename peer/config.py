@@ -204,10 +204,9 @@ class PeerConfig:
             parse_address(self.relay_listen, "relay_listen address")
         if self.proxy:
             try:
-                route.host_port(self.proxy.removeprefix("http://").rstrip("/"))
+                route.proxy_hop(self.proxy)
             except route.BadRoute as err:
-                raise ConfigError(f"proxy {self.proxy!r}: {err}; give http://HOST:PORT of an HTTP CONNECT proxy") \
-                    from None
+                raise ConfigError(str(err)) from None
         if self.reach == "direct":
             if self.relays:
                 raise ConfigError("relays are for reach = \"outbound\" sites: set reach = \"outbound\" or drop relays")

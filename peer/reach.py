@@ -59,6 +59,7 @@ class Reach:
             host, port = parse_address(config.relay_listen, "relay_listen address")
             self.relay = RelayServer(self._creds)
             bound = await self.relay.start(host.strip("[]"), port)
+            self.dialer.via_self = self.relay.local_route
             log.info("relaying for outbound sites on port %d", bound)
         if config.reach != "outbound":
             return

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from peer.transport import route
@@ -56,13 +57,7 @@ class Egress:
         `https_proxy` (gRPC's own reading of the environment is off: channels.py), with `no_proxy`."""
         text = proxy or os.environ.get("https_proxy") or os.environ.get("HTTPS_PROXY") or ""
         skip = no_proxy if no_proxy is not None else os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or ""
-        hop = None
-        if text:
-            bare = text.removeprefix("http://").rstrip("/")
-            try:
-                hop = route.host_port(bare)
-            except route.BadRoute as err:
-                raise ValueError(f"proxy {text!r}: {err}; give http://HOST:PORT (an HTTP CONNECT proxy)") from None
+        hop = route.proxy_hop(text) if text else None  # BadRoute (a ValueError) names the fix
         return cls(hop, tuple(s.strip() for s in skip.split(",") if s.strip()), loopback_direct=not proxy)
 
     def proxy_for(self, host: str) -> Direct | None:
@@ -114,14 +109,19 @@ class Dialer:
     connect_s: float = 5.0
     """Seconds one TCP connect (and CONNECT answer) may take before the next path is tried: a
     relay dropped by a firewall answers nothing, and gossip must not wait a minute on it."""
+    via_self: Callable[[str], Direct | None] | None = None
+    """Where this process's own relay reaches a relayed site (RelayServer.local_route), if it runs one:
+    tried before the relays the address names, since the site then dials back straight to this
+    peer (one WAN path, no other relay loaded). Reached directly, never through the egress proxy."""
     _forwarder: Forwarder | None = None
     _good: dict[str, Direct] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards `_good`: the forwarder's thread, bulk receivers and the tunnel agent dial at once."""
 
-    def tcp(self, hop: Direct) -> socket.socket:
-        """A connection to `hop`, through the egress proxy unless `hop` is exempt (blocking)."""
-        proxy = self.egress.proxy_for(hop.host)
+    def tcp(self, hop: Direct, *, proxied: bool = True) -> socket.socket:
+        """A connection to `hop`, through the egress proxy unless `hop` is exempt or not `proxied`
+        (blocking)."""
+        proxy = self.egress.proxy_for(hop.host) if proxied else None
         first = proxy or hop
         sock = socket.create_connection((first.host, first.port), timeout=self.connect_s)
         try:
@@ -153,7 +153,7 @@ class Dialer:
         if not address.startswith(route.SCHEME) and self.egress.proxy is None:
             return address, ""  # as given: gRPC resolves it (names, "unix:" paths) as it always did
         target = route.parse(address)
-        name = route.server_name(address)
+        name = route.server_name(target)
         if isinstance(target, Direct) and self.egress.proxy_for(target.host) is None:
             return address, ""
         with self._lock:
@@ -174,6 +174,8 @@ class Dialer:
         "via relay R" (the one that last worked, else the first named)."""
         target = route.parse(address)
         if isinstance(target, Relayed):
+            if self.via_self is not None and self.via_self(target.site) is not None:
+                return "via this peer's relay"
             with self._lock:
                 hop = self._good.get(target.site, target.relays[0])
             return f"via relay {route.text(hop)}"
@@ -185,11 +187,13 @@ class Dialer:
             raise ValueError(f"unknown service {service!r}: one of {', '.join(route.SERVICES)}")
         with self._lock:
             good = self._good.get(target.site)
-        order = sorted(target.relays, key=lambda hop: hop != good)  # stable: the named order otherwise
+        own = self.via_self(target.site) if self.via_self is not None else None
+        order = sorted((hop for hop in target.relays if hop != own),
+                       key=lambda hop: hop != good)  # stable: the named order otherwise
         failures: list[str] = []
-        for hop in order:
+        for hop in ([own] if own is not None else []) + order:
             try:
-                sock = self.tcp(hop)
+                sock = self.tcp(hop, proxied=hop != own)
             except OSError as err:
                 failures.append(f"relay {route.text(hop)}: {err}")
                 continue
@@ -202,7 +206,7 @@ class Dialer:
                 what = str(err) or type(err).__name__
                 failures.append(what if what.startswith(f"relay {route.text(hop)}") else f"relay {route.text(hop)}: {what}")
                 continue
-            if hop != good:
+            if hop not in (good, own):
                 with self._lock:
                     self._good[target.site] = hop
                 if good is not None:

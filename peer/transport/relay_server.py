@@ -41,6 +41,7 @@ from peer.core.site_names import site_of
 from peer.transport import route
 from peer.transport.auth import BadCertificate, Role, identity_of
 from peer.transport.channels import Credentials
+from peer.transport.route import Direct
 from peer.transport.splice import splice
 from peer.transport.tls_context import server_tls
 
@@ -102,6 +103,7 @@ class RelayServer:
         self._tls = server_tls(creds)
         self._tunnels: dict[str, _Tunnel] = {}
         self._listener: socket.socket | None = None
+        self._local: Direct | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> int:
@@ -111,7 +113,9 @@ class RelayServer:
                                               dualstack_ipv6=host == "::" and socket.has_dualstack_ipv6())
         self._listener.setblocking(False)
         self._tasks.add(asyncio.ensure_future(self._accept_loop(self._listener)))
-        return int(self._listener.getsockname()[1])
+        bound = int(self._listener.getsockname()[1])
+        self._local = Direct({"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), bound)
+        return bound
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -125,6 +129,15 @@ class RelayServer:
             task = asyncio.ensure_future(self._accept(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def local_route(self, site: str) -> Direct | None:
+        """Where this process reaches `site` through its own relay: the listener, if `site` holds a
+        tunnel here now, else None. A peer that also relays (a direct site's `relay_listen`) dials
+        its own fetches this way (Dialer.via_self): the site dials back straight to it, so the bytes
+        cross one WAN path, not two, and load no other relay. Called from the dialer's threads: a
+        dict lookup, atomic under the GIL; a tunnel that ends meanwhile fails the CONNECT, and the
+        dialer goes on to the site's named relays."""
+        return self._local if site in self._tunnels else None
 
     def tunnels(self) -> list[str]:
         """Sites with a tunnel here now."""

@@ -91,8 +91,17 @@ def relayed_address(site: str, relays: tuple[str, ...]) -> str:
     return address
 
 
-def server_name(address: str) -> str:
-    """The name the peer at `address` proves with its certificate: a relayed site's own name (every
-    site certificate carries it, ops/certs.py; a job's member proves its site's), else the host dialled."""
-    route = parse(address)
+def server_name(address: str | Direct | Relayed) -> str:
+    """The name the peer at `address` (or its parsed route) proves with its certificate: a relayed
+    site's own name (every site certificate carries it, ops/certs.py; a job's member proves its
+    site's), else the host dialled."""
+    route = parse(address) if isinstance(address, str) else address
     return site_of(route.site) if isinstance(route, Relayed) else route.host
+
+
+def proxy_hop(text: str) -> Direct:
+    """The HTTP CONNECT proxy `text` names ("http://host:port" or "host:port"); BadRoute with the fix."""
+    try:
+        return host_port(text.removeprefix("http://").rstrip("/"))
+    except BadRoute as err:
+        raise BadRoute(f"proxy {text!r}: {err}; give http://HOST:PORT of an HTTP CONNECT proxy") from None

@@ -65,7 +65,8 @@ def test_outbound_sites_join_through_relays_and_a_proxy_and_outlive_a_relay(tmp_
     cluster = Cluster(tmp_path, tls=True)
     relay_port = free_port()
     try:
-        # a is direct and relays too; r1 only relays. b and c name r1 first, so r1 carries them.
+        # a is direct and relays too; r1 only relays. b and c name r1 first, so r1 carries what they
+        # send each other; a reaches them through its own relay (they dial back straight to a).
         a = cluster.start("a", extra=["--round-interval", "0.5", "--relay-listen", f"127.0.0.1:{relay_port}"])
         r1 = Relay(cluster, "r1")
         both = [r1.address, f"127.0.0.1:{relay_port}"]
@@ -80,17 +81,19 @@ def test_outbound_sites_join_through_relays_and_a_proxy_and_outlive_a_relay(tmp_
         assert view["b"]["path"] == f"via relay {r1.address}" and view["a"]["path"] == f"via proxy {proxy[7:]}"
         wait_for(lambda: all(m["rtt_ms"] is not None for m in cluster.status(a.address)["members"] if m["site"] != "a"),
                  30, "a's probes to measure every round trip")
-        assert {m["site"]: m["path"] for m in cluster.status(a.address)["members"]}["a"].startswith("direct, relaying")
+        paths_from_a = {m["site"]: m["path"] for m in cluster.status(a.address)["members"]}
+        assert paths_from_a["a"].startswith("direct, relaying")
+        assert paths_from_a["b"] == paths_from_a["c"] == "via this peer's relay", paths_from_a
         # c reached its relays through the proxy only: the proxy's log shows its CONNECTs to them.
         connects = proxy_log.read_text()
         assert f"CONNECT {r1.address}" in connects and f"CONNECT 127.0.0.1:{relay_port}" in connects
 
-        r1.kill()  # kill -9 of the relay carrying b and c: they move to a's relay
+        r1.kill()  # kill -9 of the relay carrying b and c to each other: they move to a's relay
         committed = {s: cluster.status(cluster.peers[s].address)["committed_round"] for s in "abc"}
         wait_for(lambda: all(cluster.status(cluster.peers[s].address)["committed_round"] >= committed[s] + 6
                              for s in "abc"), 60, "rounds to go on after the relay died")
         assert all(_alive(cluster, s) == {"a", "b", "c"} for s in "abc"), "nobody was taken for dead"
-        assert "reaching b through relay" in a.log() and "reaching c through relay" in a.log()
+        assert "reaching c through relay" in b.log() and "reaching b through relay" in c.log()
     finally:
         cluster.close()
 

@@ -16,7 +16,7 @@ import pytest
 
 from ops.certs import LOOPBACK, init_ca, issue, make_run
 from peer.transport.channels import Credentials
-from peer.transport.dialer import DialError, Dialer
+from peer.transport.dialer import DialError, Dialer, Egress
 from peer.transport.relay_server import RelayLimits, RelayServer
 from peer.transport.route import Direct
 from peer.transport.tunnel import TunnelAgent
@@ -112,6 +112,43 @@ def test_a_dead_relay_costs_one_refused_connection_then_the_next_carries_the_sit
             assert second.stats.relayed == 1
             await agent.close()
         await second.close()
+
+    _run(go)
+
+
+def test_a_peer_that_relays_reaches_a_site_through_its_own_relay_first(certs: Path) -> None:
+    """A direct site that also relays (`relay_listen`) dials a site tunnelled to it through itself,
+    ahead of the relays the address names and never through its egress proxy; a site with no
+    tunnel there goes by the named relays."""
+    async def go() -> None:
+        named, at1 = await _relay(certs, "r1")
+        mine, at2 = await _relay(certs, "r2")
+        async with _echo_server() as service:
+            agent = TunnelAgent("lumi", (at1, at2), Credentials.from_dir(certs, "lumi"), Dialer(), {"grpc": service})
+            agent.start()
+            assert await agent.wait_up(10)
+            while mine.local_route("lumi") is None or named.local_route("lumi") is None:
+                await asyncio.sleep(0.05)
+            dead = socket.create_server(("127.0.0.1", 0))  # a "proxy" that never answers a CONNECT
+            dead_port = dead.getsockname()[1]
+            dead.close()
+            proxied = Dialer(Egress(proxy=Direct("127.0.0.1", dead_port), loopback_direct=False),
+                             via_self=mine.local_route)
+            address = f"relay://lumi@{at1}"  # names only the other relay, which the proxy cannot reach
+            assert await asyncio.to_thread(_round_trip, proxied, address, "grpc", b"mine") == b"mine"
+            assert (mine.stats.relayed, named.stats.relayed) == (1, 0)
+            assert proxied.path(address) == "via this peer's relay"
+            kit = TunnelAgent("kit", (at1,), Credentials.from_dir(certs, "kit"), Dialer(), {"grpc": service})
+            kit.start()
+            assert await kit.wait_up(10)
+            plain = Dialer(via_self=mine.local_route)  # kit holds no tunnel at this peer's relay
+            assert await asyncio.to_thread(_round_trip, plain, f"relay://kit@{at1}", "grpc", b"kit") == b"kit"
+            assert (mine.stats.relayed, named.stats.relayed) == (1, 1)
+            assert plain.path(f"relay://kit@{at1}") == f"via relay {at1}"
+            await kit.close()
+            await agent.close()
+        await named.close()
+        await mine.close()
 
     _run(go)
 
