@@ -21,7 +21,9 @@ in tokens between the reference's points, never extrapolated), so the two compar
 
 Panels: loss per site; held-out perplexity (in-run, checkpoints, reference); seconds per round per
 site, compute vs overhead stacked; overhead share per site; tokens per site (cumulative); lease
-events per site. Membership events are vertical lines on the per-round panels.
+events per site. Membership events are vertical lines on the per-round panels. Where the peers kept
+job records (`jobs/*.json` in a data dir and in its job members' `jN/`, peer/job_record.py), a
+panel of jobs per site over time, and in the text the allocation accounting (ops/accounting.py).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ops import accounting, jobs_panel
 from ops.audit import read_ledger
-from peer import timeline_file
+from peer import job_record, timeline_file
 from peer.core.commitlog import RoundCommit, VoterChange
 from peer.logstore import CorruptStore, FileStore
 from peer.core.timeline import RoundTimeline
@@ -69,6 +72,8 @@ class ReportData:
     """site -> lease event kind -> count, as that site logged them as owner."""
     reference: list[tuple[int, float]] = field(default_factory=list)
     """(tokens, perplexity) of a centralised run (--reference), by tokens; empty without one."""
+    jobs: list[job_record.JobRecord] = field(default_factory=list)
+    """The job records of every member dir (a site's and its jobs' jN/), for the accounting."""
 
     def heldout(self) -> list[tuple[int, float]]:
         """(round, perplexity) of θ evaluated during the run, by round: θ is the same at every site,
@@ -186,7 +191,8 @@ def collect(data_dirs: list[Path], heldout_documents: int = 0, reference: Path |
         timelines[site] = records
         kinds = Counter(e.kind.value for e in read_ledger(d))
         leases[site] = {k: kinds.get(k, 0) for k in LEASE_KINDS}
-    data = ReportData(sorted(timelines), timelines, _member_events(data_dirs[0]), leases=leases)
+    jobs = [r for d in data_dirs for member in (d, *sorted(d.glob("j[0-9]*"))) for r in job_record.read_dir(member)]
+    data = ReportData(sorted(timelines), timelines, _member_events(data_dirs[0]), leases=leases, jobs=jobs)
     if heldout_documents > 0:
         data.perplexity = _perplexity(data_dirs[0], heldout_documents)
     if reference is not None:
@@ -276,14 +282,20 @@ def render(data: ReportData, out: Path) -> None:
 
 
 def figure(data: ReportData):  # -> matplotlib Figure (lazy matplotlib: `ops` starts fast)
-    """The report's panels, in a figure of 2 x 3 axes (the held-out perplexity is the second)."""
+    """The report's panels, in a figure of 2 x 3 axes (the held-out perplexity is the second), and
+    below them, where there are job records, the jobs per site over time across the width."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(18, 9.5), constrained_layout=True)
-    (ax_loss, ax_ppl, ax_time), (ax_over, ax_tok, ax_lease) = axes
+    rows = 3 if data.jobs else 2
+    fig = plt.figure(figsize=(18, 9.5 * rows / 2), constrained_layout=True)
+    grid = fig.add_gridspec(rows, 3)
+    (ax_loss, ax_ppl, ax_time), (ax_over, ax_tok, ax_lease) = [[fig.add_subplot(grid[r, c]) for c in range(3)]
+                                                               for r in range(2)]
+    if data.jobs:
+        jobs_panel.draw(fig.add_subplot(grid[2, :]), accounting.account(data.jobs))
     n = max(len(data.sites), 1)
     width = 0.8 / n
     for i, site in enumerate(data.sites):
@@ -357,7 +369,8 @@ def _heldout_panel(ax, data: ReportData) -> None:  # ax: matplotlib Axes (lazy m
 
 
 def markdown(data: ReportData) -> str:
-    """A text summary: one row per site, then the membership events and the perplexity points."""
+    """A text summary: one row per site, then the membership events, the perplexity points and
+    the allocation accounting."""
     lines = [("| site | rounds | trained | tokens | compute s | overhead s | overhead | tokens/s | last loss | "
               "grants | reclaims | steals |"), "|---" * 12 + "|"]
     for site in data.sites:
@@ -382,4 +395,6 @@ def markdown(data: ReportData) -> str:
             f"round {r}" + (f" ({committed[r]} tokens)" if r in committed else "") + f": {p:.1f}"
             + (f" (reference {reference[r]:.1f}, ratio {p / reference[r]:.3f})" if r in reference else "")
             for r, p in in_run)]
+    if data.jobs:
+        lines += ["", "Allocations:", "", accounting.table(accounting.account(data.jobs))]
     return "\n".join(lines)

@@ -41,6 +41,7 @@ from peer.core.membership import LEAVING
 from peer.core.membership_types import MemberState
 from peer.core.lease_config import LeaseConfig
 from peer.heldout import HeldOut
+from peer.job_record import JobLog
 from peer.leasing import Leasing
 from peer.vouching import keys_of
 from peer.core.timeline import RoundClock, RoundTimeline
@@ -79,8 +80,11 @@ class Coordinator:
         training.clock = node.now
         self.heldout = HeldOut(node.data_dir, training.outer.eval_every, self._spawn)
         """Writes the records in round order, the leader's with θ's held-out perplexity (peer/heldout.py)."""
+        self.job = JobLog(node.data_dir, node.config.site)
+        """When this job began, trained and ended, for the run's accounting (peer/job_record.py)."""
 
     async def start(self) -> None:
+        self.job.started()  # first: a job whose trainer never starts still cost its allocation
         await self.training.start()
         raft = self.node.consensus_core()
         leasing = Leasing(self.node.config.site, dict(self.training.blocks), self.lease_config,
@@ -105,6 +109,11 @@ class Coordinator:
         pending, self._pending = self._pending, []
         for event in pending:  # what was committed while the trainer started
             self._feed(event)
+
+    async def close(self) -> None:
+        """The peer stops: the job's exit goes on record, then the trainer and the bulk listener close."""
+        self.job.exited()
+        await self.training.close()
 
     # ----- status ------------------------------------------------------------------------------
     @property
@@ -313,6 +322,7 @@ class Coordinator:
             return
         log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", t.round,
                  sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
+        self.job.trained(trained.seconds, trained.steps)
         self._feed(ev.TrainDone(t.round, trained.ranges, trained.tokens, trained.root, trained.seconds,
                                 trained.steps, trained.mean_loss, trained.folded_at))
 

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from peer.core.commitlog import RoundCommit
 from peer.core.lease_types import EventKind
 from peer.core.timeline import PHASES
+from peer.job_record import JobRecord
 from peer.peer_events import EXCLUSION_KINDS
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ def _training_families(node: PeerView) -> Iterator[Metric]:
                                 value=evaluated.round)
         yield GaugeMetricFamily("sitemesh_heldout_tokens", "Tokens the run had committed through that round",
                                 value=evaluated.committed_tokens or 0)
+    yield from _job_families(coord.job.record)
     peak = _peak_rss_bytes(training.process.pid)
     if peak is not None:
         yield GaugeMetricFamily("sitemesh_trainer_peak_memory_bytes",
@@ -201,6 +203,23 @@ def _training_families(node: PeerView) -> Iterator[Metric]:
     yield GaugeMetricFamily("sitemesh_samples", "Samples the run trains (every sample once per data epoch)",
                             value=coord.samples_total)
     yield GaugeMetricFamily("sitemesh_data_epoch", "The data epoch the log is in", value=leasing.ledger.data_epoch)
+
+
+def _job_families(job: JobRecord) -> Iterator[Metric]:
+    """This job's accounting (peer/job_record.py) as timestamps and seconds, so that PromQL derives
+    the rest: allocated = time() - start, goodput = inner / allocated (ops/accounting.py)."""
+    yield GaugeMetricFamily("sitemesh_job_start_timestamp_seconds", "When this job's allocation began (Unix time)",
+                            value=job.job_start)
+    if job.job_end is not None:
+        yield GaugeMetricFamily("sitemesh_job_end_timestamp_seconds",
+                                "When Slurm ends this job's allocation (Unix time)", value=job.job_end)
+    yield GaugeMetricFamily("sitemesh_job_nodes", "Nodes of this job's allocation", value=job.nodes)
+    yield CounterMetricFamily("sitemesh_job_inner_seconds", "Seconds this job's trainer spent in inner steps",
+                              value=job.inner_s)
+    if job.first_step is not None:
+        yield GaugeMetricFamily("sitemesh_job_joining_seconds",
+                                "Seconds from this job's start to its first inner step (its fixed start cost)",
+                                value=job.first_step - job.job_start)
 
 
 class PeerCollector(Collector):

@@ -328,9 +328,9 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._pool.close()
         await self.reach.close()
-        try:  # the bulk listener closes in training.close(): a successor may take the lock after
+        try:  # the bulk listener closes in coordinator.close(): a successor may take the lock after
             if self.coordinator is not None:
-                await self.coordinator.training.close()
+                await self.coordinator.close()
         finally:
             if self._lock is not None:
                 self._lock.close()

@@ -22,6 +22,7 @@ from peer.core.membership_types import MemberView
 from peer.core.rounds import Message as RoundMessage
 from peer.core.timeline import RoundClock, RoundTimeline
 from peer.heldout import HeldOut
+from peer.job_record import JobLog
 from peer.leasing import Leasing
 from peer.peer_events import PeerEvents
 from peer.reach import Reach
@@ -66,6 +67,7 @@ class TrainingView(Protocol):
     leasing: Leasing | None
     clock: RoundClock
     heldout: HeldOut
+    job: JobLog
     last_timeline: RoundTimeline | None
 
     @property

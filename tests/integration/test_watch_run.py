@@ -26,6 +26,7 @@ from ops import report
 from peer.exchange.bulk import MAGIC, TOKEN_BYTES
 from ops.audit import read_round_commits
 from peer import timeline_file
+from peer.job_record import read_dir
 from peer.core.timeline import PHASES
 from tests.integration.peers import REPO, Cluster, Peer, _env, ops, status, wait_for
 
@@ -231,8 +232,10 @@ def test_report_draws_the_run(run: Cluster, tmp_path: Path) -> None:
     assert image.shape[0] > 500 and image.shape[1] > 1000 and image.std() > 0.05  # drawn, not blank
     md = ops("report", *(a for d in dirs for a in ("--data-dir", str(d))), "--format", "md")
     assert md.returncode == 0, md.stderr
-    rows = [line for line in md.stdout.splitlines() if line.startswith(("| a ", "| b "))]
+    per_round, allocations = md.stdout.split("Allocations:")
+    rows = [line for line in per_round.splitlines() if line.startswith(("| a ", "| b "))]
     assert len(rows) == 2 and all(f"| {len(timeline_file.read(run.workdir / r[2]))} |" in r for r in rows)
+    assert "| total | 2 |" in allocations, allocations  # each peer's job record (peer/job_record.py)
 
 
 def test_report_refuses_a_dir_without_rounds(tmp_path: Path) -> None:
@@ -256,3 +259,21 @@ def test_status_watch_refreshes_until_interrupted(run: Cluster) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=10) == 0
     assert stamps == 3, "three refreshes (stdout is a pipe: plain repeated tables)"
+
+
+def test_each_peer_keeps_its_job_record_to_its_exit(run: Cluster) -> None:
+    """Runs last: it stops b. Each peer's record says when it trained; b's, after its graceful
+    leave, when it exited (peer/job_record.py)."""
+    for site in SITES:
+        (rec,) = read_dir(run.workdir / site)
+        records = timeline_file.read(run.workdir / site)
+        assert rec.member == site and rec.job.startswith("local-") and rec.exited is None
+        assert rec.inner_steps >= sum(r.inner_steps for r in records) > 0  # a run trained ahead may never commit
+        assert rec.first_step is not None and rec.last_step is not None
+        assert rec.job_start <= rec.first_step < rec.last_step <= rec.updated
+        assert 0 < rec.inner_s <= rec.last_step - rec.first_step + 1.0
+    peer = run.peers["b"]
+    peer.proc.send_signal(signal.SIGTERM)
+    assert peer.proc.wait(timeout=60) == 0
+    (rec,) = read_dir(run.workdir / "b")
+    assert rec.exited is not None and rec.last_step is not None and rec.last_step <= rec.exited <= time.time()

@@ -1,0 +1,112 @@
+"""ops/accounting.py on job records written by hand, every number computed by hand in the comments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from ops import accounting, report
+from peer import timeline_file
+from peer.core.timeline import RoundTimeline
+from peer.job_record import JOBS_DIR, JobRecord
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Site a: two 2-node jobs that overlap (a handover); site b: one 1-node job that never trained
+# and has no exit on record (killed, or still starting).
+A1 = JobRecord("101", "a.j1", nodes=2, job_start=1000.0, peer_start=1030.0, updated=4700.0,
+               first_step=1100.0, last_step=4600.0, inner_s=3000.0, inner_steps=300, exited=4700.0)
+A2 = JobRecord("102", "a.j2", nodes=2, job_start=4000.0, peer_start=4020.0, updated=8000.0,
+               first_step=4300.0, last_step=7900.0, inner_s=3240.0, inner_steps=324, exited=8000.0)
+B1 = JobRecord("201", "b", nodes=1, job_start=2000.0, peer_start=2010.0, updated=2600.0)
+
+
+def test_a_job_splits_into_joining_training_idle_and_tail() -> None:
+    acc = accounting.account([A1, A2, B1])
+    a1, a2 = acc.sites[0].jobs
+    # a.j1: 3700 s allocated = 100 joining + 3000 training + 500 idle + 100 tail; fixed 200
+    assert (a1.allocated_s, a1.joining_s, a1.training_s, a1.idle_s, a1.tail_s) == (3700, 100, 3000, 500, 100)
+    assert a1.fixed_s == 200 and a1.steady_s == 3500 and a1.ended
+    # a.j2: 4000 = 300 + 3240 + 360 + 100; fixed 400
+    assert (a2.allocated_s, a2.joining_s, a2.idle_s, a2.tail_s, a2.fixed_s) == (4000, 300, 360, 100, 400)
+    (b1,) = acc.sites[1].jobs
+    # b: no exit, so it ends at its last write (2600): 600 s, all of it joining
+    assert not b1.ended and (b1.allocated_s, b1.joining_s, b1.training_s, b1.idle_s, b1.tail_s) == (600, 600, 0, 0, 0)
+
+
+def test_sites_and_the_run_in_node_hours_goodput_and_the_projection() -> None:
+    acc = accounting.account([B1, A2, A1])
+    a, b = acc.sites
+    assert [a.name, b.name] == ["a", "b"]
+    # a: 2 nodes x (3700 + 4000) s = 15400 node-s; training 2 x (3000 + 3240) = 12480
+    assert a.allocated_h == pytest.approx(15400 / 3600) and a.training_h == pytest.approx(12480 / 3600)
+    assert a.joining_h == pytest.approx(2 * 400 / 3600) and a.tail_h == pytest.approx(2 * 200 / 3600)
+    assert a.idle_h == pytest.approx(2 * 860 / 3600)
+    assert a.goodput == pytest.approx(12480 / 15400)
+    assert a.fixed_s == 300  # (200 + 400) / 2
+    assert b.goodput == 0 and b.fixed_s == 0  # it never trained: no fixed cost to project from
+    total = acc.total
+    assert total.allocated_h == pytest.approx(16000 / 3600)
+    assert total.goodput == pytest.approx(0.78)  # 12480 / 16000
+    assert total.fixed_s == 300  # b never trained: left out of the mean
+    # steady = 12480 / (2 x (3500 + 3600)) = 0.878873...; at W = 2 h: steady x (7200 - 300) / 7200
+    assert total.steady == pytest.approx(12480 / 14200)
+    assert total.fixed_only(7200) == pytest.approx(6900 / 7200)
+    assert total.projected(7200) == pytest.approx(12480 / 14200 * 6900 / 7200)
+    assert total.projected(200) == 0  # shorter than the fixed cost: nothing left to train
+    with pytest.raises(ValueError, match="positive"):
+        total.fixed_only(0)
+
+
+def test_the_table_a_person_reads() -> None:
+    text = accounting.table(accounting.account([A1, A2, B1]), wall_s=7200)
+    assert "| a | 2 | 4.278 | 3.467 | 0.222 | 0.478 | 0.111 | 0.810 | 300.0 |" in text, text
+    assert "| b | 1 | 0.167 | 0.000 | 0.167 | 0.000 | 0.000 | 0.000 | 0.0 |" in text, text
+    assert "| total | 3 | 4.444 | 3.467 | 0.389 | 0.478 | 0.111 | 0.780 | 300.0 |" in text, text
+    assert "At a 2 h wall time: goodput 0.842 = steady 0.879 x (W - 300.0 s) / W; the fixed cost alone allows 0.958." \
+        in text, text
+    assert "No exit on record for job(s) 201" in text
+
+
+def _member_dir(root: Path, records: list[JobRecord]) -> None:
+    (root / JOBS_DIR).mkdir(parents=True)
+    for r in records:
+        (root / JOBS_DIR / f"{r.job}.json").write_text(json.dumps(r.to_json()))
+
+
+def test_report_reads_a_sites_dir_and_its_job_members(tmp_path: Path) -> None:
+    site = tmp_path / "a"
+    site.mkdir()
+    timeline_file.append(site, RoundTimeline(1, "a", compute_s=1.0))
+    _member_dir(site / "j1", [A1])
+    _member_dir(site / "j2", [A2])
+    _member_dir(site, [B1])  # a job served from the site's own dir (no --job) is read too
+    data = report.collect([site])
+    assert sorted(r.job for r in data.jobs) == ["101", "102", "201"]
+    assert "| total | 3 | 4.444 |" in report.markdown(data)
+    jobs = report.figure(data).axes[-1]
+    assert jobs.get_title().startswith("Jobs per site over time (goodput 0.78")
+    assert len(jobs.patches) == 7  # a.j1 and a.j2: joining, training, tail; b: joining only
+    out = tmp_path / "r.png"
+    report.render(data, out)
+    assert matplotlib.image.imread(out).shape[:2] == (1140, 1440)  # a third row under the 2 x 3 panels
+
+
+def test_a_corrupt_record_is_named_with_the_fix_and_no_traceback(tmp_path: Path) -> None:
+    site = tmp_path / "a"
+    site.mkdir()
+    timeline_file.append(site, RoundTimeline(1, "a", compute_s=1.0))
+    (site / "j3" / JOBS_DIR).mkdir(parents=True)
+    bad = site / "j3" / JOBS_DIR / "77.json"
+    bad.write_text('{"job": "77", "member": "a.j3"}')  # no times
+    with pytest.raises(ValueError, match="77.json is not a job record .*move it aside"):
+        report.collect([site])
+    out = subprocess.run([sys.executable, "-m", "ops.cli", "report", "--data-dir", str(site), "--format", "md"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "77.json is not a job record" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
