@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["centralised_curve", "stops"]
+__all__ = ["centralised_curve", "epoch_samples", "stops"]
 
 
 def stops(tokens: list[int], seq_len: int, batch: int, total: int) -> list[int]:
@@ -34,11 +34,21 @@ def stops(tokens: list[int], seq_len: int, batch: int, total: int) -> list[int]:
     return sorted(out)
 
 
+def epoch_samples(max_documents: int) -> int:
+    """Samples in one epoch of the shipped corpus's first `max_documents` documents (what the mesh
+    commits once each)."""
+    from peer.trainer.blocks import BlockIndex
+    from peer.trainer.config import DataConfig
+
+    return sum(b.full_range().num_samples for b in BlockIndex(DataConfig.shipped(max_documents=max_documents)).epoch_order())
+
+
 def centralised_curve(model: str, max_documents: int, sites: int, batch_size: int, heldout: Any,
-                      tokens: list[int]) -> list[tuple[int, float]]:
+                      tokens: list[int], lr: float) -> list[tuple[int, float]]:
     """(tokens trained, held-out perplexity) of the baseline at the `stops` of `tokens` (the mesh's
     committed tokens at its held-out points) and at the end of the epoch, by tokens. `heldout`: the
-    samples the mesh's checkpoints were evaluated on (a [n, seq_len] tensor)."""
+    samples the mesh's checkpoints were evaluated on (a [n, seq_len] tensor); `lr`: the mesh's
+    inner peak learning rate (the schedule spans the baseline's run, as the mesh's spans a site's)."""
     import torch
 
     from peer.trainer.blocks import BlockIndex, take_samples
@@ -53,7 +63,7 @@ def centralised_curve(model: str, max_documents: int, sites: int, batch_size: in
     batch = batch_size * sites
     # Every sample once, as the mesh commits it: the last step takes the short remainder.
     steps = math.ceil(total / batch)
-    inner = InnerConfig(batch_size=batch, micro_batch_size=batch_size, total_steps=steps,
+    inner = InnerConfig(lr=lr, batch_size=batch, micro_batch_size=batch_size, total_steps=steps,
                         warmup_steps=min(50, steps // 10))
     trainer = Trainer(TrainerConfig(MODEL_PRESETS[model], data, inner), index=index)
     theta: dict[str, torch.Tensor] | None = trainer.model_weights()  # θ_0, the mesh's start

@@ -41,6 +41,8 @@ from peer.core.timeline import RoundTimeline
 from peer.logstore import CorruptStore
 from peer.transport.channels import Credentials, open_blocking_channel
 
+DEMO_INNER_LR = 1e-3
+"""The demo's inner learning rate: see docs/decisions/ops-demo-verdict.md."""
 SITE_NAMES = ("snellius", "lumi", "frontier", "leonardo", "mareNostrum", "jupiter")
 
 
@@ -51,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=0, help="stop after this many rounds (default: the whole epoch)")
     p.add_argument("--inner-steps", type=int, default=10, help="H, inner steps per round (default 10)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per inner step per site (default 8)")
+    p.add_argument("--inner-lr", type=float, default=DEMO_INNER_LR,
+                   help=f"peak inner AdamW learning rate, the sites' and the baseline's (default {DEMO_INNER_LR}; "
+                        "docs/decisions/ops-demo-verdict.md)")
     p.add_argument("--max-documents", type=int, default=100,
                    help="documents of the shipped corpus to use (default 100: a few minutes on 2 cores)")
     p.add_argument("--leave-at", type=int, default=-1,
@@ -83,9 +88,21 @@ def _status(address: str, creds: Credentials) -> dict[str, Any] | None:
 def _serve_args(args: argparse.Namespace, workdir: Path, total_steps: int) -> list[str]:
     return ["--preset", "lan", "--train", args.model, "--max-documents", str(args.max_documents),
             "--inner-steps", str(args.inner_steps), "--batch-size", str(args.batch_size),
+            "--inner-lr", str(args.inner_lr),
             "--total-steps", str(total_steps), "--round-deadline", "600", "--checkpoint-every", "1",
             "--overlap", args.overlap,
             "--certs", str(workdir / "certs")]
+
+
+def schedule_steps(samples: int, sites: int, batch: int, inner_steps: int, leave_at: int) -> int:
+    """Inner steps a site that stays to the end trains over the epoch: the length of its LR schedule,
+    so that it ends where the run does, as the baseline's ends where its run does. All `sites` train
+    `leave_at` rounds of `inner_steps` together, then one fewer share the rest (`leave_at` 0: none
+    leaves)."""
+    if sites > 1 and leave_at:
+        together = leave_at * inner_steps * batch * sites
+        return leave_at * inner_steps + math.ceil(max(0, samples - together) / (batch * (sites - 1)))
+    return math.ceil(samples / (batch * sites))
 
 
 def _listening(proc: subprocess.Popen[str], site: str, workdir: Path) -> str:
@@ -110,8 +127,11 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM must unwind through local_mesh.running, or the site processes outlive the demo.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     addresses: dict[str, str] = {}
-    # A rough schedule length: the whole epoch split over the sites (refined by the LR floor anyway).
-    total_steps = max(100, args.max_documents)
+    samples = baseline.epoch_samples(args.max_documents)
+    if args.leave_at < 0:  # half way through the rounds all sites train together
+        args.leave_at = max(1, samples // (args.inner_steps * args.batch_size * len(sites)) // 2) \
+            if len(sites) > 1 else 0
+    total_steps = schedule_steps(samples, len(sites), args.batch_size, args.inner_steps, args.leave_at)
     with local_mesh.running(workdir, sites, lambda _: _serve_args(args, workdir, total_steps)) as procs:
         print(f"  starting {len(sites)} peers (each builds its trainer: tokenizer, model, data blocks)...",
               flush=True)
@@ -250,9 +270,6 @@ def _narrate(args: argparse.Namespace, workdir: Path, sites: list[str], procs: d
             printed = r
         if printed < applied:
             continue
-        if leave_at < 0 and t["samples_total"]:
-            per_round = max(1, args.inner_steps * args.batch_size * len(sites))
-            leave_at = max(1, t["samples_total"] // per_round // 2) if len(sites) > 1 else 0
         if leave_at and applied >= leave_at and not left and len(live) > 1:
             gone = live.pop()
             with open_blocking_channel(addresses[gone], args.creds) as channel:
@@ -295,7 +312,8 @@ def _evaluate(workdir: Path, sites: list[str], site: str, args: argparse.Namespa
         print("training the centralised baseline on the same tokens (one trainer, all sites' batch), "
               "evaluated at the mesh's checkpoints' tokens...", flush=True)
         data.reference = baseline.centralised_curve(args.model, args.max_documents, args.sites, args.batch_size,
-                                                    heldout, [committed[r] for r, _ in data.perplexity if r in committed])
+                                                    heldout, [committed[r] for r, _ in data.perplexity if r in committed],
+                                                    args.inner_lr)
         path = workdir / "baseline.json"
         path.write_text(json.dumps([{"tokens": t, "perplexity": p} for t, p in data.reference], indent=1))
         reference = f" --reference {path}"

@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--collective-timeout", type=float, default=600.0,
                        help="seconds before a hung collective fails, naming the rank (default 600)")
     train.add_argument("--compile", action="store_true", help="torch.compile the model (accelerators)")
+    train.add_argument("--inner-lr", type=float, default=InnerConfig.lr,
+                       help=f"peak AdamW learning rate of the inner steps (default {InnerConfig.lr})")
     train.add_argument("--total-steps", type=int, default=1000,
                        help="inner steps of the LR schedule over the whole run (default 1000)")
     train.add_argument("--data-epochs", type=int, default=1,
@@ -195,7 +197,7 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
     data = DataConfig(shards=tuple(args.data), max_documents=args.max_documents, **seq) if args.data else \
         DataConfig.shipped(max_documents=args.max_documents, **seq)
     micro = args.micro_batch_size or max(1, args.batch_size // args.nproc_per_node)
-    inner = InnerConfig(batch_size=args.batch_size, micro_batch_size=micro, total_steps=args.total_steps,
+    inner = InnerConfig(lr=args.inner_lr, batch_size=args.batch_size, micro_batch_size=micro, total_steps=args.total_steps,
                         warmup_steps=min(50, args.total_steps // 10), compile=args.compile)
     ranks = RanksConfig(nproc_per_node=args.nproc_per_node, launcher=args.launcher, parallel=args.parallel,
                         collective_timeout_s=args.collective_timeout)

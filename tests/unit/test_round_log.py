@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ops import round_log
-from ops.demo import round_line
+from ops.demo import round_line, schedule_steps
 from peer.core.commitlog import Body, Contributor, Entry, EpochStart, RoundCommit, VoterChange
 from peer.core.election import HardState
 from peer.core.ids import Epoch, LogIndex, Round, SiteId
@@ -88,3 +88,12 @@ def test_reading_a_running_peers_log_leaves_it_untouched(tmp_path: Path) -> None
 def test_no_log_is_an_error_that_names_the_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no commit log here"):
         round_log.read(tmp_path)
+
+
+def test_the_demo_schedule_ends_where_a_site_that_stays_ends() -> None:
+    """The sites' LR schedule spans the inner steps a site that stays trains, as the baseline's
+    spans its run: 2866 samples, 3 sites of batch 8, H=10, the last leaving after round 5 → 50 steps
+    together, then 1666 samples at 16 a step (105 more)."""
+    assert schedule_steps(2866, 3, 8, 10, 5) == 50 + 105
+    assert schedule_steps(2866, 3, 8, 10, 0) == 120  # nobody leaves: ceil(2866 / 24)
+    assert schedule_steps(100, 1, 8, 10, 3) == 13  # alone: no leave
