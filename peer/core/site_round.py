@@ -26,7 +26,9 @@ it is trained, as in a serial round; its report waits for the leader's open of r
 with the open's hash, exactly what a serial round checks before it trains. A round trained ahead
 that is decided without it (a later round opened, or committed) puts its samples back unclaimed, or,
 if claimed, leaves them to the commit that frees them. At most one round is trained ahead: the next
-starts only after this one is reported.
+starts only after this one is reported. Each busy state names how its round stands with the open
+(`_Serial`, `_Ahead`, `_Opened`) and a trainer's start against θ_{r-1} (`Start`); a round trained
+ahead that a later open overtook is `_Overtaken`.
 
     .venv/bin/python -m pytest -q tests/unit/test_site_round.py
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from peer.core import events as ev
 from peer.core.election import Header
@@ -50,6 +53,41 @@ BASE_WAIT_S = 5.0
 θ_{r-1} is committed and this peer is applying it (see `SiteRound._base_until`)."""
 
 
+class Start(Enum):
+    """Where the trainer of a round started, against θ_{r-1}."""
+
+    AT_BASE = "at base"
+    """From θ_{r-1}: a serial round, or one trained ahead after θ_{r-1} was applied here."""
+    BEFORE_BASE = "before base"
+    """Ahead of θ_{r-1}, from where the trainer stood: it waits for a `Fold` of θ_{r-1}."""
+    FOLDED = "folded"
+    """Ahead of θ_{r-1}, and the `Fold` went to the trainer."""
+
+
+@dataclass(frozen=True)
+class _Serial:
+    """The leader opened the round before this site gathered for it, and awaits its report."""
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """Overlap: started before its open, which has not come (or was answered "leaving" since): no leader
+    awaits a report of it."""
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """Overlap: started before its open, which came since: the leader awaits this site's report."""
+
+    since: float
+    """From when the report waits for θ_{r-1} here, as `_Waiting` does: the open's arrival, or the end
+    of training if that came later."""
+
+
+_Lead = _Serial | _Ahead | _Opened
+"""How a round this site works on stands with the leader's open of it."""
+
+
 @dataclass
 class _Waiting:
     open: RoundOpen
@@ -63,12 +101,10 @@ class _Gathering:
     since: float
     quiet_since: float
     got: list[SampleRange]
+    lead: _Lead
+    """Before its open (`_Ahead`), `open` is the last round's open renumbered, its base hash unknown
+    until the real open arrives."""
     count: int = 0
-    ahead: bool = False
-    """Overlap: for the round after the one just reported, before its open (`open` is then the
-    last round's open renumbered, its base hash unknown until the real open arrives)."""
-    confirmed: bool = True
-    """The leader's open of this round arrived (always, unless ahead)."""
 
 
 @dataclass
@@ -76,14 +112,19 @@ class _Training:
     open: RoundOpen
     ranges: tuple[SampleRange, ...]
     started: float
-    ahead: bool = False
-    confirmed: bool = True
-    folding: bool = False
-    """The trainer was started ahead of θ_{round-1} and waits for a Fold."""
-    before_theta: bool = False
-    """The trainer was started before θ_{round-1} was applied here (Train.ahead)."""
-    stale: bool = False
-    """A later round opened while this one trained ahead: it was decided without this site."""
+    lead: _Lead
+    start: Start
+
+
+@dataclass
+class _Overtaken:
+    """Overlap: a later round opened while this one trained ahead, so it was decided without this site:
+    its samples go back on their leases when the trainer is done."""
+
+    open: RoundOpen
+    ranges: tuple[SampleRange, ...]
+    lead: _Ahead | _Opened
+    start: Start
 
 
 @dataclass
@@ -92,13 +133,10 @@ class _Claiming:
     trained: ev.TrainDone
     published: float
     until: float
-    ahead: bool = False
-    confirmed: bool = True
-    base_since: float = math.inf
-    """Ahead: when the open was confirmed; from then it waits for θ_{round-1} here as _Waiting does."""
+    lead: _Lead
 
 
-_Busy = _Waiting | _Gathering | _Training | _Claiming
+_Busy = _Waiting | _Gathering | _Training | _Overtaken | _Claiming
 
 
 class SiteRound:
@@ -135,8 +173,8 @@ class SiteRound:
             self.applied_round, self.weights_hash = event.round, event.weights_hash
             self.committed_round = max(self.committed_round, event.round)
             b = self.busy
-            if isinstance(b, _Training) and b.folding and b.open.round == event.round + 1:
-                b.folding = False
+            if isinstance(b, _Training | _Overtaken) and b.start is Start.BEFORE_BASE and b.open.round == event.round + 1:
+                b.start = Start.FOLDED
                 return [ev.Fold(event.round)] + self._progress(now)
         elif isinstance(event, ev.Committed):
             self.committed_round = max(self.committed_round, event.commit.round)
@@ -160,10 +198,12 @@ class SiteRound:
         b = self.busy
         if isinstance(b, _Waiting):
             times.append(self._base_until(b.open, b.since))
-        elif isinstance(b, _Claiming) and b.confirmed:
-            # Ahead, a report waits for θ_{r-1} here first (`_base_until`), then for the vouchers.
-            waits_base = b.ahead and self.applied_round < b.open.round - 1
-            times.append(self._base_until(b.open, b.base_since) if waits_base else b.until)
+        elif isinstance(b, _Claiming):
+            lead = b.lead
+            if isinstance(lead, _Opened) and self.applied_round < b.open.round - 1:
+                times.append(self._base_until(b.open, lead.since))  # θ_{r-1} here first, then the vouchers
+            elif not isinstance(lead, _Ahead):
+                times.append(b.until)
         elif isinstance(b, _Gathering):
             times.append(b.quiet_since + self.config.gather_s)
         return min(times)
@@ -176,16 +216,16 @@ class SiteRound:
             return [ev.Note(f"round {msg.round}: reopened; the report of {self._count(sent.ranges)} samples "
                             "trained from the same θ stands"), ev.Report(sent)]
         b = self.busy
-        if isinstance(b, _Gathering | _Training | _Claiming) and b.ahead and not self.leaving:
-            if msg.round == b.open.round or (isinstance(b, _Gathering) and msg.round > b.open.round):
-                # The open of the round this site works on ahead (or, before it trains, a later one:
-                # the gathered samples serve that one as well).
-                b.open, b.confirmed = msg, True
-                if isinstance(b, _Claiming):
-                    b.base_since = now
-                return [ev.Note(f"round {msg.round}: opened; this site trains it ahead")] + self._progress(now)
-            if msg.round > b.open.round and isinstance(b, _Training):
-                b.stale = True  # its round went on without it: its samples go back when it is done
+        if isinstance(b, _Gathering | _Training | _Overtaken | _Claiming) and not self.leaving:
+            lead = b.lead
+            if not isinstance(lead, _Serial):
+                if msg.round == b.open.round or (isinstance(b, _Gathering) and msg.round > b.open.round):
+                    # The open of the round this site works on ahead (or, before it trains, a later one:
+                    # the gathered samples serve that one as well).
+                    b.open, b.lead = msg, _Opened(now)
+                    return [ev.Note(f"round {msg.round}: opened; this site trains it ahead")] + self._progress(now)
+                if msg.round > b.open.round and isinstance(b, _Training):
+                    b = self.busy = _Overtaken(b.open, b.ranges, lead, b.start)
         if b is not None and not self.leaving and (b.open.round, b.open.base_weights_hash) == (
                 msg.round, msg.base_weights_hash):
             # A new leader reopened the round this site is working on from the same θ: the work
@@ -235,7 +275,7 @@ class SiteRound:
                 return out + [ev.Note(f"round {b.open.round}: not at θ_{b.open.round - 1} (have round "
                                       f"{self.applied_round}), not contributing", warning=True),
                               self._report(b.open.round)]
-            b = self.busy = _Gathering(b.open, now, now, [])
+            b = self.busy = _Gathering(b.open, now, now, [], _Serial())
         if isinstance(b, _Gathering):
             return out + self._gather(b, now)
         if isinstance(b, _Claiming):
@@ -248,8 +288,7 @@ class SiteRound:
         rnd = last.round + 1
         if self.leaving or rnd <= self.committed_round or self.applied_round < last.round - 1:
             return []  # decided already, or this site lags: the next open starts it as a serial round
-        self.busy = _Gathering(replace(last, round=rnd, base_weights_hash=b""), now, now, [], ahead=True,
-                               confirmed=False)
+        self.busy = _Gathering(replace(last, round=rnd, base_weights_hash=b""), now, now, [], _Ahead())
         return self._progress(now)
 
     def _base_until(self, open_: RoundOpen, since: float) -> float:
@@ -299,15 +338,15 @@ class SiteRound:
         self.clock.add(rnd, "gather", now - b.since)
         if not b.got:
             self.busy = None
-            if not b.confirmed:
+            if isinstance(b.lead, _Ahead):
                 return [ev.Note(f"round {rnd}: nothing leased to train ahead of its open")]
             return [ev.Note(f"round {rnd}: no leased sample came within {self.config.gather_s:g} s; "
                             "reporting nothing"), self._report(rnd)]
         ranges = tuple(b.got)
         # Ahead, the trainer goes on from its model and folds θ_{r-1} in when it is applied; if that
         # already happened here, it simply starts from θ_{r-1} (the same as a fold before step one).
-        folding = b.ahead and self.applied_round < rnd - 1
-        self.busy = _Training(b.open, ranges, now, b.ahead, b.confirmed, folding, folding)
+        folding = not isinstance(b.lead, _Serial) and self.applied_round < rnd - 1
+        self.busy = _Training(b.open, ranges, now, b.lead, Start.BEFORE_BASE if folding else Start.AT_BASE)
         boxed = self._budget(b.open)
         self.clock.computing(now)
         return [ev.Note(f"round {rnd}: training {b.count} leased samples"
@@ -317,26 +356,13 @@ class SiteRound:
 
     def _trained(self, event: ev.TrainDone | ev.TrainFailed, now: float) -> list[ev.Effect]:
         b = self.busy
-        if not isinstance(b, _Training) or b.open.round != event.round:
+        if not isinstance(b, _Training | _Overtaken) or b.open.round != event.round:
             return []  # not what this core asked for (cannot happen with one executor)
         rnd = event.round
         failed = isinstance(event, ev.TrainFailed)
-        if b.ahead and (failed or b.stale or self.leaving or self.committed_round >= rnd):
-            # Trained ahead for a round that went on without this site, or it is leaving, or the
-            # trainer failed: nothing was claimed or reported yet (its open may not even have come),
-            # so every sample it took simply goes back on its lease.
-            self.busy = None
-            self.clock.computed(None)  # wasted work: not compute, though closed records may hold part of it
-            self.client.untake(list(b.ranges))
-            why = (f"training failed ({event.reason})" if isinstance(event, ev.TrainFailed) else "leaving"
-                   if self.leaving else "it was decided without this site")
-            said: list[ev.Effect] = [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on "
-                                             "their leases", warning=failed)]
-            if failed and b.confirmed and not b.stale and not self.leaving and self.committed_round < rnd:
-                # Its open came: the leader waits for this site's report, and without one it waited out
-                # the round's deadline (120 s in test_ranks_mesh). Nothing was claimed: report nothing.
-                said.append(self._report(rnd))
-            return said
+        if isinstance(b, _Overtaken) or (not isinstance(b.lead, _Serial) and (
+                failed or self.leaving or self.committed_round >= rnd)):
+            return self._untrained(b, event)
         failure = event.reason if isinstance(event, ev.TrainFailed) else ""
         notes: list[ev.Effect] = []
         if isinstance(event, ev.TrainDone):
@@ -354,7 +380,7 @@ class SiteRound:
                                          "reached by the trainer go back on their leases"))
         # Whatever happened, what was trained (or, on failure, taken) is claimed for this round: its
         # commit settles the claims.
-        if b.before_theta and isinstance(event, ev.TrainDone):
+        if b.start is not Start.AT_BASE and isinstance(event, ev.TrainDone):
             notes.append(ev.Note(f"round {rnd}: trained ahead; θ_{rnd - 1} folded in after {event.folded_at} of "
                                  f"{event.steps} steps" if event.folded_at is not None else
                                  f"round {rnd}: trained ahead; θ_{rnd - 1} came after all {event.steps} steps"))
@@ -377,10 +403,30 @@ class SiteRound:
         self.clock.computed(event.seconds)
         self.clock.trained(rnd, event.tokens, event.steps, event.mean_loss)
         self.clock.add(rnd, "publish", now - b.started - event.seconds)
-        claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s), b.ahead,
-                          b.confirmed, now if b.ahead and b.confirmed else math.inf)
+        lead = _Opened(now) if isinstance(b.lead, _Opened) else b.lead  # θ_{r-1} is awaited from here
+        claim = _Claiming(b.open, event, now, now + max(b.open.deadline_s, self.claim_wait_s), lead)
         self.busy = claim
         return out + self._claimed(claim, now)
+
+    def _untrained(self, b: _Training | _Overtaken, event: ev.TrainDone | ev.TrainFailed) -> list[ev.Effect]:
+        """Trained ahead for a round that went on without this site, or it is leaving, or the trainer
+        failed: nothing was claimed or reported yet (its open may not even have come), so every sample
+        it took simply goes back on its lease."""
+        rnd = event.round
+        failed = isinstance(event, ev.TrainFailed)
+        self.busy = None
+        self.clock.computed(None)  # wasted work: not compute, though closed records may hold part of it
+        self.client.untake(list(b.ranges))
+        why = (f"training failed ({event.reason})" if isinstance(event, ev.TrainFailed) else "leaving"
+               if self.leaving else "it was decided without this site")
+        said: list[ev.Effect] = [ev.Note(f"round {rnd}: trained ahead, but {why}; its samples go back on "
+                                         "their leases", warning=failed)]
+        if failed and isinstance(b, _Training) and isinstance(b.lead, _Opened) and not self.leaving \
+                and self.committed_round < rnd:
+            # Its open came: the leader waits for this site's report, and without one it waits out the
+            # round's deadline. Nothing was claimed: report nothing.
+            said.append(self._report(rnd))
+        return said
 
     def _claimed(self, b: _Claiming, now: float) -> list[ev.Effect]:
         rnd = b.open.round
@@ -392,15 +438,16 @@ class SiteRound:
             self.clock.add(rnd, "publish", now - b.published)
             return [ev.Note(f"round {rnd}: committed while this site trained it; not reporting, its "
                             "samples go back to free when their leases lapse", warning=True)]
-        if b.ahead:
+        lead = b.lead
+        if not isinstance(lead, _Serial):
             if self.leaving:
                 self.busy = None
                 return [ev.Note(f"round {rnd}: trained ahead, but leaving: not reporting; its claims are "
                                 "freed by the round's commit")]
-            if not b.confirmed:
+            if isinstance(lead, _Ahead):
                 return []  # its open comes once θ_{r-1} is committed and applied at the leader
             if not self._at_base(b.open):
-                if self.applied_round < rnd - 1 and now < self._base_until(b.open, b.base_since):
+                if self.applied_round < rnd - 1 and now < self._base_until(b.open, lead.since):
                     return []
                 self.busy = None
                 return [ev.Note(f"round {rnd}: not at θ_{rnd - 1} (have round {self.applied_round}); the "
@@ -441,15 +488,15 @@ class SiteRound:
         self.leaving = True
         b = self.busy
         out: list[ev.Effect] = []
-        if isinstance(b, _Gathering | _Training | _Claiming) and b.ahead:
+        if isinstance(b, _Gathering | _Training | _Overtaken | _Claiming) and not isinstance(b.lead, _Serial):
             if isinstance(b, _Gathering):
                 self.busy = None  # nothing trained or claimed yet
                 self.client.untake(b.got)
-            if b.confirmed:
+            if isinstance(b.lead, _Opened):
                 # Its open came while it trained ahead: the leader waits for this site's report, and
                 # would wait out the round's deadline (the leave's wait with it) for one that never
                 # comes. (One not opened yet is answered "leaving" when it is.)
-                b.confirmed = False
+                b.lead = _Ahead()
                 out += [ev.Note(f"round {b.open.round}: leaving; reporting nothing"), self._report(b.open.round)]
         sent = self._sent_round()
         if self.committed_round <= sent and sent > 0:

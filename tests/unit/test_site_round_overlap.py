@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from peer.core import events as ev
+from peer.core import site_round
 from peer.core.lease_types import Trained
 from tests.unit.test_site_round import CONFIG, OneSite, _open, _reports, _trains
 
@@ -46,7 +47,8 @@ def test_the_next_round_trains_ahead_at_its_report_folds_theta_and_reports_at_it
     (report,) = _reports(s.handle(_open(2, THETA1), 3.5))
     assert (report.round, report.ranges, report.pseudo_gradient_root) == (2, ahead.ranges, b"root2")
     b = s.core.site.busy
-    assert b is not None and b.ahead and b.open.round == 3, "and round 3 starts ahead with that report"
+    assert isinstance(b, site_round._Gathering) and isinstance(b.lead, site_round._Ahead) and b.open.round == 3, \
+        "and round 3 starts ahead with that report"
 
 
 def test_serial_rounds_wait_for_the_open() -> None:
