@@ -100,7 +100,9 @@ class KeeperConfig:
     backoff_s: tuple[float, float] = (600.0, 6 * 3600.0)
     """The first pause after `max_failures`, doubled for each further failure, and its cap."""
     min_useful_s: float = 120.0
-    """A job that ended sooner than this after its start did no useful work: counted as failed."""
+    """A job that ended sooner than this after its start did no useful work: counted as failed (or
+    sooner than half its wall time, for jobs shorter than twice this: a 2-minute job that left at
+    its SIGTERM ran its course)."""
 
     def __post_init__(self) -> None:
         if self.handover_s < 0 or self.max_failures < 1 or self.min_useful_s < 0:
@@ -127,12 +129,17 @@ class Hold:
 Decision = Submit | Hold
 
 
+def min_useful_s(job: Job, config: KeeperConfig) -> float:
+    """How long `job` must have run to count as having done a job's work."""
+    return min(config.min_useful_s, job.wall_s / 2)
+
+
 def failed(job: Job, config: KeeperConfig) -> bool:
     """A job that did not do a job's work: Slurm failed or cancelled it, or it ended at once."""
     if job.state is JobState.FAILED:
         return True
     return (job.state is JobState.ENDED and job.start is not None and job.end is not None
-            and job.end - job.start < config.min_useful_s)
+            and job.end - job.start < min_useful_s(job, config))
 
 
 def decide(now: float, site: str, jobs: Sequence[Job], seen_seq: int, target_reached: bool,
@@ -174,7 +181,7 @@ def _how(job: Job, config: KeeperConfig) -> str:
     if job.state is JobState.FAILED:
         return f"failed ({job.slurm_state})"
     if failed(job, config) and job.start is not None and job.end is not None:
-        return f"ended after {job.end - job.start:.0f} s, under {config.min_useful_s:.0f} s"
+        return f"ended after {job.end - job.start:.0f} s, under {min_useful_s(job, config):.0f} s"
     return f"ended ({job.slurm_state})"
 
 

@@ -9,6 +9,7 @@ Everything lives under one temp dir: munge key and socket, slurm.conf, state, sp
 are picked free, so concurrent test sessions do not collide. The node has 2 CPUs whatever the
 machine has (`config_overrides`) and four partitions over it:
   debug  all CPUs (default)        busy, free  at most 1 CPU each, to load one and not the other
+  shared  all CPUs, each shared by up to 4 jobs (a site's job and its successor, of several sites)
 Scheduling runs every second (sched_interval, bf_interval) so predictions and starts are prompt.
 """
 
@@ -133,10 +134,11 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=10 State=UP
 PartitionName=busy Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
 PartitionName=free Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
+PartitionName=shared Nodes={node} OverSubscribe=FORCE:4 MaxTime=10 State=UP
 """
 
 
-def _stop(root: Path) -> None:
+def stop(root: Path) -> None:
     """SIGTERM to the three daemons at once (each takes ~2 s to shut down), then waits for all."""
     pids = []
     for pidfile in ("slurmd.pid", "slurmctld.pid", "munge/pid"):
@@ -190,7 +192,7 @@ def start(root: Path) -> SlurmCluster:
     ):
         if time.monotonic() > deadline:
             logs = "\n".join(p.read_text()[-2000:] for p in (root / "log").glob("*.log"))
-            _stop(root)
+            stop(root)
             raise RuntimeError(f"local Slurm cluster did not come up within 30 s:\n{logs}")
         time.sleep(0.1)
     return cluster
@@ -207,7 +209,7 @@ def slurm_session_fixture() -> Iterator[SlurmCluster]:
         cluster = start(root)
         yield cluster
     finally:
-        _stop(root)
+        stop(root)
         shutil.rmtree(root, ignore_errors=True)
 
 

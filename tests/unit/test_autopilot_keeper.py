@@ -70,6 +70,17 @@ def test_a_failed_or_cancelled_job_is_replaced_at_once() -> None:
     assert isinstance(short, Submit) and "ended after 40 s, under 120 s" in short.reason
 
 
+def test_a_short_job_that_ran_to_its_sigterm_is_no_failure() -> None:
+    # 2-minute jobs that left at their SIGTERM 90 s in (a soak's short wall time) ran their course:
+    # no streak of them backs the site off; one that ended 40 s in did not.
+    ran = [job(i, JobState.ENDED, T0 + 200 * i, T0 + 200 * i + 90, "COMPLETED", wall_s=120) for i in (1, 2, 3)]
+    d = decide(T0 + 1000, "lumi", ran, 3, False, CONFIG)
+    assert d == Submit("lumi", 4, None, "no job running or queued: its last job 3 (1003) ended (COMPLETED)")
+    short = [*ran[:2], job(3, JobState.ENDED, T0 + 600, T0 + 640, "COMPLETED", wall_s=120)]
+    d = decide(T0 + 1000, "lumi", short, 3, False, CONFIG)
+    assert isinstance(d, Submit) and "ended after 40 s, under 60 s" in d.reason
+
+
 def test_a_site_whose_jobs_keep_failing_is_backed_off_doubling_not_retried_in_a_loop() -> None:
     fails = [job(i, JobState.FAILED, T0 + 100 * i, T0 + 100 * i + 5, "FAILED") for i in (1, 2, 3)]
     end = fails[-1].end

@@ -1,0 +1,263 @@
+"""A run kept going across Slurm allocations by `ops autopilot`, with real peers and the real Slurm
+the tests start (tests/integration/slurm_cluster.py): the harness of
+tests/integration/test_autopilot_handover.py and of scripts/soak.
+
+Site `a` is a long-lived direct site, a plain `peer serve` process (it keeps the commit log the
+checks read). Site `b` lives only in Slurm jobs: `ops autopilot` (a real process, `--interval`
+seconds between passes) submits `sitemesh-soak-b-N` from the production template
+(scripts/slurm/snellius-h100.sbatch) whose batch shell runs the real `peer serve ... --job N`, so
+job N is member `b.jN` with its state in `b/jN`, and each successor is queued with `--begin` to
+start `handover_s` before its predecessor's wall time ends.
+
+Why a 3-minute wall time and not Slurm's shortest, 1 minute (measured here): slurmctld checks time
+limits only every 30 s (PERIODIC_TIMEOUT); it sends `--signal=B:TERM@S` at the first check that
+finds the job's end less than S + 30 s away, so anywhere in [end - S - 30, end - S), and a job that
+is still running at its end is TIMEOUT even if its peer then leaves. So S must cover the graceful
+leave (it waits for the round holding its samples and the next: ~20 s here under load, S = 30);
+the successor must start its start-up and join (~30 s here under load) before its predecessor's
+earliest SIGTERM, `handover_s` >= S + 30 + join; and at least 30 s after its predecessor, wall -
+`handover_s` >= 30, or both get their SIGTERM at the same check and the site drops out. Together:
+wall >= 2 x 30 + S + join, about 2.5 minutes. With 3 minutes and `handover_s` = 120 each successor
+starts 60 s after its predecessor, has at least 60 s to join before the predecessor's SIGTERM, and
+at most three jobs of b run at once. They run in the `shared` partition (each CPU shared by up to
+four jobs) so that a job queued while two run is not held back for a CPU.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops import accounting
+from ops.accounting import Totals
+from ops.autopilot.keeper import parse_job_name
+from ops.certs import LOOPBACK, issue
+from peer import job_record
+from peer.core.commitlog import RoundCommit, VoterChange
+from peer.logstore import FileStore
+from tests.integration.peers import REPO, Cluster, Peer, _env, commits, ops
+from tests.integration.slurm_cluster import SlurmCluster
+
+RUN = "soak"
+TEMPLATE = REPO / "scripts/slurm/snellius-h100.sbatch"
+_LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
+SIGNAL_S = 30
+"""Slurm's SIGTERM to the batch shell this long before the wall time (at its 30 s granularity)."""
+
+
+def train_args(docs: int = 8, inner_steps: int = 4, round_deadline: float = 60.0) -> list[str]:
+    """Every site's training flags: a micro model over a few documents, epochs enough for hours."""
+    return ["--train", "micro", "--max-documents", str(docs), "--inner-steps", str(inner_steps),
+            "--batch-size", "1", "--round-deadline", str(round_deadline), "--start-sites", "2",
+            "--data-epochs", "100000"]
+
+
+@dataclass
+class Job:
+    seq: int
+    job_id: str
+    state: str
+
+    @property
+    def member(self) -> str:
+        return f"b.j{self.seq}"
+
+
+@dataclass
+class AutopilotMesh:
+    """Site a (a process), site b (jobs of the real Slurm) and the operator loop between them."""
+
+    workdir: Path
+    slurm: SlurmCluster
+    cluster: Cluster
+    a: Peer
+    run_file: Path
+    loop: subprocess.Popen[str] | None = None
+    train: list[str] = field(default_factory=train_args)
+
+    @classmethod
+    def start(cls, workdir: Path, slurm: SlurmCluster, wall: str = "3", handover_s: float = 120.0,
+              interval_s: float = 2.0, train: list[str] | None = None) -> AutopilotMesh:
+        train = train if train is not None else train_args()
+        cluster = Cluster(workdir, tls=True, preset="lan")
+        mesh: AutopilotMesh | None = None
+        try:
+            run_file = workdir / "run.toml"
+            _write_run_file(run_file, workdir, slurm, cluster, "", wall, train)
+            a = cluster.start("a", extra=["--config", str(run_file), *train])
+            issue(cluster.certs, "b", "site", cluster.certs, LOOPBACK)  # b's one certificate, for all its jobs
+            _write_run_file(run_file, workdir, slurm, cluster, a.address, wall, train)
+            mesh = cls(workdir, slurm, cluster, a, run_file, train=train)
+            mesh.loop = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", "autopilot", "--config", str(run_file), "--interval",
+                 str(interval_s), "--handover", str(handover_s)],
+                stdout=subprocess.DEVNULL, stderr=(workdir / "autopilot.log").open("a"), text=True, env=_env(),
+                cwd=REPO)
+            return mesh
+        except BaseException:
+            if mesh is not None:
+                mesh.close()
+            else:
+                cluster.close()
+            raise
+
+    # -- what the checks read -------------------------------------------------------------------
+
+    def jobs(self) -> dict[int, Job]:
+        """seq -> b's jobs as Slurm lists them (MinJobAge keeps ended ones 10 minutes)."""
+        out = self.slurm.run("squeue", "--states=all", "--noheader", "--format=%i|%j|%T").stdout
+        jobs = {}
+        for line in out.splitlines():
+            job_id, name, state = line.strip().split("|")
+            named = parse_job_name(name, RUN)
+            if named is not None and named[0] == "b":
+                assert named[1] not in jobs, f"job name {name} used twice"
+                jobs[named[1]] = Job(named[1], job_id, state)
+        return jobs
+
+    def output(self, job: Job) -> str:
+        """The job's batch output: its batch shell's lines and its peer's log."""
+        path = self.workdir / f"sitemesh-b-{job.job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def commits(self) -> list[RoundCommit]:
+        return commits(self.workdir / "a")
+
+    def _log(self) -> tuple[dict[str, int], dict[str, int], set[str]]:
+        """From the run's log (a's): member -> index of its joining the voters, of its graceful
+        leave, and the members that trained a committed round."""
+        joined: dict[str, int] = {}
+        left: dict[str, int] = {}
+        trained: set[str] = set()
+        for i, entry in enumerate(FileStore(self.workdir / "a" / "consensus").reload().entries):
+            body = entry.body
+            if isinstance(body, VoterChange) and body.add:
+                joined.setdefault(body.site, i)
+            elif isinstance(body, VoterChange) and body.reason == "graceful leave":
+                left.setdefault(body.site, i)
+            elif isinstance(body, RoundCommit):
+                trained |= {x.site for x in body.contributors}
+        return joined, left, trained
+
+    def handovers(self) -> list[int]:
+        """Every N whose job N handed site b over to job N+1: in the run's log, b.j(N+1) joined the
+        voters before b.jN left them gracefully, b.j(N+1) then trained a committed round, and job N
+        ended by that leave at Slurm's SIGTERM (COMPLETED, not killed at its wall time)."""
+        jobs = self.jobs()
+        joined, left, trained = self._log()
+
+        def handed(n: int) -> bool:
+            old, new = f"b.j{n}", f"b.j{n + 1}"
+            return (new in trained and old in left and joined.get(new, left[old]) < left[old]
+                    and jobs[n].state == "COMPLETED" and "SIGTERM before wall-time, peer leaving" in self.output(jobs[n]))
+
+        return [n for n in sorted(jobs) if n + 1 in jobs and handed(n)]
+
+    def dropped(self) -> list[int]:
+        """Every N whose job N ended without a handover: not by a graceful leave (killed, failed,
+        cancelled), or with no successor joined before it left; a test fails on the first at once."""
+        jobs = self.jobs()
+        joined, left, _ = self._log()
+        return [n for n, job in sorted(jobs.items()) if job.state not in _LIVE and not (
+            job.state == "COMPLETED" and f"b.j{n}" in left and joined.get(f"b.j{n + 1}", left[f"b.j{n}"]) < left[f"b.j{n}"])]
+
+    def trained_together(self) -> list[int]:
+        """Every N whose jobs N and N+1 both trained one committed round (a stricter handover)."""
+        sites = [{x.site for x in c.contributors} for c in self.commits()]
+        return sorted({n for s in sites for n in range(1, 100) if {f"b.j{n}", f"b.j{n + 1}"} <= s})
+
+    def audit(self) -> list[dict[str, Any]]:
+        """`ops audit --json` over a and every job of b that left a data dir: every epoch's record."""
+        dirs = [self.workdir / "a", *sorted((self.workdir / "b").glob("j*"))]
+        result = ops("audit", *[a for d in dirs for a in ("--data-dir", str(d))], "--json", timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return list(json.loads(result.stdout))
+
+    def thetas(self) -> dict[str, dict[int, str]]:
+        """member -> round -> the θ hash it logged on applying the round (a, and each job of b)."""
+        out = {"a": self.a.thetas()}
+        for path in sorted(self.workdir.glob("sitemesh-b-*.out")):  # jobs Slurm no longer lists too
+            text = path.read_text(errors="replace")
+            member = re.search(r"^peer (b\.j\d+) listening", text, re.M)
+            if member is not None:
+                out[member.group(1)] = {int(r): h for r, h in re.findall(r"round (\d+) applied: θ ([0-9a-f]+)", text)}
+        return out
+
+    def rounds_lost(self) -> int:
+        """Committed rounds missing from a's log (a number skipped) or applied by a member with a θ
+        other than a's: rounds a handover or a fault discarded."""
+        rounds = [c.round for c in self.commits()]
+        missing = len(set(range(1, max(rounds, default=0) + 1)) - set(rounds))
+        thetas = self.thetas()
+        differ = {r for applied in thetas.values() for r, h in applied.items() if thetas["a"].get(r, h) != h}
+        return missing + len(differ)
+
+    def max_stall_s(self) -> float:
+        """The longest time a's log shows between two committed rounds (from its first one)."""
+        times = [dt.datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() for t in
+                 re.findall(r"^(\S+ \S+) INFO sitemesh.node: round \d+ committed", self.a.log(), re.M)]
+        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+    def accounting(self) -> Totals | None:
+        """Site b's allocation accounting from its jobs' records (ops/accounting.py), None if none."""
+        records = [r for d in sorted((self.workdir / "b").glob("j*")) for r in job_record.read_dir(d)]
+        return accounting.account(records).total if records else None
+
+    def peer_pid(self, job: Job) -> int | None:
+        """The process id of job `job`'s peer (`peer serve ... --job N`), None once it is gone."""
+        found = subprocess.run(["pgrep", "-f", "--", f"--data-dir {self.workdir / 'b'} .*--job {job.seq}$"],
+                               capture_output=True, text=True).stdout.split()
+        return int(found[0]) if found else None
+
+    def decisions(self) -> list[str]:
+        path = self.run_file.with_name(self.run_file.name + ".autopilot.json")
+        return [d["line"] for d in json.loads(path.read_text())["decisions"]] if path.exists() else []
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def stop_loop(self) -> None:
+        if self.loop is not None and self.loop.poll() is None:
+            self.loop.send_signal(signal.SIGTERM)
+            self.loop.wait(timeout=30)
+
+    def close(self) -> None:
+        """Stops the loop, cancels b's jobs (waiting until Slurm lists none running) and stops a."""
+        try:
+            self.stop_loop()
+            self.slurm.clear(timeout_s=60)
+        finally:
+            self.cluster.close()
+
+
+def _write_run_file(path: Path, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, wall: str,
+                    train: list[str]) -> None:
+    """The run file: site a (no Slurm) and site b, whose jobs run `peer serve ... --join a`."""
+    peer = (f"{sys.executable} -m peer.cli serve --listen 127.0.0.1:0 --preset lan --data-dir {workdir / 'b'} "
+            f"--certs {cluster.certs} {' '.join(train)}" + (f" --join {seed}" if seed else ""))
+    path.write_text(f"""
+[run]
+name = "{RUN}"
+[placement]
+target_tokens = 1e12
+log = "placement.jsonl"
+[sites.a]
+[sites.b]
+tokens_per_s = 1000.0
+[sites.b.slurm]
+nodes = 1
+time = "{wall}"
+partition = "shared"
+signal_seconds = {SIGNAL_S}
+command_prefix = {json.dumps(slurm.prefix)}
+template = "{TEMPLATE}"
+peer_command = {json.dumps(peer)}
+workdir = "{workdir}"
+env = {{ PYTHONPATH = "{REPO}", SITEMESH_SRUN_ARGS = "", PYTHONUNBUFFERED = "1" }}
+""")
