@@ -9,6 +9,8 @@ site hands over instead of dropping out. This core reads the site's jobs (from `
   start, or the last one ended or failed), or, while a job runs, a successor that Slurm may start
   from `handover_s` before the running job's end (`--begin`): it queues in the meantime, so its
   queue wait overlaps the running job instead of following it;
+* **StartNow** a queued successor whose `--begin` lies ahead when no job of the site runs any more
+  (the one it was to follow died, was cancelled or left early): the site would be out until then;
 * **Hold** while a job is queued, while the site is backed off after `max_failures` failed jobs
   in a row (failed: Slurm ended it other than by completing or reaching its wall time, or it ran
   under `min_useful_s`), doubling the pause each further failure, and once the run's target is
@@ -81,6 +83,8 @@ class Job:
     """When it started (None: not yet)."""
     end: float | None = None
     """When it ended (None: not yet)."""
+    begin: float | None = None
+    """Queued and held back by its `--begin`: that time (None otherwise)."""
 
     @property
     def ends_by(self) -> float | None:
@@ -126,7 +130,17 @@ class Hold:
     reason: str
 
 
-Decision = Submit | Hold
+@dataclass(frozen=True)
+class StartNow:
+    """Let a queued successor start now: the job it was to follow ended before it could begin."""
+
+    site: str
+    seq: int
+    job_id: str
+    reason: str
+
+
+Decision = Submit | Hold | StartNow
 
 
 def min_useful_s(job: Job, config: KeeperConfig) -> float:
@@ -149,15 +163,21 @@ def decide(now: float, site: str, jobs: Sequence[Job], seen_seq: int, target_rea
     if target_reached:
         return Hold(site, "the run reached its target: no more jobs")
     queued = [j for j in jobs if j.state is JobState.QUEUED]
+    running = sorted((j for j in jobs if j.state is JobState.RUNNING), key=lambda j: j.seq)
     if queued:
-        return Hold(site, f"job {queued[-1].seq} ({queued[-1].job_id}) is queued")
+        waiting = queued[-1]
+        if not running and waiting.begin is not None and waiting.begin > now:
+            # Its predecessor died, was cancelled or ended early: waiting for --begin leaves the site out.
+            return StartNow(site, waiting.seq, waiting.job_id,
+                            f"no job running, and job {waiting.seq} ({waiting.job_id}) was to begin at "
+                            f"{_clock(waiting.begin)}: it may start now")
+        return Hold(site, f"job {waiting.seq} ({waiting.job_id}) is queued")
     done = sorted((j for j in jobs if j.state in (JobState.ENDED, JobState.FAILED)), key=lambda j: j.seq)
     streak = 0
     for job in reversed(done):
         if not failed(job, config):
             break
         streak += 1
-    running = sorted((j for j in jobs if j.state is JobState.RUNNING), key=lambda j: j.seq)
     if streak >= config.max_failures and not running:
         last = done[-1]
         pause = min(config.backoff_s[0] * 2 ** (streak - config.max_failures), config.backoff_s[1])

@@ -37,7 +37,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 import grpc
 
 from ops.autopilot import queue
-from ops.autopilot.keeper import Hold, KeeperConfig, Submit, decide, job_name
+from ops.autopilot.keeper import Hold, KeeperConfig, StartNow, Submit, decide, job_name
 from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import templates
@@ -101,6 +101,9 @@ def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, tar
                               target_reached, keeper)
             if isinstance(decision, Submit):
                 line = _submit(run, site, slurm, state, state_path, decision)
+            elif isinstance(decision, StartNow):
+                queue.start_now(slurm, decision.job_id)
+                line = f"{site.name}: starting job {decision.seq} ({decision.job_id}) now: {decision.reason}"
             else:
                 line = f"{site.name}: holding: {decision.reason}"
         except (SlurmError, templates.TemplateError, OSError) as err:

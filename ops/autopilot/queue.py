@@ -16,8 +16,8 @@ from ops.autopilot.keeper import Job, job_state, parse_job_name
 from ops.placement.config import JobShape, parse_slurm_time
 from ops.placement.slurm import SlurmError, SlurmSite, parse_slurm_timestamp
 
-_FORMAT = "%i|%j|%T|%S|%e|%l"
-"""Job id, name, state, start, end, time limit."""
+_FORMAT = "%i|%j|%T|%S|%e|%l|%r"
+"""Job id, name, state, start, end, time limit, why it is pending."""
 
 
 def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
@@ -26,16 +26,19 @@ def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
     jobs: list[Job] = []
     for line in proc.stdout.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 6:
+        if len(parts) != 7:
             raise SlurmError(f"unexpected squeue line {line!r} in:\n{proc.stdout.strip()}")
-        job_id, name, state, start, end, limit = parts
+        job_id, name, state, start, end, limit, why = parts
         named = parse_job_name(name, run)
         if named is None or named[0] != site:
             continue
         kind = job_state(state)
+        queued = kind.name == "QUEUED"
         jobs.append(Job(site, named[1], job_id, kind, state, _limit_s(limit),
-                        _when(start) if kind.name != "QUEUED" else None,
-                        _when(end) if kind.name in ("ENDED", "FAILED") else None))
+                        None if queued else _when(start),
+                        _when(end) if kind.name in ("ENDED", "FAILED") else None,
+                        # Held back by its --begin: the start column is then that time (else a prediction).
+                        _when(start) if queued and why == "BeginTime" else None))
     return sorted(jobs, key=lambda j: j.seq)
 
 
@@ -43,6 +46,11 @@ def submit(slurm: SlurmSite, shape: JobShape, name: str, script: str, begin: flo
     """Submits `script` as `name`, not to start before `begin` (Unix seconds); the job id."""
     extra = [] if begin is None else [f"--begin={dt.datetime.fromtimestamp(begin, dt.timezone.utc):%Y-%m-%dT%H:%M:%S}"]
     return slurm.submit(shape, name, script, extra)
+
+
+def start_now(slurm: SlurmSite, job_id: str) -> None:
+    """Lets queued `job_id` start as soon as Slurm can (clears its --begin)."""
+    slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
 
 def _when(text: str) -> float | None:

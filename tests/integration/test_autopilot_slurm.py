@@ -88,3 +88,11 @@ def test_the_loop_keeps_a_successor_queued_and_never_reuses_a_job_name(slurm: Sl
     assert sorted(_jobs(slurm)) == [1, 2, 3]
     decisions = json.loads(state.read_text())["decisions"]
     assert [d["kind"] for d in decisions] == ["hold", "submit"]
+
+    # Job 1 dies long before its wall time: its successor, held back by --begin, may start now.
+    assert _jobs(slurm)[3][1] == "PENDING"
+    slurm.run("scancel", _jobs(slurm)[1][0])
+    wait_for(lambda: _jobs(slurm)[1][1] == "CANCELLED", 30, "job 1 to be cancelled")
+    (line,) = _pass(config)
+    assert line.startswith(f"free: starting job 3 ({_jobs(slurm)[3][0]}) now: no job running"), line
+    wait_for(lambda: _jobs(slurm)[3][1] == "RUNNING", 30, "job 3 to start without waiting for its --begin")

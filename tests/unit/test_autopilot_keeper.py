@@ -9,6 +9,7 @@ from ops.autopilot.keeper import (
     Job,
     JobState,
     KeeperConfig,
+    StartNow,
     Submit,
     decide,
     job_name,
@@ -55,6 +56,21 @@ def test_nothing_is_submitted_while_a_job_is_queued_or_once_the_target_is_reache
     jobs = [job(1, JobState.RUNNING, start=T0), job(2, JobState.QUEUED)]
     assert decide(T0 + 60, "lumi", jobs, 2, False, CONFIG) == Hold("lumi", "job 2 (1002) is queued")
     assert decide(T0, "lumi", [], 0, True, CONFIG) == Hold("lumi", "the run reached its target: no more jobs")
+
+
+def test_a_successor_waiting_for_its_begin_starts_now_when_its_predecessor_is_gone() -> None:
+    """Job 1 died an hour before its wall time; job 2 was to begin 300 s before that end: the site
+    would be out until then. While job 1 runs, or once the begin has passed, job 2 just waits."""
+    waiting = Job("lumi", 2, "1002", JobState.QUEUED, "PENDING", 3600, begin=T0 + 3300)
+    dead = job(1, JobState.FAILED, start=T0, end=T0 + 1200, slurm="NODE_FAIL")
+    d = decide(T0 + 1260, "lumi", [dead, waiting], 2, False, CONFIG)
+    assert isinstance(d, StartNow) and (d.seq, d.job_id) == (2, "1002")
+    assert "no job running, and job 2 (1002) was to begin at" in d.reason
+    running = job(1, JobState.RUNNING, start=T0)
+    assert decide(T0 + 1260, "lumi", [running, waiting], 2, False, CONFIG) == Hold("lumi", "job 2 (1002) is queued")
+    assert decide(T0 + 3400, "lumi", [dead, waiting], 2, False, CONFIG) == Hold("lumi", "job 2 (1002) is queued")
+    # Queued for resources (no --begin): nothing to bring forward.
+    assert isinstance(decide(T0 + 1260, "lumi", [dead, job(2, JobState.QUEUED)], 2, False, CONFIG), Hold)
 
 
 def test_sequence_numbers_are_never_reused() -> None:
