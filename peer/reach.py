@@ -20,13 +20,11 @@ from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.transport.channels import Credentials, open_channel
 from peer.transport.dialer import Dialer, Egress
 from peer.transport.relay_server import RelayServer
+from peer.transport import route
 from peer.transport.route import Direct
 from peer.transport.tunnel import TunnelAgent
 
 log = logging.getLogger("sitemesh.reach")
-
-_UNSPECIFIED = ("", "0.0.0.0", "::", "[::]")
-
 
 DIAL_BACK_S = 10.0
 """How long a member tries to reach a joining site where it advertises itself: a TLS handshake and
@@ -63,8 +61,7 @@ class Reach:
             log.info("relaying for outbound sites on port %d", bound)
         if config.reach != "outbound":
             return
-        listen_host = config.listen.rsplit(":", 1)[0]
-        local = "127.0.0.1" if listen_host in _UNSPECIFIED else listen_host.strip("[]")
+        local = route.local_host(config.listen.rsplit(":", 1)[0])
         services = {"grpc": Direct(local, grpc_port)}
         if bulk_port is not None:
             services["bulk"] = Direct(local, bulk_port)

@@ -114,7 +114,7 @@ class RelayServer:
         self._listener.setblocking(False)
         self._tasks.add(asyncio.ensure_future(self._accept_loop(self._listener)))
         bound = int(self._listener.getsockname()[1])
-        self._local = Direct({"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), bound)
+        self._local = Direct(route.local_host(host), bound)
         return bound
 
     async def _accept_loop(self, listener: socket.socket) -> None:

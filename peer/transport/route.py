@@ -99,6 +99,15 @@ def server_name(address: str | Direct | Relayed) -> str:
     return site_of(route.site) if isinstance(route, Relayed) else route.host
 
 
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def local_host(bound_host: str) -> str:
+    """Where this host reaches its own listener bound at `bound_host`: 127.0.0.1 for a wildcard (a
+    listener on "::" takes IPv4 too: gRPC's and the relay's are dual-stack), else the host itself."""
+    return "127.0.0.1" if bound_host in _WILDCARDS else bound_host.strip("[]")
+
+
 def proxy_hop(text: str) -> Direct:
     """The HTTP CONNECT proxy `text` names ("http://host:port" or "host:port"); BadRoute with the fix."""
     try:

@@ -20,6 +20,9 @@ def test_direct_and_relayed_addresses_parse() -> None:
     assert route.text(Direct("::1", 7101)) == "[::1]:7101"
     assert route.server_name("relay://lumi@r1:7100") == "lumi"
     assert route.server_name("node7.example:7001") == "node7.example"
+    # A listener's own host reaches it on loopback when it is bound to a wildcard.
+    assert [route.local_host(h) for h in ("", "0.0.0.0", "::", "[::]")] == ["127.0.0.1"] * 4
+    assert route.local_host("10.0.0.5") == "10.0.0.5" and route.local_host("[::1]") == "::1"
 
 
 @pytest.mark.parametrize("bad, says", [
