@@ -59,6 +59,20 @@ def train_args(docs: int = 8, inner_steps: int = 4, round_deadline: float = 60.0
             "--data-epochs", "100000"]
 
 
+def listed_jobs(slurm: SlurmCluster, site: str) -> dict[int, tuple[str, str]]:
+    """seq -> (job id, Slurm state) of `site`'s jobs of the run that Slurm lists, read apart from
+    the loop's own reading (ops/autopilot/queue.py), which is what is under test."""
+    out = slurm.run("squeue", "--states=all", "--noheader", "--format=%i|%j|%T").stdout
+    jobs = {}
+    for line in out.splitlines():
+        job_id, name, state = line.strip().split("|")
+        named = parse_job_name(name, RUN)
+        if named is not None and named[0] == site:
+            assert named[1] not in jobs, f"job name {name} used twice"
+            jobs[named[1]] = (job_id, state)
+    return jobs
+
+
 @dataclass
 class Job:
     seq: int
@@ -112,15 +126,7 @@ class AutopilotMesh:
 
     def jobs(self) -> dict[int, Job]:
         """seq -> b's jobs as Slurm lists them (MinJobAge keeps ended ones 10 minutes)."""
-        out = self.slurm.run("squeue", "--states=all", "--noheader", "--format=%i|%j|%T").stdout
-        jobs = {}
-        for line in out.splitlines():
-            job_id, name, state = line.strip().split("|")
-            named = parse_job_name(name, RUN)
-            if named is not None and named[0] == "b":
-                assert named[1] not in jobs, f"job name {name} used twice"
-                jobs[named[1]] = Job(named[1], job_id, state)
-        return jobs
+        return {seq: Job(seq, job_id, state) for seq, (job_id, state) in listed_jobs(self.slurm, "b").items()}
 
     def output(self, job: Job) -> str:
         """The job's batch output: its batch shell's lines and its peer's log."""

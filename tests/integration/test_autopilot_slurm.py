@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ops.autopilot.keeper import parse_job_name
+from tests.integration.autopilot_mesh import RUN, listed_jobs
 from tests.integration.peers import wait_for
 from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
 
@@ -24,7 +24,7 @@ def _run_file(tmp_path: Path, cluster: SlurmCluster) -> Path:
     path = tmp_path / "run.toml"
     path.write_text(f"""
 [run]
-name = "soak"
+name = "{RUN}"
 [placement]
 target_tokens = 1e9
 log = "placement.jsonl"
@@ -51,15 +51,7 @@ def _pass(config: Path, *extra: str) -> list[str]:
 
 def _jobs(cluster: SlurmCluster) -> dict[int, tuple[str, str]]:
     """seq -> (job id, state) of the run's jobs Slurm lists."""
-    out = cluster.run("squeue", "--states=all", "--noheader", "--format=%i|%j|%T").stdout
-    jobs = {}
-    for line in out.splitlines():
-        job_id, name, state = line.strip().split("|")
-        named = parse_job_name(name, "soak")
-        if named is not None:
-            assert named[1] not in jobs, f"job name {name} used twice"
-            jobs[named[1]] = (job_id, state)
-    return jobs
+    return listed_jobs(cluster, "free")
 
 
 def test_the_loop_keeps_a_successor_queued_and_never_reuses_a_job_name(slurm: SlurmCluster, tmp_path: Path) -> None:
