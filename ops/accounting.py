@@ -4,7 +4,8 @@ Pure: it takes the peers' job records (peer/job_record.py, one per job and membe
 computes, per job and per site, in node-hours (a job's seconds times its nodes):
 
     allocated  job start -> job end (the peer's exit; without one, its record's last write)
-    joining    job start -> first inner step (set-up, imports, state transfer, the first round's open)
+    joining    job start -> first inner step (set-up, imports, state transfer, the first round's open;
+               JobRecord.joining_s, the rule the peer's metric shares)
     training   seconds the trainer spent in inner steps (its own measurement)
     tail       last inner step -> job end (the leave at SIGTERM, the last exchange)
     idle       the rest: between inner steps (exchange, commit waits, evaluations not overlapped)
@@ -43,8 +44,11 @@ class JobAccount:
     """One job's seconds (not node-weighted), split as the module docstring says."""
 
     record: JobRecord
-    end: float
-    """The job's end: its exit, else its record's last write (a lower bound)."""
+
+    @property
+    def end(self) -> float:
+        """The job's end (`JobRecord.ran_until`): a lower bound when no exit is on record."""
+        return self.record.ran_until
 
     @property
     def site(self) -> str:
@@ -65,9 +69,7 @@ class JobAccount:
 
     @property
     def joining_s(self) -> float:
-        first = self.record.first_step
-        until = self.end if first is None else min(first, self.end)  # a job that never trained only joined
-        return max(until - self.record.job_start, 0.0)
+        return self.record.joining_s
 
     @property
     def tail_s(self) -> float:
@@ -164,8 +166,7 @@ class Accounting:
 def account(records: Iterable[JobRecord]) -> Accounting:
     """The accounting of the jobs `records` describe (each job once: the caller reads each member
     dir once, and a job serves one member)."""
-    jobs = tuple(sorted((JobAccount(r, r.exited if r.exited is not None else r.updated) for r in records),
-                        key=lambda j: (j.site, j.record.job_start)))
+    jobs = tuple(sorted((JobAccount(r) for r in records), key=lambda j: (j.site, j.record.job_start)))
     sites = sorted({j.site for j in jobs})
     return Accounting(tuple(Totals(s, tuple(j for j in jobs if j.site == s)) for s in sites), Totals("total", jobs))
 

@@ -15,9 +15,13 @@ mesh's token counts (ops/report.py, `reference_at`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["centralised_curve", "epoch_samples", "stops"]
+if TYPE_CHECKING:  # imported where used: it pulls in torch, and `ops` starts fast
+    from peer.core.samples import SampleRange
+    from peer.trainer.blocks import BlockIndex
+
+__all__ = ["centralised_curve", "epoch_samples", "shipped_index", "stops"]
 
 
 def stops(tokens: list[int], seq_len: int, batch: int, total: int) -> list[int]:
@@ -34,32 +38,43 @@ def stops(tokens: list[int], seq_len: int, batch: int, total: int) -> list[int]:
     return sorted(out)
 
 
-def epoch_samples(max_documents: int) -> int:
-    """Samples in one epoch of the shipped corpus's first `max_documents` documents (what the mesh
-    commits once each)."""
+def shipped_index(max_documents: int) -> BlockIndex:
+    """The blocks of the shipped corpus's first `max_documents` documents, the demo's data. Building
+    it reads the corpus (about a second): build it once and hand it to `epoch_samples` and
+    `centralised_curve`."""
     from peer.trainer.blocks import BlockIndex
     from peer.trainer.config import DataConfig
 
-    return sum(b.full_range().num_samples for b in BlockIndex(DataConfig.shipped(max_documents=max_documents)).epoch_order())
+    return BlockIndex(DataConfig.shipped(max_documents=max_documents))
 
 
-def centralised_curve(model: str, max_documents: int, sites: int, batch_size: int, heldout: Any,
+def _epoch_queue(index: BlockIndex) -> list[SampleRange]:
+    """Every sample of the epoch once, in the epoch's block order (what the mesh commits once each)."""
+    return [b.full_range() for b in index.epoch_order()]
+
+
+def epoch_samples(index: BlockIndex) -> int:
+    """Samples in one epoch of `index`."""
+    return sum(r.num_samples for r in _epoch_queue(index))
+
+
+def centralised_curve(model: str, index: BlockIndex, sites: int, batch_size: int, heldout: Any,
                       tokens: list[int], lr: float) -> list[tuple[int, float]]:
-    """(tokens trained, held-out perplexity) of the baseline at the `stops` of `tokens` (the mesh's
-    committed tokens at its held-out points) and at the end of the epoch, by tokens. `heldout`: the
-    samples the mesh's checkpoints were evaluated on (a [n, seq_len] tensor); `lr`: the mesh's
-    inner peak learning rate (the schedule spans the baseline's run, as the mesh's spans a site's)."""
+    """(tokens trained, held-out perplexity) of the baseline on the data of `index` (`shipped_index`)
+    at the `stops` of `tokens` (the mesh's committed tokens at its held-out points) and at the end of
+    the epoch, by tokens. `heldout`: the samples the mesh's checkpoints were evaluated on (a
+    [n, seq_len] tensor); `lr`: the mesh's inner peak learning rate (the schedule spans the
+    baseline's run, as the mesh's spans a site's)."""
     import torch
 
-    from peer.trainer.blocks import BlockIndex, take_samples
-    from peer.trainer.config import MODEL_PRESETS, DataConfig, InnerConfig, TrainerConfig
+    from peer.trainer.blocks import take_samples
+    from peer.trainer.config import MODEL_PRESETS, InnerConfig, TrainerConfig
     from peer.trainer.evaluate import perplexity
     from peer.trainer.inner import Trainer
 
-    data = DataConfig.shipped(max_documents=max_documents)
-    index = BlockIndex(data)
-    queue = [b.full_range() for b in index.epoch_order()]
-    total = sum(r.num_samples for r in queue)
+    data = index.cfg
+    queue = _epoch_queue(index)
+    total = epoch_samples(index)
     batch = batch_size * sites
     # Every sample once, as the mesh commits it: the last step takes the short remainder.
     steps = math.ceil(total / batch)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -40,6 +40,9 @@ from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.core.timeline import RoundTimeline
 from peer.logstore import CorruptStore
 from peer.transport.channels import Credentials, open_blocking_channel
+
+if TYPE_CHECKING:  # imported where used: it pulls in torch, and `ops` starts fast
+    from peer.trainer.blocks import BlockIndex
 
 DEMO_INNER_LR = 1e-3
 """The demo's inner learning rate: see docs/decisions/ops-demo-verdict.md."""
@@ -127,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM must unwind through local_mesh.running, or the site processes outlive the demo.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     addresses: dict[str, str] = {}
-    samples = baseline.epoch_samples(args.max_documents)
+    index = baseline.shipped_index(args.max_documents)  # once: the epoch's size, then the baseline's data
+    samples = baseline.epoch_samples(index)
     if args.leave_at < 0:  # half way through the rounds all sites train together
         args.leave_at = max(1, samples // (args.inner_steps * args.batch_size * len(sites)) // 2) \
             if len(sites) > 1 else 0
@@ -138,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         for site in sites:
             addresses[site] = _listening(procs[site], site, workdir)
             print(f"  {site} listening on {addresses[site]}", flush=True)
-        return _watch(args, workdir, sites, procs, addresses)
+        return _watch(args, workdir, sites, procs, addresses, index)
 
 
 def _wait_for_members(addresses: dict[str, str], deadline: float, creds: Credentials) -> bool:
@@ -214,7 +218,7 @@ class _Narrator:
 
 
 def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dict[str, subprocess.Popen[str]],
-           addresses: dict[str, str]) -> int:
+           addresses: dict[str, str], index: BlockIndex) -> int:
     start = time.monotonic()
     if not _wait_for_members(addresses, start + args.timeout, args.creds):
         print(f"ops demo: the sites did not all join within {args.timeout:.0f}s", file=sys.stderr)
@@ -227,7 +231,7 @@ def _watch(args: argparse.Namespace, workdir: Path, sites: list[str], procs: dic
     if status is not None:
         return status
     ok = _audit(workdir, sites)
-    ok &= _evaluate(workdir, sites, live[0], args)
+    ok &= _evaluate(workdir, sites, live[0], args, index)
     return 0 if ok else 1
 
 
@@ -293,7 +297,8 @@ def _audit(workdir: Path, sites: list[str]) -> bool:
     return result.returncode == 0
 
 
-def _evaluate(workdir: Path, sites: list[str], site: str, args: argparse.Namespace) -> bool:
+def _evaluate(workdir: Path, sites: list[str], site: str, args: argparse.Namespace,
+              index: BlockIndex) -> bool:
     """Loads the final checkpoint the way a user would, compares it with the untrained model and
     (unless --no-baseline) a centralised run on the same tokens, and writes the PNG report with the
     mesh's held-out curve (its checkpoints) and, beside it, the baseline's at the same tokens."""
@@ -311,7 +316,7 @@ def _evaluate(workdir: Path, sites: list[str], site: str, args: argparse.Namespa
     if args.baseline:
         print("training the centralised baseline on the same tokens (one trainer, all sites' batch), "
               "evaluated at the mesh's checkpoints' tokens...", flush=True)
-        data.reference = baseline.centralised_curve(args.model, args.max_documents, args.sites, args.batch_size,
+        data.reference = baseline.centralised_curve(args.model, index, args.sites, args.batch_size,
                                                     heldout, [committed[r] for r, _ in data.perplexity if r in committed],
                                                     args.inner_lr)
         path = workdir / "baseline.json"

@@ -60,6 +60,23 @@ class JobRecord:
     exited: float | None = None
     """When the peer stopped (a graceful leave, SIGTERM); None while it runs or after a kill -9."""
 
+    @property
+    def ran_until(self) -> float:
+        """Until when the job ran, as far as the record knows: its exit, else its last write (a lower
+        bound: the job was killed or still runs). Not `job_end`, which is Slurm's deadline."""
+        return self.exited if self.exited is not None else self.updated
+
+    @property
+    def joining_s(self) -> float:
+        """Seconds from the job's start to its first inner step: the set-up every job pays once. The
+        one rule behind `sitemesh_job_joining_seconds` (peer/metrics.py) and `ops report`
+        (ops/accounting.py). A job that has not trained has only joined, up to `ran_until`; the first
+        step is clipped to `ran_until` too, so that joining never exceeds the job's allocated seconds
+        (a wall clock stepped back between writes). Never negative: the start is read off Slurm's
+        clock, the first step off this node's."""
+        joined = self.ran_until if self.first_step is None else min(self.first_step, self.ran_until)
+        return max(joined - self.job_start, 0.0)
+
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 

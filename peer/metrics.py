@@ -219,7 +219,7 @@ def _job_families(job: JobRecord) -> Iterator[Metric]:
     if job.first_step is not None:
         yield GaugeMetricFamily("sitemesh_job_joining_seconds",
                                 "Seconds from this job's start to its first inner step (its fixed start cost)",
-                                value=job.first_step - job.job_start)
+                                value=job.joining_s)
 
 
 class PeerCollector(Collector):

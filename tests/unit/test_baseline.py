@@ -33,10 +33,12 @@ def test_the_baseline_is_evaluated_at_the_mesh_token_counts_and_drawn_beside_the
     docs, sites, batch = 8, 2, 2
     heldout = report.heldout_samples(docs)[:8]
     committed = {2: 16 * SEQ, 4: 30 * SEQ, 6: 141 * SEQ}  # round -> tokens the mesh had committed
-    curve = baseline.centralised_curve("micro", docs, sites, batch, heldout, list(committed.values()), lr=2e-3)
+    index = baseline.shipped_index(docs)
+    curve = baseline.centralised_curve("micro", index, sites, batch, heldout, list(committed.values()),
+                                       lr=2e-3)
     assert [t // SEQ for t, _ in curve] == [16, 28, 32, 140, 141]  # 141 samples: the last step is 1
     assert all(math.isfinite(p) and p > 1 for _, p in curve)
-    assert baseline.epoch_samples(docs) == 141
+    assert baseline.epoch_samples(index) == 141
 
     # The same trainer on the whole epoch at once ends where the pieces end.
     from peer.trainer.blocks import BlockIndex

@@ -84,3 +84,31 @@ def test_the_metrics_say_when_the_job_began_and_how_long_it_trained() -> None:
     assert values == {"sitemesh_job_start_timestamp_seconds": 900.0, "sitemesh_job_end_timestamp_seconds": 8100.0,
                       "sitemesh_job_nodes": 2.0, "sitemesh_job_inner_seconds_total": 80.0,
                       "sitemesh_job_joining_seconds": 200.0}
+
+
+# (first_step, exited, joining_s): started at 900, last written at 1200.
+JOINING = [
+    (1100.0, None, 200.0),  # trained: start -> first inner step
+    (None, None, 300.0),  # has not trained (yet): it has only joined, up to its last write
+    (None, 1250.0, 350.0),  # never trained and left: joined until its exit
+    (850.0, None, 0.0),  # Slurm's start after the node's first step (two clocks): never negative
+    (1300.0, 1250.0, 350.0),  # first step after the exit (the wall clock stepped back): clipped to the exit
+]
+
+
+@pytest.mark.parametrize(("first_step", "exited", "joining"), JOINING)
+def test_joining_is_one_rule_for_the_metric_and_the_accounting(first_step: float | None, exited: float | None,
+                                                               joining: float) -> None:
+    """`JobRecord.joining_s` is what the peer exports and what `ops report` accounts: both read it,
+    so a job's joining seconds are the same number on a dashboard and in the report."""
+    from ops.accounting import account
+    from peer.metrics import _job_families
+
+    rec = JobRecord("1", "a", nodes=1, job_start=900.0, peer_start=1000.0, updated=1200.0,
+                    first_step=first_step, last_step=first_step, exited=exited)
+    assert rec.joining_s == joining
+    (job,) = account([rec]).total.jobs
+    assert job.joining_s == joining
+    exported = {s.name: s.value for family in _job_families(rec) for s in family.samples}
+    # The gauge appears with the first inner step: before it, the joining is not over.
+    assert exported.get("sitemesh_job_joining_seconds") == (joining if first_step is not None else None)
