@@ -1,11 +1,11 @@
-"""Runs DiLoCo outer rounds on a node: the effect executor of the round cores.
+"""Runs DiLoCo outer rounds on a node: the executor of the round protocol's effects.
 
-The decisions are taken by one pure core, `PeerRounds` (peer/core/peer_rounds.py: the data-lease
-cores, the leader's `RoundLeader` and this peer's `RoundCore`, with the routing between them that the
-whole-peer simulator runs too). This file runs its effects (trainer calls, pseudo-gradient fetches, θ
-applies and state transfers in peer/training.py, round and lease sends through the node, the lease
-ledger on disk in peer/leasing.py) as tasks and feeds each completion back as an event; nothing here
-sleeps or polls or decides. A round, end to end:
+The decisions are taken by the peer's pure protocol (peer/core/peer_core.py, whose `PeerRounds` holds
+the data-lease cores, the leader's `RoundLeader` and this peer's `RoundCore`); the node runs its
+effects and hands the rounds' ones here. This file runs them (trainer calls, pseudo-gradient fetches,
+θ applies and state transfers in peer/training.py, round and lease sends through the node, the lease
+ledger on disk in peer/leasing.py) as tasks and feeds each completion back as an event through the
+node; nothing here sleeps or polls or decides. A round, end to end:
 
 1. The leader opens round r once r-1 is committed and applied here.
 2. Each site takes up to H x batch samples from its started, valid data leases, trains them from
@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from peer.core import rounds as r
 from peer.core.commitlog import Entry, RoundCommit
 from peer.core import events as ev
-from peer.core.peer_rounds import Effect, PeerRounds, Seen
+from peer.core.peer_rounds import Effect, PeerRounds
 from peer.core.election import Role, SiteId
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
-from peer.core.membership import LEAVING
 from peer.core.membership_types import MemberState
 from peer.core.lease_config import LeaseConfig
 from peer.heldout import HeldOut
@@ -64,15 +62,9 @@ class Coordinator:
         self.lease_config = leases
         self.leasing: Leasing | None = None
         self.rounds: PeerRounds | None = None
-        """This peer's round protocol (peer/core/peer_rounds.py); None until start()."""
-        self._effects: deque[Effect] = deque()
-        self._pending: list[ev.Event] = []
-        """Events that came before start() (commits while the trainer started), fed at its end."""
-        self._draining = False
+        """This peer's round protocol (read for status; the node's PeerCore drives it); None until start()."""
         self._fetch: asyncio.Task[None] | None = None
         """The leader's pseudo-gradient fetch in flight (a cancelled one is awaited by the next)."""
-        self._left: asyncio.Future[None] | None = None
-        """Resolved when a graceful leave's round work is done (LeaveReady)."""
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
         self.clock = RoundClock(node.config.site, node.now())
@@ -86,29 +78,21 @@ class Coordinator:
     async def start(self) -> None:
         self.job.started()  # first: a job whose trainer never starts still cost its allocation
         await self.training.start()
-        raft = self.node.consensus_core()
         leasing = Leasing(self.node.config.site, dict(self.training.blocks), self.lease_config,
                           self.node.data_dir / "leases", self._send_lease, keys=keys_of(self.node.creds),
                           tokens_per_sample=self.training.trainer_config.data.seq_len)
-        # No await from here on: entries up to applied_index are replayed now, later ones arrive
-        # through on_entries, so the lease cores see every entry exactly once, in log order.
-        now = self.node.now()
-        leasing.note_leader_epoch(raft.hard.epoch)
-        replayed = [raft.log.entry(i) for i in range(raft.log.snapshot.last_index + 1, raft.applied_index + 1)]
-        rnd, index, committed = raft.log.last_round_entry(self.training.applied_index)
+        # No await from here on: the protocol replays the applied entries to the lease cores now,
+        # later ones arrive as commits, so the lease cores see every entry exactly once, in log order.
+        rnd, index, committed = self.node.last_round_entry(self.training.applied_index)
         why = self.training.verify_against(index, rnd, committed)
         self.leasing = leasing
         self.rounds = PeerRounds(self.node.config.site, self.node.address, self.config, leasing.cores,
                                  self.lease_config.ttl, self.clock, self.training.applied_round,
                                  self.training.weights_hash)
-        self._run_all(self.rounds.replay([e for e in replayed if e is not None], now))
+        # The apply queue re-syncs (a divergence) before it applies what came while the trainer started.
+        self.node.attach(self.rounds, ev.Diverged(why) if why else None)
         log.info("leases: boot %d, data epoch %d, %d/%d samples committed", leasing.boot,
                  leasing.ledger.data_epoch, leasing.ledger.committed, leasing.ledger.total)
-        if why:  # the apply queue re-syncs before it applies anything else
-            self._pending.insert(0, ev.Diverged(why))
-        pending, self._pending = self._pending, []
-        for event in pending:  # what was committed while the trainer started
-            self._feed(event)
 
     async def close(self) -> None:
         """The peer stops: the job's exit goes on record, then the trainer and the bulk listener close."""
@@ -144,108 +128,25 @@ class Coordinator:
         """The round core's last decision and its reason (why a round was skipped, a site excluded)."""
         return self.rounds.core.last_reason if self.rounds is not None else ""
 
-    def next_deadline(self) -> float:
-        """When `tick` next has something to do on its own (node-clock seconds; -inf: now; inf: on
-        events only). The node ticks after every event too."""
-        return self.rounds.next_deadline(self._seen()) if self.rounds is not None else float("inf")
-
-    def _seen(self) -> Seen:
-        """What consensus, membership and the trainer's state say now."""
-        status = self.node.consensus_status()
-        members = [v for v in self.node.members() if v.state in LIVE]
-        live = frozenset(v.site for v in members)
-        leaving = frozenset(v.site for v in members if v.meta is not None and LEAVING in v.meta.labels)
-        return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.training.applied_round,
-                    self.training.weights_hash, live, leaving, status.leader)
-
-    # ----- from the node -----------------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        if self.rounds is not None:
-            self._run_all(self.rounds.tick(now, self._seen()))
-
-    def on_leader_changed(self, leader: str | None, epoch: int) -> None:
-        if self.rounds is not None:
-            self.rounds.leader_changed(leader, epoch)
-
-    def on_entries(self, entries: Sequence[Entry]) -> None:
-        """Committed log entries, in order: the lease ledger and views at once, θ by the apply queue."""
+    # ----- from the node's executor ------------------------------------------------------------
+    def committed(self, entries: Sequence[Entry]) -> None:
+        """Committed log entries: a leader's pull and outer step go on the round's record before
+        commit_wait ends (the round protocol's effects of them come next)."""
         for entry in entries:
             if isinstance(entry.body, RoundCommit):
-                self._book_spent(entry.body.round)  # a leader's pull and outer step, before commit_wait ends
-        if self.rounds is None:
-            # Before start(): the lease cores replay these from the log there; the round core gets them then.
-            self._pending += [ev.Committed(e.index, e.body) for e in entries if isinstance(e.body, RoundCommit)]
-            return
-        self._run_all(self.rounds.entries(entries, self.node.now(), self._seen()))
+                self._book_spent(entry.body.round)
 
-    def receive(self, msg: r.Message) -> None:
-        if self.rounds is not None:
-            self._run_all(self.rounds.round_message(msg, self.node.now(), self._seen()))
-
-    def member_down(self, site: str) -> None:
-        """Membership declared `site` DEAD or LEFT (PeerRounds.member_down)."""
-        if self.rounds is not None:
-            self._run_all(self.rounds.member_down(site, self.node.now(), self._seen()))
-
-    def member_up(self, site: str) -> None:
-        """Membership saw `site` come (back) up: ALIVE again, or a new process (PeerRounds.member_up)."""
-        if self.rounds is not None:
-            self._run_all(self.rounds.member_up(site, self.node.now(), self._seen()))
-
-    def receive_lease(self, msg: LeaseMessage) -> None:
-        if self.rounds is not None:
-            self._run_all(self.rounds.lease_message(msg, self.node.now(), self._seen()))
-
-    async def prepare_leave(self, wait_s: float) -> None:
-        """Graceful leave (I8): train no more, give the leader up to `wait_s` to decide a round this
-        site already reported samples for (it pulls the pseudo-gradient from here), then give every
-        lease back to its owner. Returns once the core says so (LeaveReady)."""
-        if self.rounds is None:
-            return
-        self._left = asyncio.get_running_loop().create_future()
-        self._feed(ev.LeaveRequested(wait_s))
-        await self._left
-
-    # ----- the executor ------------------------------------------------------------------------
-    def _feed(self, event: ev.Event) -> None:
-        """Hands `event` (a completion, a leave) to the round protocol and runs its effects."""
-        if self.rounds is None:
-            self._pending.append(event)
-            return
-        self._run_all(self.rounds.handle(event, self.node.now(), self._seen()))
-
-    def _run_all(self, effects: Sequence[Effect]) -> None:
-        """Runs `effects` in order. What running one makes the core say (a proposal that commits at
-        once) queues behind the rest, so effects run in the order the core produced them."""
-        self._effects.extend(effects)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._effects:
-                effect = self._effects.popleft()
-                if isinstance(effect, LeaseSend | LeaseEvent):
-                    # A run of lease effects at once: the ledger file is appended once per run.
-                    batch: list[LeaseSend | LeaseEvent] = [effect]
-                    while self._effects and isinstance(nxt := self._effects[0], LeaseSend | LeaseEvent):
-                        batch.append(nxt)
-                        self._effects.popleft()
-                    self._leasing().run(batch)
-                else:
-                    self._run(effect)
-        finally:
-            self._draining = False
-        self.node.wake()  # the core's next deadline may have moved
+    def run_leases(self, batch: Sequence[LeaseSend | LeaseEvent]) -> None:
+        """A run of lease effects at once: the ledger file is appended once per run."""
+        self._leasing().run(batch)
 
     def _leasing(self) -> Leasing:
         assert self.leasing is not None
         return self.leasing
 
-    def _run(self, effect: Effect) -> None:
-        assert self.rounds is not None
-        if isinstance(effect, ev.Note):
-            log.log(logging.WARNING if effect.warning else logging.INFO, "%s", effect.text)
-        elif isinstance(effect, r.Broadcast):
+    def run(self, effect: Effect) -> None:
+        """One of the round protocol's effects; a long one runs as a task that ends in one event."""
+        if isinstance(effect, r.Broadcast):
             log.info("round %d open", effect.msg.round)
             for view in self.node.members():
                 if view.state is MemberState.ALIVE:
@@ -271,8 +172,6 @@ class Coordinator:
         elif isinstance(effect, ev.CancelFetch):
             if self._fetch is not None:
                 self._fetch.cancel()
-        elif isinstance(effect, ev.Propose):
-            self.rounds.proposed(self.node.propose(effect.commit))
         elif isinstance(effect, ev.Apply):
             self._spawn(self._apply(effect))
         elif isinstance(effect, ev.CatchUp):
@@ -281,9 +180,6 @@ class Coordinator:
             log.info("round %d applied: θ %s, %d/%d samples committed", self.training.applied_round,
                      self.training.weights_hash.hex()[:16], self.samples_committed, self.samples_total)
             self._finish_timeline(self.training.applied_round)
-        elif isinstance(effect, ev.LeaveReady):
-            if self._left is not None and not self._left.done():
-                self._left.set_result(None)
 
     def _spawn(self, coro: object) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[call-overload]
@@ -293,7 +189,7 @@ class Coordinator:
     def _send_lease(self, site: SiteId, msg: LeaseMessage) -> None:
         if site == self.node.config.site:
             # Own shard: no network hop, but never re-entrantly inside the core that produced it.
-            asyncio.get_running_loop().call_soon(self.receive_lease, msg)
+            asyncio.get_running_loop().call_soon(self.node.deliver_lease, msg)
             return
         view = self.node.member(site)
         if view is not None and view.state in LIVE:
@@ -318,12 +214,12 @@ class Coordinator:
             trained = await self.training.train(t.round, t.ranges, t.inner_steps, t.budget_s, t.ahead)
         except Exception as err:  # a failed round costs this site its contribution, never the peer
             log.exception("round %d: training failed", t.round)
-            self._feed(ev.TrainFailed(t.round, f"{type(err).__name__}: {err}"))
+            self.node.feed(ev.TrainFailed(t.round, f"{type(err).__name__}: {err}"))
             return
         log.info("round %d trained: %d samples, %d tokens, loss %.3f, %.1fs", t.round,
                  sum(x.num_samples for x in trained.ranges), trained.tokens, trained.mean_loss, trained.seconds)
         self.job.trained(trained.seconds, trained.steps)
-        self._feed(ev.TrainDone(t.round, trained.ranges, trained.tokens, trained.root, trained.seconds,
+        self.node.feed(ev.TrainDone(t.round, trained.ranges, trained.tokens, trained.root, trained.seconds,
                                 trained.steps, trained.mean_loss, trained.folded_at))
 
     async def _outcome(self, f: ev.Fetch, previous: asyncio.Task[None] | None) -> None:
@@ -342,7 +238,7 @@ class Coordinator:
             event = ev.OutcomeFailed(f.round, f.attempt, "", str(err))
         else:
             event = ev.OutcomeReady(f.round, f.attempt, outcome.weights_hash)
-        self._feed(event)
+        self.node.feed(event)
 
     async def _apply(self, a: ev.Apply) -> None:
         event: ev.Event
@@ -356,12 +252,11 @@ class Coordinator:
             event = ev.ApplyFailed(a.commit.round, "error", str(err))
         else:
             event = ev.Persisted(a.index, a.commit.round, self.training.weights_hash)
-        self._feed(event)
+        self.node.feed(event)
 
     async def _catch_up(self) -> None:
         """State transfer of the newest committed round from a peer whose θ hashes as the log says."""
-        status = self.node.consensus_status()
-        rnd, index, weights_hash = self.node.consensus_core().log.last_round_entry(status.commit_index)
+        rnd, index, weights_hash = self.node.last_round_entry()
         event: ev.Event
         try:
             ok = await self.training.catch_up(rnd, index, weights_hash, self._addresses())
@@ -370,7 +265,7 @@ class Coordinator:
         else:
             event = (ev.Persisted(index, rnd, weights_hash, transfer=True) if ok
                      else ev.CatchUpFailed(f"no live peer served the state of round {rnd}"))
-        self._feed(event)
+        self.node.feed(event)
 
     # ----- the timeline ------------------------------------------------------------------------
     def _book_spent(self, round_: int) -> None:

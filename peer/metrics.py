@@ -102,7 +102,7 @@ def families(node: PeerView) -> Iterator[Metric]:
     refused = CounterMetricFamily("sitemesh_refused_implausible",
                                   "Membership and consensus messages refused as no honest peer sends them "
                                   "(forged or buggy)", labels=["layer", "site", "message"])
-    for (layer, site, message), n in sorted(node.refused.items()):
+    for (layer, site, message), n in sorted(node.events.refused.items()):
         refused.add_metric([layer, site, message], n)
     yield refused
 

@@ -8,20 +8,20 @@ feed them events in turn and execute the effects they return, in order. Training
 processes (docs/decisions/node-asyncio.md) so nothing here is starved by a CUDA sync or a GC pause.
 
 The node executes the effects of membership (SWIM/Lifeguard, behind member_admission.py's gate)
-and consensus (election + round-commit log), feeding membership's state changes to consensus as
-alive/left/dead, and hands the round and lease cores to the coordinator (coordinator.py), which
-runs their effects through the node's sends and proposals (runtime_view.Runtime).
+and of the peer's protocol (peer/core/peer_core.py: consensus, the rounds and a leave's seat,
+routed there): consensus's sends, persists and commits here; the rounds' trainer, exchange and
+lease work in the coordinator (coordinator.py), to which this executor hands those effects.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import random
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
@@ -35,9 +35,12 @@ from peer.core import consensus as c
 from peer.core import consensus_effects as ce
 from peer.core import agreement
 from peer.core import membership as m
+from peer.core import events as ev
 from peer.core.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
-from peer.core.election import Role, SiteId
+from peer.core.election import SiteId
+from peer.core.peer_core import Commits, Effect, PeerCore, Proposed, View
+from peer.core.peer_rounds import PeerRounds
 from peer.core.member_admission import MemberAdmission
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
@@ -45,6 +48,7 @@ from peer.peer_events import PeerEvents
 from peer.admin_rpc import AdminServicer
 from peer.applied_pointer import Applied, AppliedPointer
 from peer.join_errors import JoinFailed, JoinRefused
+from peer.changes import Changes
 from peer.dirlock import lock_dir
 from peer.reach import Reach
 from peer.transport.channels import ChannelPool, bind, new_server
@@ -59,9 +63,9 @@ from peer.coordinator import Coordinator
 from peer.exchange.service import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
 from peer.core.rounds import EmptyRounds
-from peer.core.seat_leave import SayLeft, SeatLeave
+from peer.core.seat_leave import SayLeft, Stop
 from peer.core.rounds import Message as RoundMessage
-from peer.core.lease_types import Message as LeaseMessage
+from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
 from peer.trainer.identity import training_identity
 from peer.trainer.process import TrainerError
 from peer.training import SiteTraining
@@ -102,27 +106,32 @@ class Node:
         self._leases = OneWaySender(LEASES, self._pool, delivery_timeout)
         self._health = health.aio.HealthServicer()
         self._wake = asyncio.Event()
-        self._changed: set[asyncio.Future[None]] = set()
-        """Waiters of `_wait_until`: woken whenever anything may have changed a core's state."""
+        self._changes = Changes(clock)
+        """Waiters on the cores' state (a join, a leave's sends): woken whenever anything may change it."""
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task[object]] = set()
         self._started_at = clock()
-        self._empty_rounds = EmptyRounds(config.round_interval_s)
         self.address = ""
         self.failed = False
         """True when the peer stopped because of an internal error (exit status 1)."""
         self.data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix=f"sitemesh-{config.site}-"))
         self.membership: m.Membership | None = None
         self.consensus: c.ConsensusCore | None = None
+        self.protocol: PeerCore | None = None
+        """Consensus, the rounds and a leave's seat, routed (peer/core/peer_core.py); this executes its effects."""
+        self._effects: deque[Effect] = deque()
+        self._draining = False
+        self._leaving: asyncio.Task[int] | None = None
+        self._leave_ready: asyncio.Future[None] | None = None
+        """Resolved when a graceful leave's round work is done (LeaveReady)."""
+        self._said_left: asyncio.Task[None] | None = None
+        self._told = 0
         self._store: FileStore | None = None
         self._lock: IO[str] | None = None
         self.applied_round = 0
         self.coordinator: Coordinator | None = None
         self.events = PeerEvents()
         """Event counts for the metrics endpoint (peer/metrics.py)."""
-        self.refused: collections.Counter[tuple[str, str, str]] = collections.Counter()
-        """(layer, sender, message) -> membership and consensus messages refused as no honest peer
-        sends them (forged or buggy; peer/core/membership_guard.py, consensus_checks.py)."""
         self.metrics_port: int | None = None
         """The bound port of the /metrics endpoint; None when it is off."""
         self.identity: agreement.TrainingIdentity | None = None
@@ -158,6 +167,12 @@ class Node:
         )
         self.membership = m.Membership(meta, self.config.membership, self._rng, now)
         self.consensus = self._start_consensus(now)
+        election = self.config.election.election_timeout_max_s
+        # The leader waits for its removal to commit; a follower for an election first (the leader
+        # may be the site that left just before) and then its removal.
+        self.protocol = PeerCore(self.consensus, trains=self.coordinator is not None,
+                                 empty=None if self.coordinator else EmptyRounds(self.config.round_interval_s),
+                                 leader_wait_s=election * 2, follower_wait_s=election * 4)
         self._server.add_generic_rpc_handlers((
             MEMBERSHIP.handler(self.deliver),
             CONSENSUS.handler(self.deliver_consensus),
@@ -270,16 +285,18 @@ class Node:
         for seed in seeds:
             if seed in self._gossip.refused:
                 raise JoinRefused(f"the run refused this site (seed {seed}): {self._gossip.refused[seed]}")
-        return await self._wait_until(lambda: core.joined or bool(self._members_heard()),
+        return await self._changes.wait_until(lambda: core.joined or bool(self._members_heard()),
                                       self.config.membership.probe_timeout_s * 4)
 
     async def leave(self) -> int:
-        """Graceful leave (I8): hand the voter seat back through the log, tell the members, stop.
+        """Graceful leave (I8): the rounds' work first, then the voter seat back through the log,
+        tell the members, stop. Returns the number of members told. Asked twice (SIGTERM and
+        `ops leave`), both wait for the one leave."""
+        if self._leaving is None:
+            self._leaving = asyncio.ensure_future(self._leave())
+        return await asyncio.shield(self._leaving)
 
-        Returns the number of members told. When to say LEFT and when to stop is the seat's
-        protocol (peer/core/seat_leave.py), which the whole-peer simulator runs too.
-        """
-        consensus = self._consensus()
+    async def _leave(self) -> int:
         me = self._membership().member(self.config.site)
         if me is not None and me.meta is not None and m.LEAVING not in me.meta.labels:
             # Tell the others at once (gossip) that this site will not stay: when every site leaves
@@ -287,31 +304,27 @@ class Node:
             meta = dataclasses.replace(me.meta, labels=(*me.meta.labels, m.LEAVING))
             await self._execute(self._membership().set_meta(meta, self._clock()))
             self.wake()
+        self._leave_ready = asyncio.get_running_loop().create_future()
+        wait_s = self.coordinator.config.deadline_s if self.coordinator is not None else 0.0
+        self._run(self._protocol().handle(ev.LeaveRequested(wait_s), self._clock(), self._view()))
+        await self._leave_ready  # rounds and leases first, while the others still answer this site (I8)
         if self.coordinator is not None:
-            # Rounds and leases first, while this site is still a member the others answer (I8).
-            await self.coordinator.prepare_leave(self.coordinator.config.deadline_s)
             await asyncio.sleep(0)  # let the Release sends start before counting what is in flight
-            await self._wait_until(lambda: self._leases.in_flight == 0, self.config.membership.probe_timeout_s * 4)
-        voter = consensus.is_voter()
-        decision = consensus.leave(self._clock())
-        log.info("leaving: %s", decision.reason)
-        self._execute_consensus(decision.effects)
-        election = self.config.election.election_timeout_max_s
-        # The leader waits for its removal to commit; a follower for an election first (the leader
-        # may be the site that left just before) and then its removal.
-        seat = SeatLeave(decision.accepted, voter, consensus.role is Role.LEADER, self._clock(), election * 2, election * 4)
-        told = 0
-        while True:
-            for effect in seat.update(self._clock(), consensus.removed()):
-                if isinstance(effect, SayLeft):
-                    effects = self._membership().leave(self._clock())
-                    told = sum(1 for e in effects if isinstance(e, m.Send))
-                    await self._execute(effects, wait=True)
-                else:
-                    log.info("left: %s", effect.reason)
-                    self.stop()
-                    return told
-            await self._wait_until(consensus.removed, seat.next_deadline() - self._clock())
+            await self._changes.wait_until(lambda: self._leases.in_flight == 0, self.config.membership.probe_timeout_s * 4)
+        self._run(self._protocol().give_up_seat(self._clock(), self._view()))
+        await self._stopped.wait()  # when to say LEFT and when to stop is the seat's (SeatLeave)
+        return self._told
+
+    def _say_left(self) -> None:
+        effects = self._membership().leave(self._clock())
+        self._told = sum(1 for e in effects if isinstance(e, m.Send))
+        self._said_left = asyncio.ensure_future(self._execute(effects, wait=True))
+
+    async def _stop_after_left(self, reason: str) -> None:
+        if self._said_left is not None:
+            await self._said_left
+        log.info("left: %s", reason)
+        self.stop()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -357,22 +370,19 @@ class Node:
         if self._stopped.is_set():
             return
         # Synchronously: the effects of one message must all run before the next message's.
-        self._execute_consensus(self._consensus().receive(msg, self._clock()))
-        self.wake()
+        self._run(self._protocol().consensus_message(msg, self._clock(), self._view()))
 
     def deliver_round(self, msg: RoundMessage) -> None:
         """A round message (open, contribution) arrived."""
-        if self._stopped.is_set() or self.coordinator is None:
+        if self._stopped.is_set():
             return
-        self.coordinator.receive(msg)
-        self.wake()
+        self._run(self._protocol().round_message(msg, self._clock(), self._view()))
 
     def deliver_lease(self, msg: LeaseMessage) -> None:
         """A data-lease message (grant, renewal, start, claim, replication...) arrived."""
-        if self._stopped.is_set() or self.coordinator is None:
+        if self._stopped.is_set():
             return
-        self.coordinator.receive_lease(msg)
-        self.wake()
+        self._run(self._protocol().lease_message(msg, self._clock(), self._view()))
 
     def send_round_message(self, address: str, msg: RoundMessage) -> None:
         self.spawn(self._rounds.send(address, msg))
@@ -380,18 +390,19 @@ class Node:
     def send_lease_message(self, address: str, msg: LeaseMessage) -> None:
         self.spawn(self._leases.send(address, msg))
 
-    def propose(self, commit: RoundCommit) -> bool:
-        """Leader: append the round's decision to the log; False (with the reason logged) if refused."""
-        decision = self._consensus().propose_round(commit, self._clock())
-        if not decision.accepted:
-            log.warning("round %d not proposed: %s", commit.round, decision.reason)
-            return False
-        self.events.proposed(commit.round, self._clock())
-        self._execute_consensus(decision.effects)
-        return True
+    def attach(self, rounds: PeerRounds, first: ev.Event | None) -> None:
+        """The coordinator's trainer started: its round protocol joins (PeerCore.attach)."""
+        self._run(self._protocol().attach(rounds, self._clock(), self._view(), first))
+
+    def feed(self, event: ev.Event) -> None:
+        """A completion of the coordinator's work (trained, fetched, applied ...) for the rounds."""
+        self._run(self._protocol().handle(event, self._clock(), self._view()))
+
+    def last_round_entry(self, upto: int | None = None) -> tuple[int, int, bytes]:
+        return self._protocol().last_round_entry(upto)
 
     def consensus_core(self) -> c.ConsensusCore:
-        return self._consensus()
+        return self._protocol().consensus
 
     def members(self) -> list[m.MemberView]:
         return self._membership().members()
@@ -400,7 +411,7 @@ class Node:
         return self._membership().member(site)
 
     def consensus_status(self) -> ce.Status:
-        return self._consensus().status()
+        return self._protocol().consensus.status()
 
     def now(self) -> float:
         return self._clock()
@@ -418,10 +429,20 @@ class Node:
             raise RuntimeError("node not started")
         return self.membership
 
-    def _consensus(self) -> c.ConsensusCore:
-        if self.consensus is None:
+    def _protocol(self) -> PeerCore:
+        if self.protocol is None:
             raise RuntimeError("node not started")
-        return self.consensus
+        return self.protocol
+
+    def _view(self) -> View:
+        """What membership and the disk say now, for the protocol."""
+        members = [v for v in self._membership().members() if v.state in (m.MemberState.ALIVE, m.MemberState.SUSPECT)]
+        live = frozenset(v.site for v in members)
+        leaving = frozenset(v.site for v in members if v.meta is not None and m.LEAVING in v.meta.labels)
+        if self.coordinator is not None:
+            training = self.coordinator.training
+            return View(live, leaving, training.applied_round, training.weights_hash)
+        return View(live, leaving, self.applied_round)
 
     async def _timer_loop(self) -> None:
         try:
@@ -434,22 +455,18 @@ class Node:
             self.stop()
 
     async def _timers(self) -> None:
-        membership, consensus = self._membership(), self._consensus()
+        membership, protocol = self._membership(), self._protocol()
         while not self._stopped.is_set():
             now = self._clock()
             await self._execute(membership.tick(now))
-            self._execute_consensus(consensus.tick(now))
-            if self.coordinator is not None:
-                self.coordinator.tick(now)
-            else:
-                self._maybe_propose_round(now)
-            self._notify_changed()
+            self._run(protocol.tick(now, self._view()))
+            self._changes.notify()
             # Cleared only now: the ticks above never yield to the loop, so every wake() so far came
             # from them and the deadlines below account for it. Clearing it first made each tick's
             # own wake() (a Tick fed to the round core) run the next tick at once: a busy loop that
             # kept one core at 100% for the whole run.
             self._wake.clear()
-            deadline = min(membership.next_deadline(), consensus.next_deadline(), self._next_round_deadline())
+            deadline = min(membership.next_deadline(), protocol.next_deadline(self._view()))
             delay = deadline - self._clock()
             if delay <= 0:
                 await asyncio.sleep(0)  # due now: let the messages and completions waiting run first
@@ -459,25 +476,8 @@ class Node:
             except asyncio.TimeoutError:
                 pass
 
-    def _next_round_deadline(self) -> float:
-        if self.coordinator is not None:
-            return self.coordinator.next_deadline()
-        return self._empty_rounds.next_deadline(self._consensus().role is Role.LEADER)
-
-    def _maybe_propose_round(self, now: float) -> None:
-        consensus = self._consensus()
-        leading = consensus.role is Role.LEADER
-        if self._empty_rounds.next_deadline(leading) > now:
-            return  # not due: spare reading the log
-        status = consensus.status()
-        _, _, weights = consensus.log.last_round_entry(status.commit_index)
-        commit = self._empty_rounds.tick(now, leading, status.committed_round, weights)
-        if commit is not None:
-            self.propose(commit)
-
     async def _execute(self, effects: Sequence[m.Effect], wait: bool = False) -> None:
         sends = []
-        consensus = self._consensus()
         for effect in effects:
             if isinstance(effect, m.Send):
                 sends.append(self._gossip.send(effect.to, effect.msg))
@@ -486,17 +486,11 @@ class Node:
                 log.info("member %s: %s -> %s (incarnation %d): %s",
                          effect.site, old, effect.new.name.lower(), effect.incarnation, effect.reason)
                 view = self._membership().member(effect.site)
-                consensus.member_changed(SiteId(effect.site), effect.new, view.address if view else "")
-                if self.coordinator is not None and effect.new in (m.MemberState.DEAD, m.MemberState.LEFT):
-                    self.coordinator.member_down(effect.site)
-                elif self.coordinator is not None and effect.new is m.MemberState.ALIVE:
-                    # Back up, or a new process at a new address: a one-way round open sent meanwhile
-                    # may be lost (docs/decisions/rounds-open-resend.md).
-                    self.coordinator.member_up(effect.site)
+                self._run(self._protocol().member_changed(effect.site, effect.new, view.address if view else "",
+                                                          self._clock(), self._view()))
                 self.events.member_changed(effect.old, effect.new)
-                self.wake()  # the live sites changed: the leader may open, or stop waiting
             elif isinstance(effect, m.Rejected):
-                self._log_refusal("membership", effect.from_site, f"{effect.what} ({effect.kind.value})",
+                self.events.refused_message("membership", effect.from_site, f"{effect.what} ({effect.kind.value})",
                                   effect.reason)
         if wait:
             await asyncio.gather(*sends)
@@ -504,49 +498,72 @@ class Node:
             for coro in sends:
                 self.spawn(coro)
 
-    def _execute_consensus(self, effects: Sequence[ce.Effect]) -> None:
-        """Runs consensus effects strictly in order: a Persist* is fsynced before any later Send."""
+    def _run(self, effects: Sequence[Effect]) -> None:
+        """Runs the protocol's effects strictly in order (a Persist* is fsynced before any later
+        send; the commit index before anything acts on the entries). Effects that running one
+        makes (none today: every effect's completion comes back as an event) queue behind."""
+        self._effects.extend(effects)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._effects:
+                self._run_one(self._effects.popleft())
+        finally:
+            self._draining = False
+        self.wake()  # the protocol's next deadline may have moved, `_wait_until` re-checks
+
+    def _run_one(self, effect: Effect) -> None:
         store = self._store
         assert store is not None
-        committed: list[Entry] = []
-        for effect in effects:
-            if store.persist(effect):
-                continue
-            if isinstance(effect, ce.Send):
-                self.spawn(self._consensus_sender.send(effect.address, effect.msg))
-            elif isinstance(effect, ce.Committed):
-                committed.append(effect.entry)
-            elif isinstance(effect, ce.SnapshotInstalled):
-                store.save_commit_index(effect.snapshot.last_index)
-                if self.coordinator is None:  # a training peer's pointer moves with its θ (catch_up)
-                    self._applied.save(Applied(effect.snapshot.last_index, effect.snapshot.last_round))
-            elif isinstance(effect, ce.LeaderChanged):
-                log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
-                if self.coordinator is not None:
-                    self.coordinator.on_leader_changed(effect.leader, effect.epoch)
-            elif isinstance(effect, ce.Rejected):
-                if effect.kind is c.RefusalKind.IMPLAUSIBLE:
-                    self._log_refusal("consensus", effect.from_site, effect.what, effect.reason)
-                else:  # fencing a stale epoch is an event operators want to see; log repair is routine
-                    log.log(logging.INFO if effect.kind is c.RefusalKind.STALE else logging.DEBUG,
-                            "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
-        if committed:
+        if isinstance(effect, ce.PersistHardState | ce.PersistLog | ce.PersistSnapshot):
+            store.persist(effect)
+        elif isinstance(effect, ce.Send):
+            self.spawn(self._consensus_sender.send(effect.address, effect.msg))
+        elif isinstance(effect, Commits):
             # Durable before anything acts on it: `ops audit` trusts entries up to this index only.
-            store.save_commit_index(committed[-1].index)
-            self._apply(committed)
+            store.save_commit_index(effect.entries[-1].index)
+            self._committed(effect.entries)
+        elif isinstance(effect, ce.SnapshotInstalled):
+            store.save_commit_index(effect.snapshot.last_index)
+            if self.coordinator is None:  # a training peer's pointer moves with its θ (catch_up)
+                self._applied.save(Applied(effect.snapshot.last_index, effect.snapshot.last_round))
+        elif isinstance(effect, ce.LeaderChanged):
+            log.info("leader of epoch %d: %s", effect.epoch, effect.leader or "none")
+        elif isinstance(effect, ce.Rejected):
+            if effect.kind is c.RefusalKind.IMPLAUSIBLE:
+                self.events.refused_message("consensus", effect.from_site, effect.what, effect.reason)
+            else:  # fencing a stale epoch is an event operators want to see; log repair is routine
+                log.log(logging.INFO if effect.kind is c.RefusalKind.STALE else logging.DEBUG,
+                        "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)
+        elif isinstance(effect, Proposed):
+            if effect.accepted:
+                self.events.proposed(effect.commit.round, self._clock())
+            else:
+                log.warning("round %d not proposed: %s", effect.commit.round, effect.reason)
+        elif isinstance(effect, ev.LeaveReady):
+            if self._leave_ready is not None and not self._leave_ready.done():
+                self._leave_ready.set_result(None)
+        elif isinstance(effect, SayLeft):
+            self._say_left()
+        elif isinstance(effect, Stop):
+            self.spawn(self._stop_after_left(effect.reason))
+        elif isinstance(effect, LeaseSend | LeaseEvent):
+            # A run of lease effects at once: the ledger file is appended once per run.
+            batch: list[LeaseSend | LeaseEvent] = [effect]
+            while self._effects and isinstance(nxt := self._effects[0], LeaseSend | LeaseEvent):
+                batch.append(nxt)
+                self._effects.popleft()
+            assert self.coordinator is not None
+            self.coordinator.run_leases(batch)
+        elif isinstance(effect, ev.Note):
+            log.log(logging.WARNING if effect.warning else logging.INFO, "%s", effect.text)
+        else:
+            assert self.coordinator is not None, f"{type(effect).__name__} on a peer without rounds"
+            self.coordinator.run(effect)
 
-    def _log_refusal(self, layer: str, sender: str, what: str, reason: str) -> None:
-        """A message no honest peer sends (forged, or a bug): a warning once per (layer, sender,
-        message), so a hostile site cannot flood the log (the keys are bounded by the run's
-        certificates and the message types), and always counted."""
-        key = (layer, sender, what)
-        if key not in self.refused:
-            log.warning("%s refused %s from %s: %s; further refusals of this kind are only counted",
-                        layer, what, sender, reason)
-        self.refused[key] += 1
-
-    def _apply(self, entries: Sequence[Entry]) -> None:
-        """Committed entries of one batch, in log order (the lease cores want a batch at once)."""
+    def _committed(self, entries: Sequence[Entry]) -> None:
+        """Committed entries of one batch, in log order."""
         for entry in entries:
             if isinstance(entry.body, RoundCommit):
                 self.applied_round = entry.body.round
@@ -556,38 +573,14 @@ class Node:
             else:
                 log.info("log entry %d applied: %s", entry.index, entry.body)
         if self.coordinator is not None:
-            # The training state records what it applied, once θ_r is durable.
-            self.coordinator.on_entries(entries)
+            self.coordinator.committed(entries)  # the θ store records what it applied, once θ_r is durable
         else:
             self._applied.save(Applied(entries[-1].index, self.applied_round))
 
-    async def _wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        """Re-checks `predicate` whenever the node handled something (a message, a timer, a send
-        finishing: `_changed` waiters are woken by `wake`), until it holds or `timeout_s` passed."""
-        deadline = self._clock() + timeout_s
-        while not predicate():
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                return False
-            changed = asyncio.get_running_loop().create_future()
-            self._changed.add(changed)
-            try:
-                await asyncio.wait_for(changed, remaining)
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                self._changed.discard(changed)
-        return True
-
     def wake(self) -> None:
-        """Something changed: the timer loop recomputes its deadline, `_wait_until` re-checks."""
+        """Something changed: the timer loop recomputes its deadline, `_changes` waiters re-check."""
         self._wake.set()
-        self._notify_changed()
-
-    def _notify_changed(self) -> None:
-        for waiter in self._changed:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._changes.notify()
 
     def spawn(self, coro: object) -> None:
         """Runs `coro` on the loop; the node keeps it alive and cancels it at stop."""
@@ -597,4 +590,4 @@ class Node:
 
     def _task_done(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
-        self._notify_changed()  # a send finished (in-flight counts), a join's reply was handled ...
+        self._changes.notify()  # a send finished (in-flight counts), a join's reply was handled ...

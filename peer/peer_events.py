@@ -8,12 +8,15 @@ the coordinator where they happen.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 from peer.core.exclusion import ExclusionKind
 from peer.core.membership_types import MemberState
+
+log = logging.getLogger("sitemesh.node")
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -60,7 +63,20 @@ class PeerEvents:
     """Contributions this peer, as leader, left out of a round, by ExclusionKind value."""
     commit_latency: Histogram = field(default_factory=Histogram)
     """Leader: seconds from proposing a round's commit to knowing it committed."""
+    refused: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    """(layer, sender, message) -> membership and consensus messages refused as no honest peer
+    sends them (forged or buggy; peer/core/membership_guard.py, consensus_checks.py)."""
     _proposed: dict[int, float] = field(default_factory=dict)
+
+    def refused_message(self, layer: str, sender: str, what: str, reason: str) -> None:
+        """A message no honest peer sends: a warning once per (layer, sender, message), so a hostile
+        site cannot flood the log (the keys are bounded by the run's certificates and the message
+        types), and always counted."""
+        key = (layer, sender, what)
+        if key not in self.refused:
+            log.warning("%s refused %s from %s: %s; further refusals of this kind are only counted",
+                        layer, what, sender, reason)
+        self.refused[key] += 1
 
     def member_changed(self, old: MemberState | None, new: MemberState) -> None:
         if new is MemberState.SUSPECT:

@@ -8,15 +8,15 @@ below all of them, keeps imports one way (docs/layers.md): nothing imports the n
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from peer.config import PeerConfig
-from peer.core.commitlog import RoundCommit
 from peer.core.consensus import ConsensusCore
 from peer.core.consensus_effects import Status
+from peer.core.events import Event
+from peer.core.peer_rounds import PeerRounds
 from peer.core.lease_types import Message as LeaseMessage
 from peer.core.membership_types import MemberView
 from peer.core.rounds import Message as RoundMessage
@@ -31,7 +31,8 @@ from peer.transport.channels import Credentials
 
 
 class Runtime(Protocol):
-    """The node as the coordinator drives it: time, members, the log and the sends of a round."""
+    """The node as the coordinator drives it: time, members, the log, the protocol's inputs and the
+    sends of a round."""
 
     config: PeerConfig
     address: str
@@ -45,15 +46,19 @@ class Runtime(Protocol):
 
     def member(self, site: str) -> MemberView | None: ...
 
-    def consensus_core(self) -> ConsensusCore: ...
-
     def consensus_status(self) -> Status: ...
 
-    def propose(self, commit: RoundCommit) -> bool: ...
+    def last_round_entry(self, upto: int | None = None) -> tuple[int, int, bytes]: ...
+
+    def attach(self, rounds: PeerRounds, first: Event | None) -> None: ...
+
+    def feed(self, event: Event) -> None: ...
 
     def send_round_message(self, address: str, msg: RoundMessage) -> None: ...
 
     def send_lease_message(self, address: str, msg: LeaseMessage) -> None: ...
+
+    def deliver_lease(self, msg: LeaseMessage) -> None: ...
 
     def spawn(self, coro: Awaitable[Any]) -> None: ...
 
@@ -91,7 +96,6 @@ class PeerView(Protocol):
 
     config: PeerConfig
     events: PeerEvents
-    refused: Counter[tuple[str, str, str]]
     reach: Reach
     """How it reaches the others and is reached (the path column of `ops status`)."""
 

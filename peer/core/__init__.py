@@ -27,9 +27,11 @@ effects` plus `next_deadline()`, that never await, sleep or touch grpc, torch or
 - `ApplyQueue` (apply.py): committed rounds applied strictly in log order, retried with back-off,
   replaced by a state transfer when this peer's θ disagrees with the log (I7) or fell behind.
 
-Their events and effects are in events.py. The executor (peer/coordinator.py) runs the effects
-(trainer calls, the exchange, disk, lease and round sends) and feeds the completions back as events;
-the simulator (peer/sim/peer_sim.py) runs the same cores with a fake trainer in simulated time.
+Their events and effects are in events.py. A peer's whole protocol (these, the lease cores, the
+round leader, consensus and a leave's seat) is routed by `PeerCore` (peer_core.py); the node
+(peer/node.py, peer/coordinator.py) runs its effects (trainer calls, the exchange, disk, lease and
+round sends) and feeds the completions back as events; the simulator (peer/sim/peer_node.py) runs
+the same `PeerCore` with a fake trainer in simulated time.
 Every decision is returned as a `Note` with its reason and kept in `RoundCore.reasons`.
 
     .venv/bin/python -m pytest -q tests/unit/test_site_round.py

@@ -51,7 +51,7 @@ from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-expor
 )
 from peer.core.consensus_effects import (
     Committed,
-    Decision,
+    Answer,
     Effect,
     LeaderChanged,
     Rejected,
@@ -212,14 +212,14 @@ class ConsensusCore:
             self._on_append_reply(msg, effects)
         return effects
 
-    def propose_round(self, commit: RoundCommit, now: float) -> Decision:
+    def propose_round(self, commit: RoundCommit, now: float) -> Answer:
         """Leader only: append the decision of round `commit.round` and replicate it."""
         refusal = self.not_ready(now)
         if refusal is not None:
-            return Decision(False, refusal, [])
+            return Answer(False, refusal, [])
         next_round = self.log.last_round_entry()[0] + 1
         if commit.round != next_round:
-            return Decision(False, f"round {commit.round} is not the next round {next_round}", [])
+            return Answer(False, f"round {commit.round} is not the next round {next_round}", [])
         return self._append_and_replicate(commit)
 
     def not_ready(self, now: float) -> str | None:
@@ -260,7 +260,7 @@ class ConsensusCore:
         from it for election_timeout_max (its own confirmation), by a majority-committed entry."""
         self._mark(site, MemberState.DEAD)
 
-    def leave(self, now: float) -> Decision:
+    def leave(self, now: float) -> Answer:
         """Graceful leave of this peer (`ops leave`, SIGTERM). See docs/decisions/consensus-last-voter.md."""
         self._advance(now)
         # A leaving voter keeps campaigning: until its removal commits it may be needed for a
@@ -268,14 +268,14 @@ class ConsensusCore:
         self.leaving = True
         voters = dict(self.log.voters())
         if self.site not in voters:
-            return Decision(True, "not a voter", [])
+            return Answer(True, "not a voter", [])
         if len(voters) == 1:
-            return Decision(False, "last voter stays in the voter set: the run resumes from its disk", [])
+            return Answer(False, "last voter stays in the voter set: the run resumes from its disk", [])
         if self.role is not Role.LEADER:
-            return Decision(True, f"leader {self.leader} removes this voter when membership reports the leave", [])
+            return Answer(True, f"leader {self.leader} removes this voter when membership reports the leave", [])
         effects: list[Effect] = []
         self._reconcile_voters(effects)
-        return Decision(True, self.voter_note, effects)
+        return Answer(True, self.voter_note, effects)
 
     def compact(self, upto: int, app_state: bytes) -> list[Effect]:
         """Fold the applied log up to `upto` into a snapshot (after the node checkpointed it)."""
@@ -432,13 +432,13 @@ class ConsensusCore:
                 for s, a in voters}
 
     def _append_and_replicate(self, body: RoundCommit | VoterChange | EpochStart,
-                              effects: list[Effect] | None = None) -> Decision:
+                              effects: list[Effect] | None = None) -> Answer:
         effects = [] if effects is None else effects
         entry = self.log.append_local(self.hard.epoch, body)
         effects.append(PersistLog(entry.index, (entry,)))
         self._broadcast(effects)
         self._advance_commit(effects)
-        return Decision(True, f"appended at index {entry.index}", effects, entry.index)
+        return Answer(True, f"appended at index {entry.index}", effects, entry.index)
 
     def _broadcast(self, effects: list[Effect]) -> None:
         self.next_heartbeat = self.now + self.config.heartbeat_interval_s

@@ -2,7 +2,7 @@
 
 `ConsensusCore` (peer/core/consensus.py) returns a list of effects from every input; the node runs
 them in list order (a `Persist*` before any later effect: the `Send` after it may promise what it
-persisted). `Decision` answers a local request, `Status` is what `ops status` shows. The persist
+persisted). `Answer` is the reply to a local request, `Status` is what `ops status` shows. The persist
 effects are the commit log's (peer/core/commitlog.py), the messages the election's and the log's.
 
     .venv/bin/python -m pytest tests/unit/test_election_core.py -q
@@ -73,7 +73,7 @@ Effect = Union[Send, PersistHardState, PersistLog, PersistSnapshot, Committed, S
 
 
 @dataclass(frozen=True)
-class Decision:
+class Answer:
     """Answer to a local request (propose, leave, voter change): accepted or not, why, effects."""
 
     accepted: bool

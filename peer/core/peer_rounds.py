@@ -4,9 +4,9 @@ A peer runs three cores for the outer rounds: the DARL lease cores fed from the 
 (peer/core/lease_log.py), the leader's `RoundLeader` (peer/core/rounds.py, acting only while this
 peer leads) and the site's `RoundCore` (peer/core/round_core.py: gather, train, claim, report, the
 leader's fetch, applying the log, leave). Which event goes to which core, in what order, and how
-the leader's `Decide` becomes the fetch is protocol, so it lives here once: the node
-(peer/coordinator.py) and the whole-peer simulator (peer/sim/peer_sim.py) both execute this
-class's effects, and neither routes anything itself.
+the leader's `Decide` becomes the fetch is protocol, so it lives here once. `PeerCore`
+(peer/core/peer_core.py) holds it beside consensus and routes consensus's news to it; the node and
+the whole-peer simulator execute their effects, and neither routes anything itself.
 
 What consensus, membership and the disk say at the moment of a call comes in as a `Seen`; what
 to do goes out as effects: the round cores' (`peer.core.events`), the lease cores' (`Send`,

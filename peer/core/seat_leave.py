@@ -18,8 +18,8 @@ before). A leader whose removal has not committed by its deadline (a follower th
 in time, a lease that lapsed under load) does not stop then: stopping strands a voter set of two
 whenever the removal never reached the other voter. It says LEFT and waits on as a follower does,
 `follower_wait_s` more: as leader it keeps proposing and replicating its removal, and if it lost
-the leadership, the successor removes it once gossip reports LEFT. The node (`Node.leave`) and the
-simulator (peer/sim/peer_sim.py) both execute it.
+the leadership, the successor removes it once gossip reports LEFT. `PeerCore.give_up_seat` starts it and
+`PeerCore.tick` updates it; the node and the simulator execute its effects.
 
     .venv/bin/python -m pytest -q tests/unit/test_seat_leave.py
 """
@@ -59,8 +59,12 @@ class SeatLeave:
         self._said = False
         self._done = False
 
-    def next_deadline(self) -> float:
-        return float("inf") if self._done else self._until
+    def next_deadline(self, removed: bool) -> float:
+        """When `update` has something to do: at once once the removal committed (it may have
+        committed by a message, which no timer follows), else at the end of the wait."""
+        if self._done:
+            return float("inf")
+        return float("-inf") if removed and self._removal else self._until
 
     def update(self, now: float, removed: bool) -> list[Effect]:
         """Call at the start and whenever the node handled something; `removed`: this site is no

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from peer.core.commitlog import Contributor, Round, RoundCommit
 from peer.core.consensus_checks import Message
-from peer.core.consensus_effects import Decision, Effect, Send
+from peer.core.consensus_effects import Answer, Effect, Send
 from peer.core.election import ElectionConfig, Role, SiteId
 from peer.sim.consensus_cluster import SIM_CONFIG, Cluster
 
@@ -87,7 +87,7 @@ class Lockstep:
         held = self.leaders()
         return held[0] if len(held) == 1 else None
 
-    def propose(self, site: SiteId, contributors: tuple[Contributor, ...] = ()) -> Decision:
+    def propose(self, site: SiteId, contributors: tuple[Contributor, ...] = ()) -> Answer:
         core = self.cluster.core(site)
         rnd = Round(core.log.last_round_entry()[0] + 1)
         d = core.propose_round(RoundCommit(rnd, contributors, f"w{rnd}".encode()), self.t)

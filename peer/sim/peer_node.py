@@ -1,10 +1,10 @@
-"""A simulated site: the real round, consensus and lease cores of one peer, and the executor of
-their effects in simulated time (what the node's executor, peer/coordinator.py, does with I/O).
+"""A simulated site: the real protocol of one peer, and the executor of its effects in simulated
+time (what the node's executor, peer/node.py with peer/coordinator.py, does with I/O).
 
-A `PeerNode` holds the real consensus core (peer/core/consensus.py on a `MemoryStore` that survives
-its crashes), the real lease cores fed from its log (peer/core/lease_log.py), the real leader core
-(`RoundLeader`, peer/core/rounds.py) and the real round core (`RoundCore`, peer/core/), all behind
-`PeerRounds`. Their effects are run here:
+A `PeerNode` runs the peer's `PeerCore` (peer/core/peer_core.py), the same object the node runs:
+the real consensus core (on a `MemoryStore` that survives its crashes), the real lease cores fed
+from its log, the real leader and round cores behind `PeerRounds`, and a leave's `SeatLeave`, with
+the routing between them. Their effects are run here:
 
 - `Train`: a fake trainer "trains" the ranges in simulated time (a site-specific speed) and returns
   a deterministic Δ root of (site, round, ranges). In a time-boxed round the trainer's pace varies
@@ -15,7 +15,7 @@ its crashes), the real lease cores fed from its log (peer/core/lease_log.py), th
   no Δ (Unavailable); `CatchUp` copies θ from a live peer that holds the newest committed round;
 - membership: the world tells each site its verdicts (`member_alive`, `member_down` ...); each site
   keeps its own view (`live`), so the two sides of a partition disagree;
-- `ops leave`: as `Node.leave` (rounds and leases first, then the voter seat, then LEFT).
+- `ops leave`: `LeaveRequested`, then on `LeaveReady` the seat (`give_up_seat`), as the node does.
 
 What a node asks of the world it runs in (the truth it reports to, membership's news, the faulty
 site) is `Host`, which peer/sim/peer_world.py's `World` implements.
@@ -34,21 +34,23 @@ from typing import Any, Protocol
 
 from peer.core import events as ev
 from peer.core import rounds as r
-from peer.core.commitlog import Entry, RoundCommit
+from peer.core.commitlog import RoundCommit
 from peer.core.exclusion import ExclusionKind
 from peer.core.consensus import ConsensusCore
-from peer.core.consensus_effects import Committed, LeaderChanged, Rejected
+from peer.core.consensus_effects import Rejected
 from peer.core.consensus import Message as ConsensusMessage
 from peer.core.consensus_effects import Send as ConsensusSend
 from peer.core.consensus_checks import RefusalKind
-from peer.core.election import Role, SiteId
+from peer.core.election import SiteId
 from peer.core.lease_log import LeaseLog
 from peer.core.lease_types import LeaseEvent
 from peer.core.lease_types import Send as LeaseSend
 from peer.core.membership import Message as MembershipMessage
-from peer.core.peer_rounds import Effect, PeerRounds, Seen
+from peer.core.membership_types import MemberState
+from peer.core.peer_core import Commits, Effect, PeerCore, View
+from peer.core.peer_rounds import PeerRounds
 from peer.core.samples import SampleRange
-from peer.core.seat_leave import SayLeft, SeatLeave
+from peer.core.seat_leave import SayLeft, Stop
 from peer.core.timeline import RoundClock
 from peer.core.vouchers import VoucherKeys
 from peer.logstore import MemoryStore
@@ -160,6 +162,8 @@ class PeerNode:
         self.disk = disk
         self.raft = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
                                         derive_rng(world.seed, f"raft/{site}/{disk.boot}"), applied_index=disk.index)
+        self.protocol = PeerCore(self.raft, trains=True, leader_wait_s=LEAVE_WAIT_S, follower_wait_s=LEAVE_WAIT_S)
+        """The peer's protocol, the one the node runs (peer/core/peer_core.py); this class executes its effects."""
         keys = world.keys.get(site)
         leases = LeaseLog(site, world.universe, world.cfg.lease, disk.boot, keys=keys,
                           tokens_per_sample=TOKENS_PER_SAMPLE if keys else 0)
@@ -175,11 +179,8 @@ class PeerNode:
         """A membership verdict or a leave arrived: tick now (the leader reads the live sites only
         there). Otherwise this peer ticks only at the deadlines its cores report, so a deadline a
         core forgets to report stalls the run here and the liveness check says so."""
-        self.applied: list[tuple[int, bytes]] = []
         self._outcome: tuple[int, bytes] | None = None
         """The round and θ hash the last fetch here computed: applying it fetches nothing again."""
-        self.seat: SeatLeave | None = None
-        """The voter seat's half of a graceful leave, once the rounds' half is done (as `Node.leave`)."""
         self._opened: dict[int, bytes] = {}
         """Round -> the base θ hash its open named (the θ a report of it must be measured from)."""
         self._reported: set[tuple[int, bytes]] = set()
@@ -188,17 +189,14 @@ class PeerNode:
         """Site -> the true time this process was last told it is alive (member_alive)."""
         self.open_at: dict[int, float] = {}
         """Round -> the true time this process (as leader) broadcast its open."""
-        self.started: list[Any] = []
-        log = self.raft.log
-        replay = [log.entry(i) for i in range(log.snapshot.last_index + 1, disk.index + 1)]
-        self.started += self.rounds.replay([e for e in replay if e is not None], now)
         self.live = set(world.live) | {site}
         """The sites this site's membership reports alive (the two sides of a partition disagree)."""
         self.leavers = set(world.leavers)
         """The sites this site's membership reports leaving (their `LEAVING` label)."""
-        for other in world.live:
+        for other in world.live:  # what membership knows at the start: consensus only (not attached yet)
             if other != site:
-                self.raft.member_alive(SiteId(other), other)
+                self.protocol.member_changed(other, MemberState.ALIVE, other, now, self._view())
+        self.started = self._run_all(self.protocol.attach(self.rounds, now, self._view()), now)
 
     # ----- runner.Node ---------------------------------------------------------------------------
     def tick(self, now: float) -> list[Any]:
@@ -207,29 +205,25 @@ class PeerNode:
             _, _, item = self.pending.pop(0)
             # A fake fetch or apply is decided when it completes: a contributor killed meanwhile serves nothing.
             out += self._feed(self._due(item) if isinstance(item, _Due) else item, now)
-        out += self._consensus(self.raft.tick(now), now)
         self._tick_due = float("inf")
-        self._seat(now)
-        return out + self._run_all(self.rounds.tick(now, self._seen()), now)
+        return out + self._run_all(self.protocol.tick(now, self._view()), now)
 
     def receive(self, msg: object, now: float) -> list[Any]:
         out: list[Any] = []
         if isinstance(msg, _CONSENSUS):
-            out += self._consensus(self.raft.receive(msg, now), now)  # type: ignore[arg-type]
+            out += self._run_all(self.protocol.consensus_message(msg, now, self._view()), now)  # type: ignore[arg-type]
         elif isinstance(msg, _ROUND):
             if isinstance(msg, r.RoundOpen):
                 self._opened.setdefault(msg.round, msg.base_weights_hash)
-            out += self._run_all(self.rounds.round_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
+            out += self._run_all(self.protocol.round_message(msg, now, self._view()), now)  # type: ignore[arg-type]
         elif isinstance(msg, _MEMBERSHIP) and self.world.faulty is not None:  # only the faulty site pings here
             out += self.world.faulty.heard(self.site, self.disk.boot, msg, now)  # type: ignore[arg-type]
         else:
-            out += self._run_all(self.rounds.lease_message(msg, now, self._seen()), now)  # type: ignore[arg-type]
+            out += self._run_all(self.protocol.lease_message(msg, now, self._view()), now)  # type: ignore[arg-type]
         return out
 
     def next_deadline(self) -> float:
-        times = [self.raft.next_deadline(), self.rounds.next_deadline(self._seen()), self._tick_due]
-        if self.seat is not None:
-            times.append(self.seat.next_deadline())
+        times = [self.protocol.next_deadline(self._view()), self._tick_due]
         if self.pending:
             times.append(self.pending[0][0])
         return min(times)
@@ -238,10 +232,9 @@ class PeerNode:
     def member_alive(self, site: str, now: float) -> list[Any]:
         self.live.add(site)
         self._tick_due = now
-        self.raft.member_alive(SiteId(site), site)
         self.leavers.discard(site)  # a new process of it
         self.up_at[site] = self.world.sim.now
-        return self._run_all(self.rounds.member_up(site, now, self._seen()), now)
+        return self._run_all(self.protocol.member_changed(site, MemberState.ALIVE, site, now, self._view()), now)
 
     def member_leaving(self, site: str, now: float) -> list[Any]:
         """Membership's news that `site` started a graceful leave (its `LEAVING` label)."""
@@ -250,61 +243,34 @@ class PeerNode:
         return []
 
     def member_down(self, site: str, now: float) -> list[Any]:
-        self.raft.member_dead(SiteId(site))
-        return self._gone(site, now)
+        return self._gone(site, MemberState.DEAD, now)
 
     def member_left(self, site: str, now: float) -> list[Any]:
-        self.raft.member_left(SiteId(site))
-        return self._gone(site, now)
+        return self._gone(site, MemberState.LEFT, now)
 
-    def _gone(self, site: str, now: float) -> list[Any]:
-        """What a dead and a left member have in common once consensus was told which it is."""
+    def _gone(self, site: str, state: MemberState, now: float) -> list[Any]:
         self.live.discard(site)
         self._tick_due = now
-        return self._run_all(self.rounds.member_down(site, now, self._seen()), now)
+        return self._run_all(self.protocol.member_changed(site, state, site, now, self._view()), now)
 
-    # ----- `ops leave`, as Node.leave runs it ------------------------------------------------------
+    # ----- `ops leave` --------------------------------------------------------------------------------
     def leave(self, now: float, wait_s: float | None = None) -> list[Any]:
         """Rounds and leases first (I8), then the voter seat (on LeaveReady), then the process stops.
         Membership tells the others at once that this site leaves (its `LEAVING` label)."""
         self.world.say_leaving(self.site)
         return self._feed(ev.LeaveRequested(self.world.rounds.deadline_s if wait_s is None else wait_s), now)
 
-    def _leave_consensus(self, now: float) -> list[Any]:
-        voter = self.raft.is_voter()
-        decision = self.raft.leave(now)
-        self.world.notes.append(f"{self.site}: leaving: {decision.reason}")
-        out = self._consensus(decision.effects, now)
-        self.seat = SeatLeave(decision.accepted, voter, self.raft.role is Role.LEADER, now, LEAVE_WAIT_S, LEAVE_WAIT_S)
-        self._seat(now)
-        return out
-
-    def _seat(self, now: float) -> None:
-        if self.seat is None:
-            return
-        for effect in self.seat.update(now, self.raft.removed()):
-            if isinstance(effect, SayLeft):
-                self.world.say_left(self.site)
-            else:
-                self.world.notes.append(f"{self.site}: left: {effect.reason}")
-                self.world.left(self.site)
-
     # ----- the executor --------------------------------------------------------------------------
-    def _seen(self) -> Seen:
-        status = self.raft.status()
-        return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, self.disk.round,
-                    self.disk.weights_hash, frozenset(self.live), frozenset(self.leavers & self.live), status.leader)
+    def _view(self) -> View:
+        return View(frozenset(self.live), frozenset(self.leavers), self.disk.round, self.disk.weights_hash)
 
     def _feed(self, event: ev.Event, now: float) -> list[Any]:
-        return self._run_all(self.rounds.handle(event, now, self._seen()), now)
+        return self._run_all(self.protocol.handle(event, now, self._view()), now)
 
     def _run_all(self, effects: Sequence[Effect], now: float) -> list[Any]:
-        """Runs `effects` in order; what running one makes the core say (a proposal that commits at
-        once) runs after the rest, as the node's executor does."""
         out: list[Any] = []
-        queue = list(effects)
-        while queue:
-            out += self._run(queue.pop(0), now, queue)
+        for effect in effects:
+            out += self._run(effect, now)
         return out
 
     def _later(self, at: float, event: ev.Event | _Due) -> None:
@@ -312,9 +278,26 @@ class PeerNode:
         self.pending.append((at, self._seq, event))
         self.pending.sort(key=lambda p: (p[0], p[1]))
 
-    def _run(self, effect: Effect, now: float, queue: list[Effect]) -> list[Any]:
+    def _run(self, effect: Effect, now: float) -> list[Any]:
         w = self.world
-        if isinstance(effect, ev.Note):
+        if self.disk.store.persist(effect):
+            return []
+        if isinstance(effect, ConsensusSend):
+            return [SimSend(effect.address, effect.msg)]
+        if isinstance(effect, Commits):
+            for entry in effect.entries:
+                w.see_entry(self.site, entry.index)
+            for entry in effect.entries:
+                if isinstance(entry.body, RoundCommit):
+                    w.see_commit(entry.index, entry.body)
+        elif isinstance(effect, Rejected) and effect.kind is RefusalKind.IMPLAUSIBLE:
+            w.implausible(self.site, effect)
+        elif isinstance(effect, SayLeft):
+            w.say_left(self.site)
+        elif isinstance(effect, Stop):
+            w.notes.append(f"{self.site}: left: {effect.reason}")
+            w.left(self.site)
+        elif isinstance(effect, ev.Note):
             w.notes.append(f"{self.site}: {effect.text}")
         elif isinstance(effect, LeaseSend | LeaseEvent):
             return [effect]
@@ -368,10 +351,6 @@ class PeerNode:
         elif isinstance(effect, ev.CancelFetch):
             self.pending = [p for p in self.pending if not (isinstance(p[2], _Due) and isinstance(p[2].effect, ev.Fetch)
                                                              and p[2].effect.attempt == effect.attempt)]
-        elif isinstance(effect, ev.Propose):
-            decision = self.raft.propose_round(effect.commit, now)
-            self.rounds.proposed(decision.accepted)
-            return self._consensus(decision.effects, now, queue)
         elif isinstance(effect, ev.Apply):
             self._later(now + w.cfg.apply_s, _Due(effect))
         elif isinstance(effect, ev.CatchUp):
@@ -379,7 +358,7 @@ class PeerNode:
         elif isinstance(effect, ev.RoundApplied):
             w.applied_by(self.site, effect.round, self.disk.weights_hash)
         elif isinstance(effect, ev.LeaveReady):
-            return self._leave_consensus(now)
+            return self._run_all(self.protocol.give_up_seat(now, self._view()), now)
         return []
 
     def _reached(self, train: ev.Train, speed: float) -> tuple[SampleRange, ...]:
@@ -397,32 +376,6 @@ class PeerNode:
             out.append(SampleRange(x.block_id, x.start, x.start + n))
             left -= n
         return tuple(out)
-
-    def _consensus(self, effects: Sequence[Any], now: float, queue: list[Effect] | None = None) -> list[Any]:
-        out: list[Any] = []
-        entries: list[Entry] = []
-        for e in effects:
-            if self.disk.store.persist(e):
-                continue
-            if isinstance(e, ConsensusSend):
-                out.append(SimSend(e.address, e.msg))
-            elif isinstance(e, Committed):
-                entries.append(e.entry)
-                self.world.see_entry(self.site, e.entry.index)
-            elif isinstance(e, LeaderChanged):
-                self.rounds.leader_changed(e.leader, e.epoch)
-            elif isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE:
-                self.world.implausible(self.site, e)
-        if entries:
-            for entry in entries:
-                if isinstance(entry.body, RoundCommit):
-                    self.world.see_commit(entry.index, entry.body)
-            effects = self.rounds.entries(entries, now, self._seen())
-            if queue is not None:
-                queue += effects  # inside _run_all: after the effects being run
-            else:
-                out += self._run_all(effects, now)
-        return out
 
     # ----- the fake exchange and disk --------------------------------------------------------------
     def _due(self, item: _Due) -> ev.Event:

@@ -5,6 +5,8 @@
   runtime is a layer upside down.
 - Every top-level module and package of peer/ is named in the layers contract: import-linter
   checks only the modules a contract names, so a new module left out would escape it.
+- The picture in docs/layers.md names every layer of the contract, in the contract's order: the
+  picture is what a reader trusts, and it went stale once (relay and reach were missing).
 - No hand-written module is over 600 lines ("when one passes ~600 lines, it is probably two ideas").
 """
 
@@ -26,14 +28,30 @@ def test_reading_a_run_file_loads_neither_torch_nor_grpc() -> None:
     assert out.stdout.strip() == "", f"import peer.config loaded {out.stdout.strip()}"
 
 
-def test_every_top_level_module_of_peer_is_in_the_layers_contract() -> None:
+def _layers() -> list[str]:
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     (layers,) = [c for c in contracts if c["type"] == "layers" and c.get("containers") == ["peer"]]
-    named = {name.strip() for row in layers["layers"] for name in row.replace("|", ":").split(":")}
+    return list(layers["layers"])
+
+
+def test_every_top_level_module_of_peer_is_in_the_layers_contract() -> None:
+    named = {name.strip() for row in _layers() for name in row.replace("|", ":").split(":")}
     present = {p.stem for p in (REPO / "peer").glob("*.py") if p.name != "__init__.py"}
     present |= {p.parent.name for p in (REPO / "peer").glob("*/__init__.py")}
     assert present - named == set(), "add these to the layers contract in pyproject.toml (docs/layers.md)"
     assert named - present == set(), "the layers contract names modules that do not exist"
+
+
+def test_the_picture_of_the_layers_matches_the_contract() -> None:
+    text = (REPO / "docs" / "layers.md").read_text()
+    picture = text.split("```")[1]
+    # A row's names, as the picture spells them (a long row wraps onto the next line).
+    words = [w for line in picture.splitlines() for w in line.split() if w not in (":", "|")]
+    at = 0
+    for row in _layers():
+        for name in (n.strip() for n in row.replace("|", ":").split(":")):
+            assert name in words[at:], f"docs/layers.md does not draw {name!r} (row {row!r}) below the rows above it"
+            at = words.index(name, at)
 
 
 def test_no_hand_written_module_is_over_600_lines() -> None:

@@ -14,17 +14,27 @@ def _seat(accepted: bool = True, voter: bool = True, leader: bool = False) -> Se
 
 def test_a_leader_says_left_only_once_its_own_removal_committed() -> None:
     seat = _seat(leader=True)
-    assert seat.update(10.0, removed=False) == [] and seat.next_deadline() == 14.0
+    assert seat.update(10.0, removed=False) == [] and seat.next_deadline(removed=False) == 14.0
     assert seat.update(11.0, removed=True) == [SayLeft(), Stop("its removal from the voters committed")]
-    assert seat.update(12.0, removed=True) == [] and seat.next_deadline() == float("inf")
+    assert seat.update(12.0, removed=True) == [] and seat.next_deadline(removed=True) == float("inf")
 
 
 def test_a_follower_says_left_at_once_and_stays_until_the_leader_removed_it() -> None:
     """Stopping before the removal commits strands a voter set of two (no majority ever again)."""
     seat = _seat()
     assert seat.update(10.0, removed=False) == [SayLeft()]
-    assert seat.update(15.0, removed=False) == [] and seat.next_deadline() == 18.0
+    assert seat.update(15.0, removed=False) == [] and seat.next_deadline(removed=False) == 18.0
     assert seat.update(16.0, removed=True) == [Stop("its removal from the voters committed")]
+
+
+def test_a_removal_that_committed_makes_the_seat_due_at_once() -> None:
+    """A removal may commit by a message that no timer follows: the seat is then due now, not at the
+    end of its wait (a leaver stopped up to follower_wait_s late in the simulator)."""
+    seat = _seat()
+    assert seat.update(10.0, removed=False) == [SayLeft()]
+    assert seat.next_deadline(removed=True) == float("-inf")
+    assert seat.update(11.0, removed=True) == [Stop("its removal from the voters committed")]
+    assert seat.next_deadline(removed=True) == float("inf")
 
 
 def test_each_wait_is_bounded() -> None:
@@ -40,10 +50,10 @@ def test_a_leader_whose_removal_is_late_says_left_and_waits_on_as_a_follower() -
     not reached it: saying LEFT lets a successor remove this site, and the seat stays until then."""
     seat = _seat(leader=True)
     assert seat.update(14.0, removed=False) == [SayLeft()]
-    assert seat.next_deadline() == 22.0
+    assert seat.next_deadline(removed=False) == 22.0
     assert seat.update(20.0, removed=False) == []
     assert seat.update(21.0, removed=True) == [Stop("its removal from the voters committed")]
-    assert seat.update(30.0, removed=True) == [] and seat.next_deadline() == float("inf")
+    assert seat.update(30.0, removed=True) == [] and seat.next_deadline(removed=True) == float("inf")
 
 
 def test_a_site_without_a_seat_or_whose_leave_was_refused_says_left_and_stops() -> None:
