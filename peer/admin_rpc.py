@@ -33,20 +33,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def Status(self, request, context):  # noqa: N802 - generated name
         now = self._node.now()
-        raft = self._node.consensus_status()
+        consensus = self._node.consensus_status()
         reply = admin_pb2.StatusReply(
             self=self._node.config.site,
             uptime_s=self._node.uptime_s(),
             version=self._node.version,
             consensus=admin_pb2.ConsensusStatus(
-                role=raft.role.value.replace("-", "_"),
-                epoch=raft.epoch,
-                leader=raft.leader or "",
-                lease_remaining_s=max(raft.lease_expiry - now, 0.0) if raft.lease_expiry is not None else 0.0,
-                committed_round=raft.committed_round,
-                commit_index=raft.commit_index,
-                applied_index=raft.applied_index,
-                voters=[site for site, _ in raft.voters],
+                role=consensus.role.value.replace("-", "_"),
+                epoch=consensus.epoch,
+                leader=consensus.leader or "",
+                lease_remaining_s=max(consensus.lease_expiry - now, 0.0) if consensus.lease_expiry is not None else 0.0,
+                committed_round=consensus.committed_round,
+                commit_index=consensus.commit_index,
+                applied_index=consensus.applied_index,
+                voters=[site for site, _ in consensus.voters],
             ),
         )
         coord = self._node.coordinator

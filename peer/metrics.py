@@ -68,28 +68,28 @@ def families(node: PeerView) -> Iterator[Metric]:
     yield CounterMetricFamily("sitemesh_membership_refutations",
                               "Suspect members that refuted the suspicion (back to alive)", value=ev.refutations)
 
-    raft = node.consensus_status()
-    yield GaugeMetricFamily("sitemesh_consensus_epoch", "Current leader epoch (term)", value=raft.epoch)
+    consensus = node.consensus_status()
+    yield GaugeMetricFamily("sitemesh_consensus_epoch", "Current leader epoch (term)", value=consensus.epoch)
     leader = GaugeMetricFamily("sitemesh_consensus_leader", "1 for the site this peer believes leads",
                                labels=["site"])
-    if raft.leader:
-        leader.add_metric([raft.leader], 1)
+    if consensus.leader:
+        leader.add_metric([consensus.leader], 1)
     yield leader
     yield GaugeMetricFamily("sitemesh_consensus_is_leader", "1 when this peer leads the current epoch",
-                            value=1 if raft.role.value == "leader" else 0)
-    yield GaugeMetricFamily("sitemesh_consensus_voters", "Voters in this peer's log", value=len(raft.voters))
+                            value=1 if consensus.role.value == "leader" else 0)
+    yield GaugeMetricFamily("sitemesh_consensus_voters", "Voters in this peer's log", value=len(consensus.voters))
     yield GaugeMetricFamily("sitemesh_consensus_commit_index", "Log index of the last committed entry",
-                            value=raft.commit_index)
+                            value=consensus.commit_index)
     yield GaugeMetricFamily("sitemesh_consensus_applied_index", "Log index of the last entry applied here",
-                            value=raft.applied_index)
+                            value=consensus.applied_index)
     latency = HistogramMetricFamily("sitemesh_consensus_commit_latency_seconds",
                                     "Leader: seconds from proposing a round's commit to its commit")
     latency.add_metric([], ev.commit_latency.cumulative(), sum_value=ev.commit_latency.total)
     yield latency
     yield CounterMetricFamily("sitemesh_rounds_committed", "Outer rounds committed in the log",
-                              value=raft.committed_round)
+                              value=consensus.committed_round)
     core = node.consensus_core()
-    _, index, _ = core.log.last_round_entry(raft.commit_index)
+    _, index, _ = core.log.last_round_entry(consensus.commit_index)
     entry = core.log.entry(index) if index else None
     if entry is not None and isinstance(entry.body, RoundCommit):
         yield GaugeMetricFamily("sitemesh_round_contributors", "Contributors of the last committed round",

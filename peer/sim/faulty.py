@@ -78,7 +78,7 @@ class Peer(Protocol):
     """What the faulty site reads of a simulated peer (peer_node.PeerNode): its cores."""
 
     @property
-    def raft(self) -> ConsensusCore: ...
+    def consensus(self) -> ConsensusCore: ...
     @property
     def rounds(self) -> PeerRounds: ...
 
@@ -185,7 +185,7 @@ class FaultySite:
             leader = w.leader()
             lnode = w.peer(leader) if leader else None
             if leader is not None and leader != self.name and lnode is not None:
-                lead = lnode.raft
+                lead = lnode.consensus
                 if self.member and (ref.hard.epoch != lead.hard.epoch or ref.leader != leader):
                     return []  # a member lies about the epoch it follows
                 header = replace(me, epoch=lead.hard.epoch)
@@ -197,7 +197,7 @@ class FaultySite:
                 high = Epoch(epoch + rng.randint(2 * MAX_EPOCH_JUMP, FAR))
             last = ref.log.last_index
             for n in honest:
-                voters = [v for v, _ in peer.raft.log.voters()] if (peer := w.peer(n)) else []
+                voters = [v for v, _ in peer.consensus.log.voters()] if (peer := w.peer(n)) else []
                 if kind == "epoch_jump" and self.member and (not voters or has_majority([self.name], voters)):
                     continue  # a joiner believes a member at any epoch; a voter set it is a majority of, too
                 if rng.random() < 0.5:
@@ -222,9 +222,9 @@ class FaultySite:
         the most advanced peer's, as its messages would tell."""
         if self.member:
             node = self.world.peer(self.name)
-            return node.raft if node is not None else None
+            return node.consensus if node is not None else None
         nodes = [n for name in self.world.up() if (n := self.world.peer(name)) is not None]
-        return max((n.raft for n in nodes), key=lambda c: (c.hard.epoch, c.commit_index), default=None)
+        return max((n.consensus for n in nodes), key=lambda c: (c.hard.epoch, c.commit_index), default=None)
 
     def _malformed(self, me: Header, ref: ConsensusCore) -> AppendEntries:
         last, epoch = ref.log.last_index, me.epoch
@@ -251,7 +251,7 @@ class FaultySite:
             peer = self.world.peer(n)
             if peer is None:
                 continue
-            theirs = [i for i in starts if i <= peer.raft.commit_index and i > peer.raft.log.snapshot.last_index + 1]
+            theirs = [i for i in starts if i <= peer.consensus.commit_index and i > peer.consensus.log.snapshot.last_index + 1]
             if not theirs:
                 continue
             i = self.rng.choice(theirs)

@@ -160,9 +160,9 @@ class PeerNode:
         disk = world.disks[site]
         disk.boot += 1
         self.disk = disk
-        self.raft = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
+        self.consensus = ConsensusCore.start(site, site, RAFT, disk.store.load(), now,
                                         derive_rng(world.seed, f"raft/{site}/{disk.boot}"), applied_index=disk.index)
-        self.protocol = PeerCore(self.raft, trains=True, leader_wait_s=LEAVE_WAIT_S, follower_wait_s=LEAVE_WAIT_S)
+        self.protocol = PeerCore(self.consensus, trains=True, leader_wait_s=LEAVE_WAIT_S, follower_wait_s=LEAVE_WAIT_S)
         """The peer's protocol, the one the node runs (peer/core/peer_core.py); this class executes its effects."""
         keys = world.keys.get(site)
         leases = LeaseLog(site, world.universe, world.cfg.lease, disk.boot, keys=keys,

@@ -295,7 +295,7 @@ class World:
     def leader(self) -> SiteId | None:
         for n in self.up():
             node = self.sim.node(n)
-            if isinstance(node, PeerNode) and node.raft.role is Role.LEADER:
+            if isinstance(node, PeerNode) and node.consensus.role is Role.LEADER:
                 return n
         return None
 
@@ -307,7 +307,7 @@ class World:
         node = self.sim.node(site)
         if not isinstance(node, PeerNode):
             return []
-        return [s for s, _ in node.raft.log.voters_at(node.raft.commit_index)]
+        return [s for s, _ in node.consensus.log.voters_at(node.consensus.commit_index)]
 
     def say_leaving(self, site: str) -> None:
         """`site` started a graceful leave: membership gossips its `LEAVING` label (LEFT_S)."""
@@ -338,8 +338,8 @@ class World:
         nodes = [node for n in up if isinstance(node := self.sim.node(n), PeerNode)]
         if not nodes:
             return False
-        ref = max(nodes, key=lambda node: node.raft.commit_index)
-        voters = [s for s, _ in ref.raft.log.voters()]
+        ref = max(nodes, key=lambda node: node.consensus.commit_index)
+        voters = [s for s, _ in ref.consensus.log.voters()]
         sides = [set(up)] if self.cut is None else [set(up) - self.cut[0], set(up) & self.cut[0]]
         return any(has_majority(map(SiteId, side), voters) for side in sides)
 
