@@ -61,7 +61,7 @@ class JobAccount:
 
     @property
     def allocated_s(self) -> float:
-        return max(self.end - self.record.job_start, 0.0)
+        return self.record.allocated_s
 
     @property
     def training_s(self) -> float:

@@ -13,6 +13,8 @@
      "training": null or {"applied_round", "weights_hash", "samples_committed", "samples_total",
                           "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held",
                           "last_decision",
+                          "job": null or {"job", "member", "nodes", "allocated_s", "joining_s", "training_s",
+                                          "goodput", "ends_in_s" (null outside Slurm)},
                           "last_round": null or {"round", "gather_s", "compute_s", "publish_s",
                                                  "exchange_s", "commit_wait_s", "outer_s", "persist_s",
                                                  "idle_s", "wall_s", "overhead_share", "tokens",
@@ -38,6 +40,7 @@ from typing import Any
 import grpc
 
 from ops.certs import CertError, add_client_flags, client_credentials
+from ops.durations import duration
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, membership_pb2
 from peer.core.timeline import PHASES
 from peer.transport.channels import open_blocking_channel
@@ -128,6 +131,7 @@ def status_document(reply: admin_pb2.StatusReply) -> dict[str, Any]:
             "data_epoch": reply.training.data_epoch,
             "leases_held": reply.training.leases_held,
             "last_decision": reply.training.last_decision or None,
+            "job": _job_document(reply.training.job) if reply.training.HasField("job") else None,
             "last_round": _timeline_document(reply.training.last_round)
             if reply.training.HasField("last_round") else None,
         },
@@ -200,6 +204,20 @@ def _timeline_table(timelines: dict[str, dict[str, Any] | None | str]) -> str:
         "\n".join(_columns(rows) + notes)
 
 
+def _job_document(job: admin_pb2.JobStatus) -> dict[str, Any]:
+    return {"job": job.job, "member": job.member, "nodes": job.nodes, "allocated_s": round(job.allocated_s, 1),
+            "joining_s": round(job.joining_s, 1), "training_s": round(job.training_s, 1),
+            "goodput": round(job.goodput, 3), "ends_in_s": round(job.ends_in_s, 1) if job.HasField("ends_in_s") else None}
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    """`job 4711 (lumi.j3, 2 nodes): up 41m, joining 52s, training 37m (goodput 0.90), ends in 1h19m`."""
+    ends = "" if job["ends_in_s"] is None else f", ends in {duration(job['ends_in_s'])}"
+    return (f"job {job['job']} ({job['member']}, {job['nodes']} node{'s' if job['nodes'] != 1 else ''}): "
+            f"up {duration(job['allocated_s'])}, joining {duration(job['joining_s'])}, "
+            f"training {duration(job['training_s'])} (goodput {job['goodput']:.2f}){ends}")
+
+
 def _table(doc: dict[str, Any]) -> str:
     rows = [("SITE", "ADDRESS", "STATE", "INC", "HEARD", "RTT", "PATH", "ROLE", "ACCELERATOR", "TOK/S")]
     for mem in doc["members"]:
@@ -228,7 +246,8 @@ def _table(doc: dict[str, Any]) -> str:
                  f"leases {t['leases_held']}  loss {t['last_loss']}"
                  + ("  EPOCH COMPLETE" if t["epoch_complete"] else "")
                  + (f"  DIVERGED: {t['diverged']}" if t["diverged"] else "")
-                 + (f"\nlast decision: {t['last_decision']}" if t["last_decision"] else ""))
+                 + (f"\nlast decision: {t['last_decision']}" if t["last_decision"] else "")
+                 + (f"\n{_job_line(t['job'])}" if t["job"] else ""))
     return head + "\n" + "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from peer.join_errors import JoinFailed
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
 from peer.core.membership_types import MemberState
 from peer.core.timeline import PHASES, RoundTimeline
+from peer.job_record import JobRecord
 from peer.transport.wire import to_proto
 
 if TYPE_CHECKING:
@@ -25,6 +26,16 @@ def timeline_to_proto(rec: RoundTimeline) -> admin_pb2.RoundTimeline:
         round=rec.round, wall_s=rec.wall_s, overhead_share=rec.overhead_share, tokens=rec.tokens,
         tokens_per_s=rec.tokens_per_s, inner_steps=rec.inner_steps,
         **{f"{p}_s": getattr(rec, f"{p}_s") for p in PHASES})
+
+
+def job_to_proto(job: JobRecord) -> admin_pb2.JobStatus:
+    """A job's seconds so far (`job`: its record as of now, JobLog.live)."""
+    out = admin_pb2.JobStatus(job=job.job, member=job.member, nodes=job.nodes, allocated_s=job.allocated_s,
+                              joining_s=job.joining_s, training_s=job.inner_s,
+                              goodput=job.inner_s / job.allocated_s if job.allocated_s > 0 else 0.0)
+    if job.job_end is not None:
+        out.ends_in_s = max(job.job_end - job.updated, 0.0)
+    return out
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -65,6 +76,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             ))
             if coord.last_timeline is not None:
                 reply.training.last_round.CopyFrom(timeline_to_proto(coord.last_timeline))
+            reply.training.job.CopyFrom(job_to_proto(coord.job.live()))
         reach = self._node.reach
         for view in self._node.members():
             me = view.site == self._node.config.site

@@ -67,6 +67,11 @@ class JobRecord:
         return self.exited if self.exited is not None else self.updated
 
     @property
+    def allocated_s(self) -> float:
+        """Seconds of the allocation the job used, up to `ran_until` (never negative: two clocks)."""
+        return max(self.ran_until - self.job_start, 0.0)
+
+    @property
     def joining_s(self) -> float:
         """Seconds from the job's start to its first inner step: the set-up every job pays once. The
         one rule behind `sitemesh_job_joining_seconds` (peer/metrics.py) and `ops report`
@@ -136,6 +141,10 @@ class JobLog:
 
     def started(self) -> None:
         self._save(self.record)
+
+    def live(self) -> JobRecord:
+        """The record as of now, unwritten: a running job's seconds up to this moment (`ops status`)."""
+        return replace(self.record, updated=self._wall())
 
     def trained(self, seconds: float, steps: int) -> None:
         """A trainer run ended now after `seconds` of inner steps (taken to be the run's last ones)."""

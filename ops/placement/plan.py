@@ -23,6 +23,7 @@ from typing import Any
 
 from ops.placement.config import JobShape, PlacementConfigError
 from ops.placement.timeline import Counting, Segment, periodic_segments, time_to_target
+from ops.durations import duration
 
 _MAX_HORIZON_S = 10 * 365 * 86400.0  # past ten years the target is "never"
 _SLOWDOWN = 100.0  # ...and past 100x the time at full speed (gang runs whose jobs rarely overlap)
@@ -158,18 +159,7 @@ class Plan:
 
 def after(seconds: float) -> str:
     """A time from now for people: +45s, +12m, +5h07m, +3d04h, never."""
-    if math.isinf(seconds):
-        return "never"
-    s = round(seconds)
-    if s < 90:
-        return f"+{s}s"
-    if s < 90 * 60:
-        return f"+{round(s / 60)}m"
-    hours, minutes = divmod(round(s / 60), 60)
-    if hours < 48:
-        return f"+{hours}h{minutes:02d}m"
-    days, hours = divmod(round(s / 3600), 24)
-    return f"+{days}d{hours:02d}h"
+    return "never" if math.isinf(seconds) else "+" + duration(seconds)
 
 
 def _nodes(n: int) -> str:

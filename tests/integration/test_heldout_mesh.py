@@ -46,6 +46,11 @@ def test_the_leader_evaluates_theta_into_timeline_metrics_tensorboard_and_report
     wait_for(lambda: len({status(p.address)["training"]["applied_round"] for p in cluster.peers.values()}) == 1,
              60.0, "both peers to apply the last round")
     last = status(a.address)["training"]["applied_round"]
+    # Where the job's seconds went so far, as `ops status` shows it (outside Slurm: no end, one node).
+    job = status(a.address)["training"]["job"]
+    assert (job["member"], job["nodes"], job["ends_in_s"]) == ("a", 1, None)
+    assert 0 < job["joining_s"] < job["allocated_s"] and 0 < job["training_s"] < job["allocated_s"]
+    assert job["goodput"] == pytest.approx(job["training_s"] / job["allocated_s"], abs=0.01)  # of unrounded seconds
     # The last round's record waits for its evaluation (peer/heldout.py) before it is written.
     wait_for(lambda: all([r.round for r in timeline_file.read(cluster.workdir / s)][-1:] == [last] for s in SITES),
              30.0, "every record in timeline.jsonl")

@@ -26,7 +26,7 @@ from peer.gen.sitemesh.v1 import common_pb2 as sitemesh_dot_v1_dot_common__pb2
 from peer.gen.sitemesh.v1 import membership_pb2 as sitemesh_dot_v1_dot_membership__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sitemesh/v1/admin.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\x1a\x1csitemesh/v1/membership.proto\"\x0f\n\rStatusRequest\"\xd4\x01\n\x0cMemberStatus\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.sitemesh.v1.MemberState\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\x14\n\x0clast_heard_s\x18\x05 \x01(\x01\x12%\n\x04meta\x18\x06 \x01(\x0b\x32\x17.sitemesh.v1.MemberMeta\x12\x12\n\x05rtt_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04path\x18\x08 \x01(\tB\x08\n\x06_rtt_s\"\xca\x01\n\x0bStatusReply\x12\x0c\n\x04self\x18\x01 \x01(\t\x12*\n\x07members\x18\x02 \x03(\x0b\x32\x19.sitemesh.v1.MemberStatus\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x12\x0f\n\x07version\x18\x04 \x01(\t\x12/\n\tconsensus\x18\x05 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusStatus\x12-\n\x08training\x18\x06 \x01(\x0b\x32\x1b.sitemesh.v1.TrainingStatus\"\x9c\x02\n\x0eTrainingStatus\x12\x15\n\rapplied_round\x18\x01 \x01(\x04\x12\x14\n\x0cweights_hash\x18\x02 \x01(\t\x12\x19\n\x11samples_committed\x18\x03 \x01(\x04\x12\x15\n\rsamples_total\x18\x04 \x01(\x04\x12\x11\n\tlast_loss\x18\x05 \x01(\x01\x12\x16\n\x0e\x65poch_complete\x18\x06 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x07 \x01(\t\x12\x12\n\ndata_epoch\x18\x08 \x01(\x04\x12\x13\n\x0bleases_held\x18\t \x01(\r\x12.\n\nlast_round\x18\n \x01(\x0b\x32\x1a.sitemesh.v1.RoundTimeline\x12\x15\n\rlast_decision\x18\x0b \x01(\t\"\x98\x02\n\rRoundTimeline\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08gather_s\x18\x02 \x01(\x01\x12\x11\n\tcompute_s\x18\x03 \x01(\x01\x12\x11\n\tpublish_s\x18\x04 \x01(\x01\x12\x12\n\nexchange_s\x18\x05 \x01(\x01\x12\x15\n\rcommit_wait_s\x18\x06 \x01(\x01\x12\x0f\n\x07outer_s\x18\x07 \x01(\x01\x12\x11\n\tpersist_s\x18\x08 \x01(\x01\x12\x0e\n\x06idle_s\x18\t \x01(\x01\x12\x0e\n\x06wall_s\x18\n \x01(\x01\x12\x16\n\x0eoverhead_share\x18\x0b \x01(\x01\x12\x0e\n\x06tokens\x18\x0c \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\r \x01(\x01\x12\x13\n\x0binner_steps\x18\x0e \x01(\r\"\xaf\x01\n\x0f\x43onsensusStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x19\n\x11lease_remaining_s\x18\x04 \x01(\x01\x12\x17\n\x0f\x63ommitted_round\x18\x05 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x0e\n\x06voters\x18\x08 \x03(\t\"\x0e\n\x0cLeaveRequest\"\x1e\n\nLeaveReply\x12\x10\n\x08notified\x18\x01 \x01(\r\"\x1c\n\x0bJoinRequest\x12\r\n\x05seeds\x18\x01 \x03(\t\"\x1c\n\tJoinReply\x12\x0f\n\x07members\x18\x01 \x01(\r\"5\n\x0f\x44ialBackRequest\x12\x11\n\tfrom_site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"Q\n\rDialBackReply\x12\x0f\n\x07reached\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\r\n\x05rtt_s\x18\x03 \x01(\x01\x12\x11\n\tfrom_site\x18\x04 \x01(\t2\x84\x02\n\x05\x41\x64min\x12>\n\x06Status\x12\x1a.sitemesh.v1.StatusRequest\x1a\x18.sitemesh.v1.StatusReply\x12;\n\x05Leave\x12\x19.sitemesh.v1.LeaveRequest\x1a\x17.sitemesh.v1.LeaveReply\x12\x38\n\x04Join\x12\x18.sitemesh.v1.JoinRequest\x1a\x16.sitemesh.v1.JoinReply\x12\x44\n\x08\x44ialBack\x12\x1c.sitemesh.v1.DialBackRequest\x1a\x1a.sitemesh.v1.DialBackReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sitemesh/v1/admin.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\x1a\x1csitemesh/v1/membership.proto\"\x0f\n\rStatusRequest\"\xd4\x01\n\x0cMemberStatus\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.sitemesh.v1.MemberState\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\x14\n\x0clast_heard_s\x18\x05 \x01(\x01\x12%\n\x04meta\x18\x06 \x01(\x0b\x32\x17.sitemesh.v1.MemberMeta\x12\x12\n\x05rtt_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04path\x18\x08 \x01(\tB\x08\n\x06_rtt_s\"\xca\x01\n\x0bStatusReply\x12\x0c\n\x04self\x18\x01 \x01(\t\x12*\n\x07members\x18\x02 \x03(\x0b\x32\x19.sitemesh.v1.MemberStatus\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x12\x0f\n\x07version\x18\x04 \x01(\t\x12/\n\tconsensus\x18\x05 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusStatus\x12-\n\x08training\x18\x06 \x01(\x0b\x32\x1b.sitemesh.v1.TrainingStatus\"\xc1\x02\n\x0eTrainingStatus\x12\x15\n\rapplied_round\x18\x01 \x01(\x04\x12\x14\n\x0cweights_hash\x18\x02 \x01(\t\x12\x19\n\x11samples_committed\x18\x03 \x01(\x04\x12\x15\n\rsamples_total\x18\x04 \x01(\x04\x12\x11\n\tlast_loss\x18\x05 \x01(\x01\x12\x16\n\x0e\x65poch_complete\x18\x06 \x01(\x08\x12\x10\n\x08\x64iverged\x18\x07 \x01(\t\x12\x12\n\ndata_epoch\x18\x08 \x01(\x04\x12\x13\n\x0bleases_held\x18\t \x01(\r\x12.\n\nlast_round\x18\n \x01(\x0b\x32\x1a.sitemesh.v1.RoundTimeline\x12\x15\n\rlast_decision\x18\x0b \x01(\t\x12#\n\x03job\x18\x0c \x01(\x0b\x32\x16.sitemesh.v1.JobStatus\"\xaa\x01\n\tJobStatus\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x01(\r\x12\x13\n\x0b\x61llocated_s\x18\x04 \x01(\x01\x12\x11\n\tjoining_s\x18\x05 \x01(\x01\x12\x12\n\ntraining_s\x18\x06 \x01(\x01\x12\x0f\n\x07goodput\x18\x07 \x01(\x01\x12\x16\n\tends_in_s\x18\x08 \x01(\x01H\x00\x88\x01\x01\x42\x0c\n\n_ends_in_s\"\x98\x02\n\rRoundTimeline\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08gather_s\x18\x02 \x01(\x01\x12\x11\n\tcompute_s\x18\x03 \x01(\x01\x12\x11\n\tpublish_s\x18\x04 \x01(\x01\x12\x12\n\nexchange_s\x18\x05 \x01(\x01\x12\x15\n\rcommit_wait_s\x18\x06 \x01(\x01\x12\x0f\n\x07outer_s\x18\x07 \x01(\x01\x12\x11\n\tpersist_s\x18\x08 \x01(\x01\x12\x0e\n\x06idle_s\x18\t \x01(\x01\x12\x0e\n\x06wall_s\x18\n \x01(\x01\x12\x16\n\x0eoverhead_share\x18\x0b \x01(\x01\x12\x0e\n\x06tokens\x18\x0c \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\r \x01(\x01\x12\x13\n\x0binner_steps\x18\x0e \x01(\r\"\xaf\x01\n\x0f\x43onsensusStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x19\n\x11lease_remaining_s\x18\x04 \x01(\x01\x12\x17\n\x0f\x63ommitted_round\x18\x05 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x0e\n\x06voters\x18\x08 \x03(\t\"\x0e\n\x0cLeaveRequest\"\x1e\n\nLeaveReply\x12\x10\n\x08notified\x18\x01 \x01(\r\"\x1c\n\x0bJoinRequest\x12\r\n\x05seeds\x18\x01 \x03(\t\"\x1c\n\tJoinReply\x12\x0f\n\x07members\x18\x01 \x01(\r\"5\n\x0f\x44ialBackRequest\x12\x11\n\tfrom_site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"Q\n\rDialBackReply\x12\x0f\n\x07reached\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\r\n\x05rtt_s\x18\x03 \x01(\x01\x12\x11\n\tfrom_site\x18\x04 \x01(\t2\x84\x02\n\x05\x41\x64min\x12>\n\x06Status\x12\x1a.sitemesh.v1.StatusRequest\x1a\x18.sitemesh.v1.StatusReply\x12;\n\x05Leave\x12\x19.sitemesh.v1.LeaveRequest\x1a\x17.sitemesh.v1.LeaveReply\x12\x38\n\x04Join\x12\x18.sitemesh.v1.JoinRequest\x1a\x16.sitemesh.v1.JoinReply\x12\x44\n\x08\x44ialBack\x12\x1c.sitemesh.v1.DialBackRequest\x1a\x1a.sitemesh.v1.DialBackReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,23 +40,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREPLY']._serialized_start=329
   _globals['_STATUSREPLY']._serialized_end=531
   _globals['_TRAININGSTATUS']._serialized_start=534
-  _globals['_TRAININGSTATUS']._serialized_end=818
-  _globals['_ROUNDTIMELINE']._serialized_start=821
-  _globals['_ROUNDTIMELINE']._serialized_end=1101
-  _globals['_CONSENSUSSTATUS']._serialized_start=1104
-  _globals['_CONSENSUSSTATUS']._serialized_end=1279
-  _globals['_LEAVEREQUEST']._serialized_start=1281
-  _globals['_LEAVEREQUEST']._serialized_end=1295
-  _globals['_LEAVEREPLY']._serialized_start=1297
-  _globals['_LEAVEREPLY']._serialized_end=1327
-  _globals['_JOINREQUEST']._serialized_start=1329
-  _globals['_JOINREQUEST']._serialized_end=1357
-  _globals['_JOINREPLY']._serialized_start=1359
-  _globals['_JOINREPLY']._serialized_end=1387
-  _globals['_DIALBACKREQUEST']._serialized_start=1389
-  _globals['_DIALBACKREQUEST']._serialized_end=1442
-  _globals['_DIALBACKREPLY']._serialized_start=1444
-  _globals['_DIALBACKREPLY']._serialized_end=1525
-  _globals['_ADMIN']._serialized_start=1528
-  _globals['_ADMIN']._serialized_end=1788
+  _globals['_TRAININGSTATUS']._serialized_end=855
+  _globals['_JOBSTATUS']._serialized_start=858
+  _globals['_JOBSTATUS']._serialized_end=1028
+  _globals['_ROUNDTIMELINE']._serialized_start=1031
+  _globals['_ROUNDTIMELINE']._serialized_end=1311
+  _globals['_CONSENSUSSTATUS']._serialized_start=1314
+  _globals['_CONSENSUSSTATUS']._serialized_end=1489
+  _globals['_LEAVEREQUEST']._serialized_start=1491
+  _globals['_LEAVEREQUEST']._serialized_end=1505
+  _globals['_LEAVEREPLY']._serialized_start=1507
+  _globals['_LEAVEREPLY']._serialized_end=1537
+  _globals['_JOINREQUEST']._serialized_start=1539
+  _globals['_JOINREQUEST']._serialized_end=1567
+  _globals['_JOINREPLY']._serialized_start=1569
+  _globals['_JOINREPLY']._serialized_end=1597
+  _globals['_DIALBACKREQUEST']._serialized_start=1599
+  _globals['_DIALBACKREQUEST']._serialized_end=1652
+  _globals['_DIALBACKREPLY']._serialized_start=1654
+  _globals['_DIALBACKREPLY']._serialized_end=1735
+  _globals['_ADMIN']._serialized_start=1738
+  _globals['_ADMIN']._serialized_end=1998
 # @@protoc_insertion_point(module_scope)

@@ -49,7 +49,7 @@ class StatusReply(_message.Message):
     def __init__(self_, self: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., consensus: _Optional[_Union[ConsensusStatus, _Mapping]] = ..., training: _Optional[_Union[TrainingStatus, _Mapping]] = ...) -> None: ...
 
 class TrainingStatus(_message.Message):
-    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held", "last_round", "last_decision")
+    __slots__ = ("applied_round", "weights_hash", "samples_committed", "samples_total", "last_loss", "epoch_complete", "diverged", "data_epoch", "leases_held", "last_round", "last_decision", "job")
     APPLIED_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_HASH_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class TrainingStatus(_message.Message):
     LEASES_HELD_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     applied_round: int
     weights_hash: str
     samples_committed: int
@@ -72,7 +73,28 @@ class TrainingStatus(_message.Message):
     leases_held: int
     last_round: RoundTimeline
     last_decision: str
-    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ..., last_round: _Optional[_Union[RoundTimeline, _Mapping]] = ..., last_decision: _Optional[str] = ...) -> None: ...
+    job: JobStatus
+    def __init__(self, applied_round: _Optional[int] = ..., weights_hash: _Optional[str] = ..., samples_committed: _Optional[int] = ..., samples_total: _Optional[int] = ..., last_loss: _Optional[float] = ..., epoch_complete: _Optional[bool] = ..., diverged: _Optional[str] = ..., data_epoch: _Optional[int] = ..., leases_held: _Optional[int] = ..., last_round: _Optional[_Union[RoundTimeline, _Mapping]] = ..., last_decision: _Optional[str] = ..., job: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job", "member", "nodes", "allocated_s", "joining_s", "training_s", "goodput", "ends_in_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_S_FIELD_NUMBER: _ClassVar[int]
+    JOINING_S_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_S_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    ENDS_IN_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    member: str
+    nodes: int
+    allocated_s: float
+    joining_s: float
+    training_s: float
+    goodput: float
+    ends_in_s: float
+    def __init__(self, job: _Optional[str] = ..., member: _Optional[str] = ..., nodes: _Optional[int] = ..., allocated_s: _Optional[float] = ..., joining_s: _Optional[float] = ..., training_s: _Optional[float] = ..., goodput: _Optional[float] = ..., ends_in_s: _Optional[float] = ...) -> None: ...
 
 class RoundTimeline(_message.Message):
     __slots__ = ("round", "gather_s", "compute_s", "publish_s", "exchange_s", "commit_wait_s", "outer_s", "persist_s", "idle_s", "wall_s", "overhead_share", "tokens", "tokens_per_s", "inner_steps")
