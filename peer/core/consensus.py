@@ -46,6 +46,7 @@ from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-expor
     Message,
     RefusalKind,
     implausible_epoch,
+    unknown_to_a_joiner,
     leader_not_known_yet,
     without_standing,
 )
@@ -164,9 +165,12 @@ class ConsensusCore:
         effects: list[Effect] = []
         h = msg.header
         voters = self.log.voters()
-        implausible = implausible_epoch(msg, self.site, self.hard.epoch, voters, self.claims, self.members)
+        implausible = implausible_epoch(msg, self.site, self.hard.epoch, voters, self.claims)
         if implausible is not None:
             return [Rejected(h.from_site, type(msg).__name__, implausible, RefusalKind.IMPLAUSIBLE)]
+        waits = unknown_to_a_joiner(msg, self.hard.epoch, voters, self.members)
+        if waits is not None:
+            return [Rejected(h.from_site, type(msg).__name__, waits, RefusalKind.ROUTINE)]
         if isinstance(msg, RequestVote):
             self._on_request_vote(msg, effects)
             return effects
@@ -185,7 +189,7 @@ class ConsensusCore:
                   or not (voters or self.members))
         # A leader that joined while this peer was away waits until membership or the log seats it.
         heard = self.leader if self.leader_epoch == self.hard.epoch else None
-        waits = leader_not_known_yet(msg, seated, bool(voters), self.hard.epoch, heard)
+        waits = leader_not_known_yet(msg, seated, self.hard.epoch, heard)
         if waits is not None:
             return [Rejected(h.from_site, type(msg).__name__, waits, RefusalKind.ROUTINE)]
         leading = self.hard.epoch if self.role is Role.LEADER else None

@@ -84,22 +84,15 @@ class EpochClaims:
         return claims[len(claims) // 2] if claims else epoch
 
 
-def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, claims: EpochClaims,
-                      known: Collection[SiteId] = ()) -> str | None:
+def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, claims: EpochClaims) -> str | None:
     """Why `msg` must be ignored for the epoch it claims, or None. Notes the claim of a voter first,
     so that the message that completes a majority is believed. A peer with no voters yet (a joiner
-    before its first entries) has no majority to ask: it believes any epoch below the limit from a
-    member its membership reports (`known`), or from anyone while membership reported nobody, but
-    no higher epoch than its own from a site that never joined (one such message would leave it at
-    an epoch the run's leader is stale for, and its answers implausible to that leader, for good)."""
+    before its first entries) has no majority to ask: `unknown_to_a_joiner` judges its messages."""
     claimed, sender = claimed_epoch(msg), msg.header.from_site
     if claimed > EPOCH_LIMIT:
         return f"implausible epoch {claimed}: above the limit {EPOCH_LIMIT} no honest run reaches"
     claims.note(sender, msg.header.epoch, voters)
     if not voters:
-        if known and sender not in known and claimed > epoch:
-            return (f"epoch {claimed} from {sender or '(no name)'}, which is neither a voter nor a member of the run, "
-                    "before this peer has any voters")
         return None
     ceiling = max(epoch, claims.vouched(me, epoch, voters)) + MAX_EPOCH_JUMP
     if claimed <= ceiling:
@@ -108,8 +101,25 @@ def implausible_epoch(msg: Message, me: SiteId, epoch: Epoch, voters: Voters, cl
             f"and no majority of the voters is there")
 
 
-def leader_not_known_yet(msg: Message, seated: bool, has_voters: bool, epoch: Epoch,
-                         leader: SiteId | None) -> str | None:
+def unknown_to_a_joiner(msg: Message, epoch: Epoch, voters: Voters, known: Collection[SiteId]) -> str | None:
+    """Why a message to a peer with no voters yet (a joiner before its first entries) waits, or None.
+    A joiner believes any epoch below the limit from a member its membership reports (`known`), or
+    from anyone while membership reported nobody. A higher epoch than its own from a site its
+    membership does not report waits until it does: one such message from a site that never joined
+    would leave the joiner at an epoch the run's leader is stale for (its answers implausible to that
+    leader, for good), and an honest member may be unreported for a detection time (restarted after
+    the joiner's join and elected at once: the whole-peer simulator's seed 70042). Waiting changes
+    nothing; a leader retries at its next heartbeat, a candidate at its next election."""
+    if voters or not known:
+        return None
+    claimed, sender = claimed_epoch(msg), msg.header.from_site
+    if sender in known or claimed <= epoch:
+        return None
+    return (f"epoch {claimed} from {sender or '(no name)'}, which this peer's membership does not report (yet), "
+            "before this peer has any voters")
+
+
+def leader_not_known_yet(msg: Message, seated: bool, epoch: Epoch, leader: SiteId | None) -> str | None:
     """Why entries or a snapshot from a site this peer does not know (`seated` False) wait, or None
     (then `without_standing` judges them). A leader elected while this peer was away (paused, cut
     off) may have joined meanwhile: neither this peer's log nor its membership knows it yet, and
@@ -118,10 +128,11 @@ def leader_not_known_yet(msg: Message, seated: bool, has_voters: bool, epoch: Ep
     is this peer's own while it has heard no leader of it: a voter's refusal of its pre-vote, or a
     candidate's request, moves a peer to an epoch without naming the epoch's leader. `leader`: the
     leader this peer heard at `epoch` (itself when it leads), None if none; an unknown site that
-    claims an epoch whose leader this peer heard is a second leader (I1), and a peer with no voters
-    (a joiner, whose membership reports the members first) has no seat to wait for: both are
-    implausible. Waiting changes nothing, and the leader retries at its next heartbeat."""
-    if seated or not has_voters or not isinstance(msg, (AppendEntries, InstallSnapshot)):
+    claims an epoch whose leader this peer heard is a second leader (I1): implausible. A joiner
+    (no voters yet) waits the same way: a member restarted after its join may be unknown to it
+    (`unknown_to_a_joiner` holds its newer epochs). Waiting changes nothing, and the leader retries
+    at its next heartbeat."""
+    if seated or not isinstance(msg, (AppendEntries, InstallSnapshot)):
         return None
     sender, claimed = msg.header.from_site or "(no name)", msg.header.epoch
     unknown = "and is no voter or member this peer knows yet"

@@ -41,11 +41,12 @@ SEEDS = range(6)
 """Seeds whose runs are checked in detail (and shared, cached, by the tests that read them)."""
 CI_SEEDS = range(100)
 """The bounded sweep CI runs (two processes: about 45 s on two cores)."""
-REGRESSION_SEEDS = (30378,)
+REGRESSION_SEEDS = (30378, 70042)
 """Seeds outside CI_SEEDS that a sweep of fresh seeds once found violating an invariant, each run as
 found (`--members 5 --faults all`): 30378, a peer stopped while the late joiner became leader moved
-to the joiner's epoch by its voters' refusals and then refused the joiner as implausible
-(docs/decisions/security-consensus-standing.md)."""
+to the joiner's epoch by its voters' refusals and then refused the joiner as implausible; 70042, a
+late joiner refused as implausible the first entries of a member restarted after its join and
+elected before the joiner's membership reported it (docs/decisions/security-consensus-standing.md)."""
 ALL = parse_kinds("all")
 
 

@@ -25,7 +25,7 @@ from peer.core.commitlog import (
 )
 from peer.core.consensus import ConsensusCore
 from peer.core.consensus_effects import Rejected, Status
-from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind, leader_not_known_yet
+from peer.core.consensus_checks import EPOCH_LIMIT, RefusalKind, leader_not_known_yet, unknown_to_a_joiner
 from peer.core.election import Epoch, Header, RequestVote, SiteId, VoteReply
 from peer.logstore import MemoryStore
 from peer.sim.consensus_cluster import SIM_CONFIG, _App
@@ -84,25 +84,44 @@ def test_a_snapshot_from_a_site_that_never_joined_is_refused() -> None:
     _commits_on(net, leader)
 
 
-@pytest.mark.parametrize("seated,voters,claimed,leader,waits", [
-    (False, True, 6, "a", "d leads epoch 6, newer than ours (5)"),  # elected while this peer was away
-    (False, True, 5, None, "d leads epoch 5, ours, whose leader this peer has not heard yet"),  # seed 30378
-    (False, True, 5, "a", None),  # this epoch's leader is known: d would be a second one (I1)
-    (False, True, 5, "me", None),  # this peer leads the epoch
-    (False, False, 6, None, None),  # a joiner: its membership reports the members before any entries
-    (True, True, 5, None, None),  # a site this peer knows: the other checks judge it
+@pytest.mark.parametrize("seated,claimed,leader,waits", [
+    (False, 6, "a", "d leads epoch 6, newer than ours (5)"),  # elected while this peer was away
+    (False, 5, None, "d leads epoch 5, ours, whose leader this peer has not heard yet"),  # seed 30378
+    (False, 5, "a", None),  # this epoch's leader is known: d would be a second one (I1)
+    (False, 5, "me", None),  # this peer leads the epoch
+    (True, 5, None, None),  # a site this peer knows: the other checks judge it
 ])
 def test_entries_from_a_site_not_known_yet_wait_only_where_an_honest_leader_could_send_them(
-        seated: bool, voters: bool, claimed: int, leader: str | None, waits: str | None) -> None:
+        seated: bool, claimed: int, leader: str | None, waits: str | None) -> None:
     """peer/core/consensus_checks.leader_not_known_yet: a leader that joined while this peer (epoch
     5) was away is refused as ROUTINE until its seat is known; None means the standing check judges."""
     snap = Snapshot(LogIndex(10), Epoch(claimed), Round(3), b"w", ((SiteId("d"), "d:7000"),))
     for msg in (AppendEntries(_header("d", claimed), LogIndex(10), Epoch(claimed), (), LogIndex(9), 1),
                 InstallSnapshot(_header("d", claimed), snap, 1)):
-        why = leader_not_known_yet(msg, seated, voters, Epoch(5), SiteId(leader) if leader else None)
+        why = leader_not_known_yet(msg, seated, Epoch(5), SiteId(leader) if leader else None)
         assert (why is None) if waits is None else (why is not None and why.startswith(waits)), why
     vote = RequestVote(_header("d", claimed), Epoch(claimed), 10, Epoch(5), False)
-    assert leader_not_known_yet(vote, seated, voters, Epoch(5), None) is None
+    assert leader_not_known_yet(vote, seated, Epoch(5), None) is None
+
+
+@pytest.mark.parametrize("known,sender,claimed,waits", [
+    (("a", "b"), "d", 6, True),  # unreported: a site that never joined, or a member restarted since (seed 70042)
+    (("a", "b"), "a", 6, False),  # a member its membership reports: believed at any epoch below the limit
+    (("a", "b"), "d", 5, False),  # not above the joiner's epoch: the leader and standing checks judge it
+    ((), "d", 6, False),  # membership reported nobody yet: a bare joiner believes anyone
+])
+def test_a_joiner_waits_for_a_newer_epoch_from_a_site_its_membership_does_not_report(
+        known: tuple[str, ...], sender: str, claimed: int, waits: bool) -> None:
+    """peer/core/consensus_checks.unknown_to_a_joiner: a peer with no voters yet refuses as ROUTINE
+    (nothing changes; the sender retries) any message at an epoch above its own from a site its
+    membership does not report, whatever the message; a peer with voters has other checks."""
+    h = _header(sender, claimed)
+    members = [SiteId(k) for k in known]
+    for msg in (AppendEntries(h, LogIndex(0), Epoch(0), (), LogIndex(0), 1), RequestVote(h, Epoch(claimed), 0, Epoch(0), False),
+                AppendReply(h, True, LogIndex(3), 1, "ok"), VoteReply(h, Epoch(claimed), False, False, "no")):
+        why = unknown_to_a_joiner(msg, Epoch(5), (), members)
+        assert (why is not None) == waits, (msg, why)
+        assert unknown_to_a_joiner(msg, Epoch(5), ((SiteId("a"), "a:7000"),), members) is None
 
 
 def test_an_ack_beyond_the_leaders_log_is_refused() -> None:
@@ -181,9 +200,10 @@ def test_a_joiner_believes_no_site_that_never_joined(probe: str) -> None:
     """A joiner (no voters yet) whose membership reported the run's members: one message at a far
     epoch from d, a certificate of the run that never joined, once took it there (or emptied its
     log into d's snapshot) for good: the leader was stale to it and its answers implausible to the
-    leader (the whole-peer simulator's faulty site found it). Members are still believed at any
-    epoch below the limit (a joiner has no majority to ask), and so is anyone before membership
-    reports a member (a bare core)."""
+    leader (the whole-peer simulator's faulty site found it). The message waits (ROUTINE: a member
+    restarted after the joiner's join is unreported for a moment too, seed 70042) and changes
+    nothing. Members are still believed at any epoch below the limit (a joiner has no majority to
+    ask), and so is anyone before membership reports a member (a bare core)."""
     import random
 
     from peer.sim.consensus_cluster import SIM_CONFIG as cfg
@@ -204,7 +224,7 @@ def test_a_joiner_believes_no_site_that_never_joined(probe: str) -> None:
     core = joiner(("a", "b"))
     before = _snapshot_status(core)
     effects = core.receive(msg, 1.0)
-    assert effects and all(isinstance(e, Rejected) and e.kind is RefusalKind.IMPLAUSIBLE for e in effects), effects
+    assert effects and all(isinstance(e, Rejected) and e.kind is RefusalKind.ROUTINE for e in effects), effects
     assert _snapshot_status(core) == before and core.log.snapshot.last_index == 0
     member = joiner(("a", "d"))  # d is a member now: believed (docs/decisions/security-consensus-standing.md)
     member.receive(msg, 1.0)
