@@ -3,11 +3,12 @@ the tests start (tests/integration/slurm_cluster.py): the harness of
 tests/integration/test_autopilot_handover.py and of scripts/soak.
 
 Site `a` is a long-lived direct site, a plain `peer serve` process (it keeps the commit log the
-checks read). Site `b` lives only in Slurm jobs: `ops autopilot` (a real process, `--interval`
-seconds between passes) submits `sitemesh-soak-b-N` from the production template
-(scripts/slurm/snellius-h100.sbatch) whose batch shell runs the real `peer serve ... --job N`, so
-job N is member `b.jN` with its state in `b/jN`, and each successor is queued with `--begin` to
-start `handover_s` before its predecessor's wall time ends.
+checks read). The job sites (`sites`, default just `b`) live only in Slurm jobs: `ops autopilot` (a
+real process, `--interval` seconds between passes) submits `sitemesh-soak-SITE-N` from the
+production template (scripts/slurm/snellius-h100.sbatch) whose batch shell runs the real `peer
+serve ... --job N`, so job N of site b is member `b.jN` with its state in `b/jN`, and each
+successor is queued with `--begin` to start `handover_s` before its predecessor's wall time ends.
+Each job site has its own certificate (for all its jobs), data dir and run-file section.
 
 Why a 3-minute wall time and not Slurm's shortest, 1 minute (measured here): slurmctld checks time
 limits only every 30 s (PERIODIC_TIMEOUT); it sends `--signal=B:TERM@S` at the first check that
@@ -19,8 +20,12 @@ earliest SIGTERM, `handover_s` >= S + 30 + join; and at least 30 s after its pre
 `handover_s` >= 30, or both get their SIGTERM at the same check and the site drops out. Together:
 wall >= 2 x 30 + S + join, about 2.5 minutes. With 3 minutes and `handover_s` = 120 each successor
 starts 60 s after its predecessor, has at least 60 s to join before the predecessor's SIGTERM, and
-at most three jobs of b run at once. They run in the `shared` partition (each CPU shared by up to
-four jobs) so that a job queued while two run is not held back for a CPU.
+at most three jobs of a site run at once. Every job site runs in the `shared` partition (each of
+the node's 2 CPUs shared by up to four jobs): of tests/integration/slurm_cluster.py's partitions it
+is the only one where a site's job and its successors run at once beside another site's (`busy`
+and `free` hold one 1-CPU job each, `debug` gives every job one of the 2 CPUs to itself), and its
+8 slots hold the up to 6 jobs of two job sites. A site is told apart by its name and run-file
+section, not by a partition.
 """
 
 from __future__ import annotations
@@ -75,40 +80,68 @@ def listed_jobs(slurm: SlurmCluster, site: str) -> dict[int, tuple[str, str]]:
 
 @dataclass
 class Job:
+    site: str
     seq: int
     job_id: str
     state: str
 
     @property
     def member(self) -> str:
-        return f"b.j{self.seq}"
+        return f"{self.site}.j{self.seq}"
+
+
+@dataclass(frozen=True)
+class _RunLog:
+    """What the run's log (a's) says of the members."""
+
+    changes: dict[str, list[tuple[int, bool]]]
+    """member -> (log index, added) of each of its voter changes, in log order."""
+    left: dict[str, int]
+    """member -> log index of its graceful leave."""
+    trained: set[str]
+    """The members that trained a committed round."""
+
+    def voter_at(self, member: str, index: int) -> bool:
+        """Whether `member` was a voter just before log index `index`."""
+        before = [added for i, added in self.changes.get(member, []) if i < index]
+        return bool(before) and before[-1]
+
+    def relieved_by(self, jobs: dict[int, Job], n: int) -> list[str]:
+        """The later jobs of job `n`'s site (its successor, or the successor's replacement after a
+        fault) that were voters when job n left them gracefully."""
+        at = self.left.get(jobs[n].member)
+        return [] if at is None else [j.member for m, j in jobs.items() if m > n and self.voter_at(j.member, at)]
 
 
 @dataclass
 class AutopilotMesh:
-    """Site a (a process), site b (jobs of the real Slurm) and the operator loop between them."""
+    """Site a (a process), the job sites (jobs of the real Slurm) and the operator loop between them."""
 
     workdir: Path
     slurm: SlurmCluster
     cluster: Cluster
     a: Peer
     run_file: Path
+    sites: tuple[str, ...]
+    """The job sites, each living only in the loop's Slurm jobs."""
     loop: subprocess.Popen[str] | None = None
     train: list[str] = field(default_factory=train_args)
 
     @classmethod
     def start(cls, workdir: Path, slurm: SlurmCluster, wall: str = "3", handover_s: float = 120.0,
-              interval_s: float = 2.0, train: list[str] | None = None) -> AutopilotMesh:
+              interval_s: float = 2.0, train: list[str] | None = None,
+              sites: tuple[str, ...] = ("b",)) -> AutopilotMesh:
         train = train if train is not None else train_args()
         cluster = Cluster(workdir, tls=True, preset="lan")
         mesh: AutopilotMesh | None = None
         try:
             run_file = workdir / "run.toml"
-            _write_run_file(run_file, workdir, slurm, cluster, "", wall, train)
+            _write_run_file(run_file, workdir, slurm, cluster, "", wall, train, sites)
             a = cluster.start("a", extra=["--config", str(run_file), *train])
-            issue(cluster.certs, "b", "site", cluster.certs, LOOPBACK)  # b's one certificate, for all its jobs
-            _write_run_file(run_file, workdir, slurm, cluster, a.address, wall, train)
-            mesh = cls(workdir, slurm, cluster, a, run_file, train=train)
+            for site in sites:  # one certificate per site, for all its jobs
+                issue(cluster.certs, site, "site", cluster.certs, LOOPBACK)
+            _write_run_file(run_file, workdir, slurm, cluster, a.address, wall, train, sites)
+            mesh = cls(workdir, slurm, cluster, a, run_file, sites, train=train)
             mesh.loop = subprocess.Popen(
                 [sys.executable, "-m", "ops.cli", "autopilot", "--config", str(run_file), "--interval",
                  str(interval_s), "--handover", str(handover_s)],
@@ -124,86 +157,91 @@ class AutopilotMesh:
 
     # -- what the checks read -------------------------------------------------------------------
 
-    def jobs(self) -> dict[int, Job]:
-        """seq -> b's jobs as Slurm lists them (MinJobAge keeps ended ones 10 minutes)."""
-        return {seq: Job(seq, job_id, state) for seq, (job_id, state) in listed_jobs(self.slurm, "b").items()}
+    def jobs(self, site: str) -> dict[int, Job]:
+        """seq -> `site`'s jobs as Slurm lists them (MinJobAge keeps ended ones 10 minutes)."""
+        return {seq: Job(site, seq, job_id, state) for seq, (job_id, state) in listed_jobs(self.slurm, site).items()}
+
+    def running(self) -> list[Job]:
+        """The running jobs of every job site."""
+        return [j for site in self.sites for j in self.jobs(site).values() if j.state == "RUNNING"]
+
+    def jobs_run(self, site: str) -> int:
+        """How many of `site`'s jobs started: their batch output stays when Slurm forgets them."""
+        return len(list(self.workdir.glob(f"sitemesh-{site}-*.out")))
 
     def output(self, job: Job) -> str:
         """The job's batch output: its batch shell's lines and its peer's log."""
-        path = self.workdir / f"sitemesh-b-{job.job_id}.out"
+        path = self.workdir / f"sitemesh-{job.site}-{job.job_id}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def commits(self) -> list[RoundCommit]:
         return commits(self.workdir / "a")
 
-    def _log(self) -> tuple[dict[str, int], dict[str, int], set[str]]:
-        """From the run's log (a's): member -> index of its joining the voters, of its graceful
-        leave, and the members that trained a committed round."""
-        joined: dict[str, int] = {}
-        left: dict[str, int] = {}
-        trained: set[str] = set()
+    def _log(self) -> _RunLog:
+        """The run's log as it is on a's disk now."""
+        log = _RunLog({}, {}, set())
         for i, entry in enumerate(FileStore(self.workdir / "a" / "consensus").reload().entries):
             body = entry.body
-            if isinstance(body, VoterChange) and body.add:
-                joined.setdefault(body.site, i)
-            elif isinstance(body, VoterChange) and body.reason == "graceful leave":
-                left.setdefault(body.site, i)
+            if isinstance(body, VoterChange):
+                log.changes.setdefault(body.site, []).append((i, body.add))
+                if body.reason == "graceful leave":
+                    log.left.setdefault(body.site, i)
             elif isinstance(body, RoundCommit):
-                trained |= {x.site for x in body.contributors}
-        return joined, left, trained
+                log.trained.update(x.site for x in body.contributors)
+        return log
 
-    def handovers(self) -> list[int]:
-        """Every N whose job N handed site b over to job N+1: in the run's log, b.j(N+1) joined the
-        voters before b.jN left them gracefully, b.j(N+1) then trained a committed round, and job N
-        ended by that leave at Slurm's SIGTERM (COMPLETED, not killed at its wall time)."""
-        jobs = self.jobs()
-        joined, left, trained = self._log()
+    def handovers(self, site: str) -> list[int]:
+        """Every N whose job N handed `site` over: a later job of the site was a voter when job N
+        left and trained a committed round, and job N ended by that leave at Slurm's SIGTERM
+        (COMPLETED, not killed at its wall time nor made to leave early)."""
+        jobs, log = self.jobs(site), self._log()
+        return [n for n, job in sorted(jobs.items())
+                if job.state == "COMPLETED" and "SIGTERM before wall-time, peer leaving" in self.output(job)
+                and any(m in log.trained for m in log.relieved_by(jobs, n))]
 
-        def handed(n: int) -> bool:
-            old, new = f"b.j{n}", f"b.j{n + 1}"
-            return (new in trained and old in left and joined.get(new, left[old]) < left[old]
-                    and jobs[n].state == "COMPLETED" and "SIGTERM before wall-time, peer leaving" in self.output(jobs[n]))
+    def dropped(self, site: str) -> list[int]:
+        """Every N whose job N of `site` ended without a handover: not by a graceful leave (killed,
+        failed, cancelled), or with no later job of the site a voter when it left; a test fails on
+        the first."""
+        jobs, log = self.jobs(site), self._log()
+        return [n for n, job in sorted(jobs.items())
+                if job.state not in _LIVE and not (job.state == "COMPLETED" and log.relieved_by(jobs, n))]
 
-        return [n for n in sorted(jobs) if n + 1 in jobs and handed(n)]
-
-    def dropped(self) -> list[int]:
-        """Every N whose job N ended without a handover: not by a graceful leave (killed, failed,
-        cancelled), or with no successor joined before it left; a test fails on the first at once."""
-        jobs = self.jobs()
-        joined, left, _ = self._log()
-        return [n for n, job in sorted(jobs.items()) if job.state not in _LIVE and not (
-            job.state == "COMPLETED" and f"b.j{n}" in left and joined.get(f"b.j{n + 1}", left[f"b.j{n}"]) < left[f"b.j{n}"])]
-
-    def trained_together(self) -> list[int]:
-        """Every N whose jobs N and N+1 both trained one committed round (a stricter handover)."""
-        sites = [{x.site for x in c.contributors} for c in self.commits()]
-        return sorted({n for s in sites for n in range(1, 100) if {f"b.j{n}", f"b.j{n + 1}"} <= s})
+    def _job_dirs(self) -> list[Path]:
+        """The data dirs every job of every job site left."""
+        return [d for site in self.sites for d in sorted((self.workdir / site).glob("j*"))]
 
     def audit(self) -> list[dict[str, Any]]:
-        """`ops audit --json` over a and every job of b that left a data dir: every epoch's record."""
-        dirs = [self.workdir / "a", *sorted((self.workdir / "b").glob("j*"))]
+        """`ops audit --json` over a and every job that left a data dir: every epoch's record."""
+        dirs = [self.workdir / "a", *self._job_dirs()]
         result = ops("audit", *[a for d in dirs for a in ("--data-dir", str(d))], "--json", timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         return list(json.loads(result.stdout))
 
     def thetas(self) -> dict[str, dict[int, str]]:
-        """member -> round -> the θ hash it logged on applying the round (a, and each job of b)."""
+        """member -> round -> the θ hash it logged on applying the round (a, and every job)."""
         out = {"a": self.a.thetas()}
-        for path in sorted(self.workdir.glob("sitemesh-b-*.out")):  # jobs Slurm no longer lists too
+        for path in sorted(self.workdir.glob("sitemesh-*.out")):  # jobs Slurm no longer lists too
             text = path.read_text(errors="replace")
-            member = re.search(r"^peer (b\.j\d+) listening", text, re.M)
+            member = re.search(r"^peer (\S+\.j\d+) listening", text, re.M)
             if member is not None:
                 out[member.group(1)] = {int(r): h for r, h in re.findall(r"round (\d+) applied: θ ([0-9a-f]+)", text)}
         return out
 
+    def theta_splits(self) -> set[int]:
+        """The rounds that members applied with different θ (empty: θ identical on every member)."""
+        seen: dict[int, set[str]] = {}
+        for applied in self.thetas().values():
+            for r, h in applied.items():
+                seen.setdefault(r, set()).add(h)
+        return {r for r, hashes in seen.items() if len(hashes) > 1}
+
     def rounds_lost(self) -> int:
-        """Committed rounds missing from a's log (a number skipped) or applied by a member with a θ
-        other than a's: rounds a handover or a fault discarded."""
+        """Committed rounds missing from a's log (a number skipped) or applied by members with
+        different θ: rounds a handover or a fault discarded."""
         rounds = [c.round for c in self.commits()]
         missing = len(set(range(1, max(rounds, default=0) + 1)) - set(rounds))
-        thetas = self.thetas()
-        differ = {r for applied in thetas.values() for r, h in applied.items() if thetas["a"].get(r, h) != h}
-        return missing + len(differ)
+        return missing + len(self.theta_splits())
 
     def max_stall_s(self) -> float:
         """The longest time a's log shows between two committed rounds (from its first one)."""
@@ -212,13 +250,14 @@ class AutopilotMesh:
         return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
     def accounting(self) -> Totals | None:
-        """Site b's allocation accounting from its jobs' records (ops/accounting.py), None if none."""
-        records = [r for d in sorted((self.workdir / "b").glob("j*")) for r in job_record.read_dir(d)]
+        """The allocation accounting of every job site's jobs, from their records (ops/accounting.py);
+        None if none left one."""
+        records = [r for d in self._job_dirs() for r in job_record.read_dir(d)]
         return accounting.account(records).total if records else None
 
     def peer_pid(self, job: Job) -> int | None:
         """The process id of job `job`'s peer (`peer serve ... --job N`), None once it is gone."""
-        found = subprocess.run(["pgrep", "-f", "--", f"--data-dir {self.workdir / 'b'} .*--job {job.seq}$"],
+        found = subprocess.run(["pgrep", "-f", "--", f"--data-dir {self.workdir / job.site} .*--job {job.seq}$"],
                                capture_output=True, text=True).stdout.split()
         return int(found[0]) if found else None
 
@@ -234,7 +273,7 @@ class AutopilotMesh:
             self.loop.wait(timeout=30)
 
     def close(self) -> None:
-        """Stops the loop, cancels b's jobs (waiting until Slurm lists none running) and stops a."""
+        """Stops the loop, cancels the sites' jobs (waiting until Slurm lists none running) and stops a."""
         try:
             self.stop_loop()
             self.slurm.clear(timeout_s=60)
@@ -243,10 +282,8 @@ class AutopilotMesh:
 
 
 def _write_run_file(path: Path, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, wall: str,
-                    train: list[str]) -> None:
-    """The run file: site a (no Slurm) and site b, whose jobs run `peer serve ... --join a`."""
-    peer = (f"{sys.executable} -m peer.cli serve --listen 127.0.0.1:0 --preset lan --data-dir {workdir / 'b'} "
-            f"--certs {cluster.certs} {' '.join(train)}" + (f" --join {seed}" if seed else ""))
+                    train: list[str], sites: tuple[str, ...]) -> None:
+    """The run file: site a (no Slurm) and the job sites, whose jobs run `peer serve ... --join a`."""
     path.write_text(f"""
 [run]
 name = "{RUN}"
@@ -254,9 +291,17 @@ name = "{RUN}"
 target_tokens = 1e12
 log = "placement.jsonl"
 [sites.a]
-[sites.b]
+""" + "".join(_job_site(site, workdir, slurm, cluster, seed, wall, train) for site in sites))
+
+
+def _job_site(site: str, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, wall: str,
+              train: list[str]) -> str:
+    """A job site's run-file section: its jobs keep their state under `<workdir>/<site>`."""
+    peer = (f"{sys.executable} -m peer.cli serve --listen 127.0.0.1:0 --preset lan --data-dir {workdir / site} "
+            f"--certs {cluster.certs} {' '.join(train)}" + (f" --join {seed}" if seed else ""))
+    return f"""[sites.{site}]
 tokens_per_s = 1000.0
-[sites.b.slurm]
+[sites.{site}.slurm]
 nodes = 1
 time = "{wall}"
 partition = "shared"
@@ -266,4 +311,4 @@ template = "{TEMPLATE}"
 peer_command = {json.dumps(peer)}
 workdir = "{workdir}"
 env = {{ PYTHONPATH = "{REPO}", SITEMESH_SRUN_ARGS = "", PYTHONUNBUFFERED = "1" }}
-""")
+"""

@@ -26,15 +26,15 @@ def test_the_loop_hands_a_site_over_across_four_allocations(slurm: SlurmCluster,
     mesh = AutopilotMesh.start(tmp_path, slurm)
     try:
         def handed_over() -> bool:
-            dropped = mesh.dropped()
-            assert not dropped, f"jobs {dropped} of b ended without a handover: {mesh.jobs()}\n{mesh.decisions()}"
-            return len(mesh.handovers()) >= BOUNDARIES
+            dropped = mesh.dropped("b")
+            assert not dropped, f"jobs {dropped} of b ended without a handover: {mesh.jobs('b')}\n{mesh.decisions()}"
+            return len(mesh.handovers("b")) >= BOUNDARIES
 
         wait_for(handed_over, 540, f"{BOUNDARIES} handovers", interval_s=2)
         mesh.stop_loop()
-        jobs = mesh.jobs()
+        jobs = mesh.jobs("b")
         assert jobs[BOUNDARIES + 1].state == "RUNNING", jobs
-        assert mesh.handovers()[:BOUNDARIES] == list(range(1, BOUNDARIES + 1)), mesh.decisions()
+        assert mesh.handovers("b")[:BOUNDARIES] == list(range(1, BOUNDARIES + 1)), mesh.decisions()
         # Every job was the loop's, each successor queued while its predecessor ran, none twice.
         submitted = [d for d in mesh.decisions() if ": submitted " in d]
         assert [d.split()[2] for d in submitted] == [f"sitemesh-soak-b-{n}" for n in sorted(jobs)], submitted
