@@ -12,7 +12,7 @@ from peer.reach import Reach
 from peer.transport.route import BadRoute
 from peer.join_errors import JoinFailed
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, membership_pb2
-from peer.core.membership_types import MemberState
+from peer.core.membership_types import LIVE
 from peer.core.timeline import PHASES, RoundTimeline
 from peer.job_record import JobRecord
 from peer.transport.wire import to_proto
@@ -97,7 +97,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Leave(self, request, context):  # noqa: N802
         # The reply must go out before the server stops, so the leave runs after we return.
         asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._node.leave()))
-        live = sum(1 for v in self._node.members() if v.state in (MemberState.ALIVE, MemberState.SUSPECT))
+        live = sum(1 for v in self._node.members() if v.state in LIVE)
         return admin_pb2.LeaveReply(notified=max(live - 1, 0))
 
     async def Join(self, request, context):  # noqa: N802

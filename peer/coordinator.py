@@ -36,7 +36,7 @@ from peer.core import events as ev
 from peer.core.peer_rounds import Effect, PeerRounds
 from peer.core.election import Role, SiteId
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
-from peer.core.membership_types import MemberState
+from peer.core.membership_types import LIVE, MemberState
 from peer.core.lease_config import LeaseConfig
 from peer.heldout import HeldOut
 from peer.job_record import JobLog
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sitemesh.rounds")
 
-LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 
 
 class Coordinator:

@@ -40,6 +40,7 @@ from peer.core.commitlog import Entry, RoundCommit
 from peer.config import PeerConfig
 from peer.core.election import SiteId
 from peer.core.peer_core import Commits, Effect, PeerCore, Proposed, View
+from peer.core.membership_types import LIVE
 from peer.core.peer_rounds import PeerRounds
 from peer.core.member_admission import MemberAdmission
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
@@ -436,7 +437,7 @@ class Node:
 
     def _view(self) -> View:
         """What membership and the disk say now, for the protocol."""
-        members = [v for v in self._membership().members() if v.state in (m.MemberState.ALIVE, m.MemberState.SUSPECT)]
+        members = [v for v in self._membership().members() if v.state in LIVE]
         live = frozenset(v.site for v in members)
         leaving = frozenset(v.site for v in members if v.meta is not None and m.LEAVING in v.meta.labels)
         if self.coordinator is not None:

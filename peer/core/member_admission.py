@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from peer.core import agreement
-from peer.core.membership_types import Message, MemberState, MemberUpdate, MemberView, PushPull
+from peer.core.membership_types import LIVE, Message, MemberState, MemberUpdate, MemberView, PushPull
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class MemberAdmission:
         if own is None or sender == self.site:
             return None
         live = ((v.site, v.meta.labels) for v in members
-                if v.meta is not None and v.state in (MemberState.ALIVE, MemberState.SUSPECT))
+                if v.meta is not None and v.state in LIVE)
         run = agreement.the_runs(self.site, identity, live)
         why = agreement.check_member(run, sender, own.labels)
         if why is None:

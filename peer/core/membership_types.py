@@ -21,6 +21,9 @@ class MemberState(enum.Enum):
     LEFT = 4
 
 
+LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
+"""States of a member counted live: a suspect may still answer, and only DEAD or LEFT ends it."""
+
 # Precedence at equal incarnation (proto: ALIVE < SUSPECT < DEAD, LEFT). LEFT outranks DEAD so that a
 # member that left gracefully is never shown DEAD by a late failure detector at the same incarnation.
 STATE_RANK: dict[MemberState, int] = {
