@@ -5,7 +5,8 @@
     peer serve --site c --listen 127.0.0.1:7003 --insecure      # plaintext, explicitly
     peer serve --config examples/run.toml --site lumi
 
-SIGTERM (Slurm's end-of-job signal) and SIGINT mean a graceful leave. Errors a user can fix
+SIGTERM (Slurm's end-of-job signal) and SIGINT mean a graceful leave; so does the job's end drawing
+near (`--leave-before`). Errors a user can fix
 (bad flags or config, port in use, unreachable seeds) print one line and exit 2.
 """
 
@@ -14,16 +15,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import asyncio
+import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from peer import config as cfg
 from peer.core.site_names import is_job_member, job_member
 from peer.dirlock import lock_dir
-from peer import logformat, relay
+from peer import job_record, logformat, relay, slurm_env
 from peer.core.election import ElectionConfig
 from peer.core.lease_config import LeaseConfig
 from peer.logstore import CorruptStore
@@ -35,6 +39,9 @@ from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
 from peer.outer_config import SPARSE_OUTER, OuterConfig
+
+if TYPE_CHECKING:
+    from peer.node import Node
 
 EXIT_USAGE = 2
 
@@ -63,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--job", type=int, metavar="N",
                        help="this peer is the site's job number N (ops autopilot): it joins as member SITE.jN with "
                             "the data dir's jN/ beside its predecessor, which leaves at its wall time")
+    serve.add_argument("--leave-before", type=float, metavar="SECONDS",
+                       help="under Slurm, leave gracefully this long before the job's end (SLURM_JOB_END_TIME) "
+                            "whether or not a signal came (ops submit and autopilot pass the run file's "
+                            "leave_seconds)")
     serve.add_argument("--role", choices=("site", "relay"), default="site",
                        help="site (default): a member of the run; relay: only forward connections to outbound "
                             "sites, on --listen, with a relay certificate (ops certs issue --relay NAME)")
@@ -261,7 +272,27 @@ def _config_from(args: argparse.Namespace) -> cfg.PeerConfig:
     return dataclasses.replace(config, site=member, data_dir=data_dir)
 
 
-async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO") -> int:
+def _leave_before_end(node: Node, site: str, leave_before: float) -> asyncio.TimerHandle | None:
+    """Under Slurm, a graceful leave `leave_before` seconds before the job's end (at once if that has
+    passed), so the peer is gone before the wall time even when Slurm's --signal comes late or not
+    at all: slurmctld sends it at its first 30-second check inside the window, and a template or a
+    launcher may not pass it on. A signal that comes first starts the same leave (Node.leave)."""
+    end = job_record.job_end()
+    if end is None:
+        return None
+    at = end - leave_before
+    clock = time.strftime("%H:%M:%S", time.gmtime(at))
+    print(f"peer {site} leaves at {clock} UTC, {leave_before:g} s before its job's end", flush=True)
+
+    def leave() -> None:
+        print(f"peer {site}: its job ends in {end - time.time():.0f} s, leaving", flush=True)
+        asyncio.ensure_future(node.leave())
+
+    return asyncio.get_running_loop().call_later(max(0.0, at - time.time()), leave)
+
+
+async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO",
+               leave_before: float | None = None) -> int:
     from peer.node import Node  # torch and numba (~370 MiB): a relay (--role relay) never needs them
 
     try:
@@ -289,6 +320,7 @@ async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str
     if node.metrics_port is not None:
         host = config.metrics_listen.rsplit(":", 1)[0]
         print(f"peer {config.site} metrics on http://{host}:{node.metrics_port}/metrics", flush=True)
+    timer = None if leave_before is None else _leave_before_end(node, config.site, leave_before)
     try:
         if config.join:
             await node.reach.check_reachable(address, config.join)
@@ -300,6 +332,8 @@ async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str
         await node.wait_stopped()
         return EXIT_USAGE
     await node.wait_stopped()
+    if timer is not None:
+        timer.cancel()
     print(f"peer {config.site} stopped", flush=True)
     return 1 if node.failed else 0
 
@@ -313,7 +347,13 @@ def _serve(args: argparse.Namespace) -> int:
     except cfg.ConfigError as err:
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    return asyncio.run(_run(config, args.log_format, args.log_level))
+    missing = slurm_env.complete(os.environ)  # Slurm before 23.02: the job's times from squeue
+    if missing:
+        logging.getLogger("sitemesh.peer").warning(missing)
+    if args.leave_before is not None and args.leave_before < 0:
+        print(f"peer: error: --leave-before {args.leave_before:g}: give 0 or more seconds", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(_run(config, args.log_format, args.log_level, args.leave_before))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from peer.durable import write_atomic
 
-__all__ = ["JOBS_DIR", "JobLog", "JobRecord", "read_dir"]
+__all__ = ["JOBS_DIR", "JobLog", "JobRecord", "job_end", "read_dir"]
 
 log = logging.getLogger("sitemesh.job")
 
@@ -126,7 +126,7 @@ class JobLog:
         self.record = self._carried_on() or JobRecord(
             job=job, member=member, nodes=int(_number(env, "SLURM_JOB_NUM_NODES") or 1),
             job_start=_number(env, "SLURM_JOB_START_TIME") or now, peer_start=now, updated=now,
-            job_end=_number(env, "SLURM_JOB_END_TIME"))
+            job_end=job_end(env))
 
     def _carried_on(self) -> JobRecord | None:
         """The record of this job from an earlier process in the same allocation (a restart)."""
@@ -165,6 +165,12 @@ class JobLog:
             write_atomic(self.path, json.dumps(self.record.to_json(), sort_keys=True))
         except OSError as err:
             log.warning("job record %s not written: %s", self.path, err)
+
+
+def job_end(env: Mapping[str, str] = os.environ) -> float | None:
+    """When Slurm ends this process's allocation (SLURM_JOB_END_TIME, seconds since the epoch); None
+    outside Slurm."""
+    return _number(env, "SLURM_JOB_END_TIME")
 
 
 def _number(env: Mapping[str, str], name: str) -> float | None:

@@ -26,6 +26,7 @@ and the file. Paths (template, log) are relative to the run file's directory.
     command_prefix = ["ssh", "lumi-uan01"]  # runs its last argument as a shell line; [] = local
     template = "../scripts/slurm/lumi-mi250x.sbatch"
     signal_seconds = 300              # SIGTERM this long before the wall-time ends
+    leave_seconds = 300               # the peer leaves on its own this long before it (default: signal_seconds)
     peer_command = "peer serve"
     remote_config = "/project/x/run.toml"   # the run file's path on that site (default: this path)
     workdir = "/scratch/project_x/sitemesh"  # the job's working directory and log place (default: sbatch's)
@@ -161,6 +162,10 @@ class TemplateParams:
     """The template file; None = this site cannot be submitted to (probe and plan only)."""
     signal_seconds: int = 300
     """SIGTERM the peer this long before the wall-time ends, so it leaves the mesh gracefully."""
+    leave_seconds: int | None = None
+    """The peer leaves on its own this long before the job's end (`peer serve --leave-before`),
+    whether or not the signal came: slurmctld sends it up to 30 s early at its periodic check, and
+    a launcher may not pass it on. None: signal_seconds."""
     peer_command: str = "peer serve"
     remote_config: str = ""
     """The run file's path as the site sees it (empty = the local path)."""
@@ -171,9 +176,16 @@ class TemplateParams:
     """Shell lines run before the peer starts (activate a venv, set ulimits)."""
     env: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def leave_before(self) -> int:
+        """Seconds before the job's end its peer leaves at the latest."""
+        return self.signal_seconds if self.leave_seconds is None else self.leave_seconds
+
     def __post_init__(self) -> None:
         if self.signal_seconds < 0:
             raise ValueError(f"signal_seconds must be >= 0, got {self.signal_seconds}")
+        if self.leave_seconds is not None and self.leave_seconds < 0:
+            raise ValueError(f"leave_seconds must be >= 0, got {self.leave_seconds}")
         for name, _ in self.env:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError(f"env name {name!r} is not a shell variable name")
@@ -268,6 +280,7 @@ _SLURM_KEYS = {
     "command_prefix",
     "template",
     "signal_seconds",
+    "leave_seconds",
     "peer_command",
     "remote_config",
     "workdir",
@@ -320,6 +333,7 @@ def _site(name: str, section: Mapping[str, Any], path: Path) -> SiteSlurm:
         params = TemplateParams(
             template=(path.parent / template) if template else None,
             signal_seconds=int(table.get("signal_seconds", 300)),
+            leave_seconds=int(table["leave_seconds"]) if "leave_seconds" in table else None,
             peer_command=str(table.get("peer_command", "peer serve")),
             remote_config=str(table.get("remote_config", "")),
             workdir=str(table.get("workdir", "")),

@@ -47,7 +47,8 @@ def values(site: SiteSlurm, config_path: Path, job: int | None = None) -> dict[s
         # The peer command is the user's shell text (it may be a path or `python -m peer.cli serve`);
         # only the values we add are quoted.
         "peer": f"{p.peer_command} --config {shlex.quote(config)} --site {shlex.quote(site.name)} "
-                f"--launcher srun --nproc-per-node {ranks}" + (f" --job {job}" if job is not None else ""),
+                f"--launcher srun --nproc-per-node {ranks} --leave-before {p.leave_before}"
+                + (f" --job {job}" if job is not None else ""),
     }
 
 

@@ -109,6 +109,9 @@ class ConsensusCore:
     election_deadline: float = math.inf
     votes: set[SiteId] = field(default_factory=set)
     leaving: bool = False  # `ops leave` ran: the leader removes this voter, and no join is proposed
+    # The peer's leave began (its rounds' half first): it stands for election only after a staying
+    # voter had its chance (`stand_back`).
+    standing_back: bool = False
     voter_note: str = ""  # why the last voter change was (not) proposed, for status and logs
     members: dict[SiteId, MemberVerdict] = field(default_factory=dict)  # membership's verdicts (inputs only)
     # Leader-only state, reset at every election win.
@@ -267,8 +270,9 @@ class ConsensusCore:
     def leave(self, now: float) -> Answer:
         """Graceful leave of this peer (`ops leave`, SIGTERM). See docs/decisions/consensus-last-voter.md."""
         self._advance(now)
-        # A leaving voter keeps campaigning: until its removal commits it may be needed for a
-        # majority, and as leader it removes itself first.
+        # A leaving voter keeps campaigning (standing back): until its removal commits it may be
+        # needed for a majority, and as leader it removes itself first.
+        self.stand_back(now)
         self.leaving = True
         voters = dict(self.log.voters())
         if self.site not in voters:
@@ -316,7 +320,23 @@ class ConsensusCore:
         return self.now
 
     def _reset_election_timer(self) -> None:
-        self.election_deadline = self.now + self.config.random_timeout(self.rng) if self.is_voter() else math.inf
+        if not self.is_voter():
+            self.election_deadline = math.inf
+            return
+        # A voter on its way out waits one more full election timeout, so that a staying voter's
+        # timer fires first: a leaving leader opens no round, so electing it stalls the run until
+        # its leave is done (the 2-minute-job soak measured 19 s with no round).
+        back = self.config.election_timeout_max_s if self.standing_back else 0.0
+        self.election_deadline = self.now + self.config.random_timeout(self.rng) + back
+
+    def stand_back(self, now: float) -> None:
+        """This peer's leave began: from now on it campaigns only after a staying voter could have.
+        It still votes, and still campaigns if nobody else does (every voter leaving at once)."""
+        self._advance(now)
+        if not self.standing_back:
+            self.standing_back = True
+            if self.role is not Role.LEADER and self.election_deadline != math.inf:
+                self.election_deadline += self.config.election_timeout_max_s
 
     def _sticky(self) -> str | None:
         if self.role is Role.LEADER:

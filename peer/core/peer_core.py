@@ -178,6 +178,8 @@ class PeerCore:
     def handle(self, event: ev.Event, now: float, view: View) -> list[Effect]:
         """An event for the round protocol: a completion (TrainDone, Persisted ...) or `LeaveRequested`.
         A peer without rounds has no round work to end: its leave is ready at once."""
+        if isinstance(event, ev.LeaveRequested):
+            self.consensus.stand_back(now)  # a leaving leader opens no round: let a staying voter lead
         if self.rounds is None:
             if isinstance(event, ev.LeaveRequested):
                 return [ev.LeaveReady()]

@@ -53,8 +53,27 @@ from tests.integration.slurm_cluster import SlurmCluster
 RUN = "soak"
 TEMPLATE = REPO / "scripts/slurm/snellius-h100.sbatch"
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
-SIGNAL_S = 30
-"""Slurm's SIGTERM to the batch shell this long before the wall time (at its 30 s granularity)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The job sites' allocations: their wall time, when the loop starts a successor, and when a
+    job's peer leaves."""
+
+    wall: str = "3"
+    """Slurm's wall-time limit (minutes)."""
+    handover_s: float = 120.0
+    """A successor starts this long before its predecessor's end (`ops autopilot --handover`)."""
+    signal_s: int = 30
+    """Slurm's SIGTERM to the batch shell this long before the wall time (at its 30 s granularity)."""
+    leave_s: int | None = None
+    """The peer leaves on its own this long before the job's end (`leave_seconds`; None: signal_s)."""
+
+
+SHORT = Allocation(wall="2", handover_s=80.0, signal_s=5, leave_s=35)
+"""2-minute allocations, possible because the peer times its own leave: at end - 35 s exactly (the
+leave takes ~20 s here under load), where Slurm's SIGTERM@5 would come anywhere in [end - 35,
+end - 5). A successor starts 80 s before its predecessor's end, so 45 s before that leave."""
 
 
 def train_args(docs: int = 8, inner_steps: int = 4, round_deadline: float = 60.0) -> list[str]:
@@ -128,7 +147,7 @@ class AutopilotMesh:
     train: list[str] = field(default_factory=train_args)
 
     @classmethod
-    def start(cls, workdir: Path, slurm: SlurmCluster, wall: str = "3", handover_s: float = 120.0,
+    def start(cls, workdir: Path, slurm: SlurmCluster, alloc: Allocation = Allocation(),
               interval_s: float = 2.0, train: list[str] | None = None,
               sites: tuple[str, ...] = ("b",)) -> AutopilotMesh:
         train = train if train is not None else train_args()
@@ -136,15 +155,15 @@ class AutopilotMesh:
         mesh: AutopilotMesh | None = None
         try:
             run_file = workdir / "run.toml"
-            _write_run_file(run_file, workdir, slurm, cluster, "", wall, train, sites)
+            _write_run_file(run_file, workdir, slurm, cluster, "", alloc, train, sites)
             a = cluster.start("a", extra=["--config", str(run_file), *train])
             for site in sites:  # one certificate per site, for all its jobs
                 issue(cluster.certs, site, "site", cluster.certs, LOOPBACK)
-            _write_run_file(run_file, workdir, slurm, cluster, a.address, wall, train, sites)
+            _write_run_file(run_file, workdir, slurm, cluster, a.address, alloc, train, sites)
             mesh = cls(workdir, slurm, cluster, a, run_file, sites, train=train)
             mesh.loop = subprocess.Popen(
                 [sys.executable, "-m", "ops.cli", "autopilot", "--config", str(run_file), "--interval",
-                 str(interval_s), "--handover", str(handover_s)],
+                 str(interval_s), "--handover", str(alloc.handover_s)],
                 stdout=subprocess.DEVNULL, stderr=(workdir / "autopilot.log").open("a"), text=True, env=_env(),
                 cwd=REPO)
             return mesh
@@ -192,11 +211,12 @@ class AutopilotMesh:
 
     def handovers(self, site: str) -> list[int]:
         """Every N whose job N handed `site` over: a later job of the site was a voter when job N
-        left and trained a committed round, and job N ended by that leave at Slurm's SIGTERM
-        (COMPLETED, not killed at its wall time nor made to leave early)."""
+        left and trained a committed round, and job N ended by that leave before its wall time, at
+        Slurm's SIGTERM or its peer's own (`--leave-before`) (COMPLETED, not killed at its wall time
+        nor made to leave early)."""
         jobs, log = self.jobs(site), self._log()
         return [n for n, job in sorted(jobs.items())
-                if job.state == "COMPLETED" and "SIGTERM before wall-time, peer leaving" in self.output(job)
+                if job.state == "COMPLETED" and _left_at_its_end(self.output(job))
                 and any(m in log.trained for m in log.relieved_by(jobs, n))]
 
     def dropped(self, site: str) -> list[int]:
@@ -281,7 +301,14 @@ class AutopilotMesh:
             self.cluster.close()
 
 
-def _write_run_file(path: Path, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, wall: str,
+def _left_at_its_end(output: str) -> bool:
+    """Whether a job's output says its peer left because the job's end drew near: Slurm's SIGTERM
+    (the template's trap) or the peer's own timer (peer/cli.py)."""
+    return "SIGTERM before wall-time, peer leaving" in output or re.search(r"its job ends in -?\d+ s, leaving",
+                                                                          output) is not None
+
+
+def _write_run_file(path: Path, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, alloc: Allocation,
                     train: list[str], sites: tuple[str, ...]) -> None:
     """The run file: site a (no Slurm) and the job sites, whose jobs run `peer serve ... --join a`."""
     path.write_text(f"""
@@ -291,10 +318,10 @@ name = "{RUN}"
 target_tokens = 1e12
 log = "placement.jsonl"
 [sites.a]
-""" + "".join(_job_site(site, workdir, slurm, cluster, seed, wall, train) for site in sites))
+""" + "".join(_job_site(site, workdir, slurm, cluster, seed, alloc, train) for site in sites))
 
 
-def _job_site(site: str, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, wall: str,
+def _job_site(site: str, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, alloc: Allocation,
               train: list[str]) -> str:
     """A job site's run-file section: its jobs keep their state under `<workdir>/<site>`."""
     peer = (f"{sys.executable} -m peer.cli serve --listen 127.0.0.1:0 --preset lan --data-dir {workdir / site} "
@@ -303,9 +330,10 @@ def _job_site(site: str, workdir: Path, slurm: SlurmCluster, cluster: Cluster, s
 tokens_per_s = 1000.0
 [sites.{site}.slurm]
 nodes = 1
-time = "{wall}"
+time = "{alloc.wall}"
 partition = "shared"
-signal_seconds = {SIGNAL_S}
+signal_seconds = {alloc.signal_s}
+{"" if alloc.leave_s is None else f"leave_seconds = {alloc.leave_s}"}
 command_prefix = {json.dumps(slurm.prefix)}
 template = "{TEMPLATE}"
 peer_command = {json.dumps(peer)}

@@ -3,7 +3,7 @@ and what the run kept. scripts/soak runs it as long as you like, tests/integrati
 for CI's few minutes.
 
 The mesh (tests/integration/autopilot_mesh.py): site `a`, a plain process, and sites `b` and `c`,
-which live only in 3-minute jobs of the real Slurm the tests start. After `first_fault_s`, every
+which live only in 2-minute jobs of the real Slurm the tests start (autopilot_mesh.SHORT). After `first_fault_s`, every
 `fault_every_s` on average (exponential gaps from one fault's start to the next), one fault
 (tests/integration/soak_faults.py) hits the peer of a running job chosen at random. The kinds come
 from a shuffled deck, so each comes up once in every len(kinds) faults; the seed fixes the kinds
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.integration.autopilot_mesh import AutopilotMesh, train_args
+from tests.integration.autopilot_mesh import SHORT, AutopilotMesh, Allocation, train_args
 from tests.integration.slurm_cluster import SlurmCluster
 from tests.integration.soak_faults import KINDS, FaultConfig, cut_unavailable, hit
 
@@ -29,9 +29,9 @@ ROUND_DEADLINE_S = 20.0
 """A round waits this long for a hit peer (the tests' default is 60 s): short, so faults cost little."""
 
 
-def start_mesh(workdir: Path, slurm: SlurmCluster) -> AutopilotMesh:
-    """The soak's mesh: site a, the job sites and the loop."""
-    return AutopilotMesh.start(workdir, slurm, train=train_args(round_deadline=ROUND_DEADLINE_S), sites=SITES)
+def start_mesh(workdir: Path, slurm: SlurmCluster, alloc: Allocation = SHORT) -> AutopilotMesh:
+    """The soak's mesh: site a, the job sites (2-minute jobs unless `alloc` says otherwise) and the loop."""
+    return AutopilotMesh.start(workdir, slurm, alloc, train=train_args(round_deadline=ROUND_DEADLINE_S), sites=SITES)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ only in how often we poll, never in the bound itself.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,6 +94,23 @@ def test_sigterm_is_a_graceful_leave(cluster: Cluster) -> None:
     cluster.peers["b"].proc.send_signal(signal.SIGTERM)
     assert cluster.peers["b"].proc.wait(timeout=10) == 0
     wait_for(lambda: states(cluster.peers["a"].address)["b"] == "left", CONVERGE_S, "a to see b left")
+
+
+def test_a_peer_leaves_on_its_own_before_its_job_ends(cluster: Cluster) -> None:
+    """`--leave-before`: under Slurm (SLURM_JOB_END_TIME) the peer leaves gracefully that long
+    before its job's end with no signal at all, as when slurmctld's SIGTERM comes late or a launcher
+    swallows it."""
+    _three(cluster)
+    started = time.time()
+    d = cluster.start("d", join=[cluster.peers["a"].address], extra=["--leave-before", "10"],
+                      env={"SLURM_JOB_END_TIME": str(int(started) + 18)})
+    assert d.proc.wait(timeout=60) == 0
+    assert time.time() >= int(started) + 8 - 1, "left at its time, not at once"
+    assert d.proc.stdout is not None
+    out = d.proc.stdout.read()
+    assert "leaves at" in out and "s before its job's end" in out, out
+    assert re.search(r"its job ends in \d+ s, leaving", out), out
+    wait_for(lambda: states(cluster.peers["a"].address)["d"] == "left", CONVERGE_S, "a to see d left")
 
 
 def test_late_joiners_by_flag_and_by_ops_join(cluster: Cluster) -> None:

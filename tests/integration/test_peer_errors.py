@@ -26,6 +26,12 @@ def test_port_in_use() -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
+def test_negative_leave_before() -> None:
+    result = _serve("--site", "a", "--leave-before", "-5")
+    assert result.returncode == 2
+    assert "--leave-before -5: give 0 or more seconds" in result.stderr
+
+
 def test_malformed_address() -> None:
     result = _serve("--site", "a", "--listen", "localhost-7001")
     assert result.returncode == 2

@@ -6,14 +6,16 @@ forwards what membership says, and the core decides what a verdict means for the
 
 from __future__ import annotations
 
+import pytest
+
 from peer.core.election import SiteId
 from peer.core.membership_types import MemberState
 from peer.sim.consensus_cluster import SIM_CONFIG
 from peer.sim.lockstep import Lockstep
 
 
-def _leader_core() -> tuple[Lockstep, SiteId]:
-    net = Lockstep(3)
+def _leader_core(net: Lockstep | None = None) -> tuple[Lockstep, SiteId]:
+    net = net or Lockstep(3)
     assert net.run_until(lambda: net.leader() is not None, timeout=3 * SIM_CONFIG.election_timeout_max_s + 1)
     leader = net.leader()
     assert leader is not None
@@ -42,3 +44,27 @@ def test_a_dead_verdict_removes_the_voter() -> None:
     core.member_changed(other, MemberState.DEAD, "")
     net.run_until(lambda: other not in dict(core.log.voters()), timeout=10 * SIM_CONFIG.election_timeout_max_s)
     assert other not in dict(core.log.voters()), "the leader removed the dead voter"
+
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_leaving_voter_stands_back_so_a_staying_one_leads(seed: int) -> None:
+    """A voter whose leave began (its rounds' half first) campaigns only after a staying voter
+    could have: a leaving leader opens no round, so electing it would stall the run until its leave
+    is done. Over seeds and choices of leaver, the next leader is a staying voter."""
+    net, old = _leader_core(Lockstep(4, seed=seed))
+    followers = [s for s in net.cluster.live() if s != old]
+    leaver = followers[seed % len(followers)]
+    net.cluster.core(leaver).stand_back(net.t)
+    net.cluster.crash(old)
+    assert net.run_until(lambda: net.leader() not in (None, old), timeout=5 * SIM_CONFIG.election_timeout_max_s)
+    assert net.leader() != leaver, f"the leaving {leaver} was elected"
+
+
+def test_when_every_voter_left_is_leaving_one_still_leads() -> None:
+    """Standing back defers a candidacy, never forbids it."""
+    net, old = _leader_core(Lockstep(3, seed=1))
+    for s in net.cluster.live():
+        net.cluster.core(s).stand_back(net.t)
+    net.cluster.crash(old)
+    assert net.run_until(lambda: net.leader() not in (None, old), timeout=8 * SIM_CONFIG.election_timeout_max_s)

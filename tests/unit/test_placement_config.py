@@ -121,6 +121,7 @@ def test_foreign_tables_are_ignored_and_sites_without_slurm_are_not_placeable(tm
         (("nodes = 2\n", 'nodes = 2\nmodules = "rocm"\n'), r"modules must be a list of strings"),
         (("nodes = 2\n", 'nodes = 2\nenv = { "1X" = "y" }\n'), r"env name '1X' is not a shell variable"),
         (("target_tokens = 1e9\n", "target_tokens = 0\n"), r"target_tokens must be > 0"),
+        (("nodes = 2\n", "nodes = 2\nleave_seconds = -1\n"), r"leave_seconds must be >= 0, got -1"),
     ],
 )
 def test_errors_name_the_key_and_the_file(tmp_path: Path, edit: tuple[str, str], message: str) -> None:

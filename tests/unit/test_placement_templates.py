@@ -29,6 +29,13 @@ def test_example_sites_render_to_valid_bash(name: str) -> None:
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
 
 
+def test_the_peer_leaves_on_its_own_before_the_end() -> None:
+    """The peer times its own leave (`--leave-before`): at signal_seconds unless leave_seconds says."""
+    assert "--nproc-per-node 8 --leave-before 300 --job 4" in templates.render(_site(), Path("run.toml"), job=4)
+    script = templates.render(_site(signal_seconds=5, leave_seconds=40), Path("run.toml"))
+    assert "#SBATCH --signal=B:TERM@5" in script and "--leave-before 40" in script
+
+
 def test_values_are_quoted_for_the_shell() -> None:
     site = _site(
         env=(("MSG", "it's a $test"),),
