@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.integration.autopilot_mesh import SHORT, AutopilotMesh, Allocation, train_args
 from tests.integration.slurm_cluster import SlurmCluster
-from tests.integration.soak_faults import KINDS, FaultConfig, cut_unavailable, hit
+from tests.integration.soak_faults import KINDS, FaultConfig, cut_unavailable, hit, listening_ports
 
 SITES = ("b", "c")
 """The job sites; with `a` the run has three, as three facilities would."""
@@ -142,6 +142,8 @@ def _keep_handovers(mesh: AutopilotMesh, handed: dict[str, set[int]]) -> None:
 
 def _strike(mesh: AutopilotMesh, kind: str, aim: random.Random, config: FaultConfig) -> str:
     targets = [(j, pid) for j in mesh.running() if (pid := mesh.peer_pid(j)) is not None]
+    if kind == "cut":  # a peer still starting listens nowhere yet: cutting it would do nothing
+        targets = [(j, pid) for j, pid in targets if listening_ports(pid)]
     if not targets:
         return f"{kind}: no running job's peer to hit"
     job, pid = aim.choice(targets)
