@@ -20,7 +20,9 @@ earliest SIGTERM, `handover_s` >= S + 30 + join; and at least 30 s after its pre
 `handover_s` >= 30, or both get their SIGTERM at the same check and the site drops out. Together:
 wall >= 2 x 30 + S + join, about 2.5 minutes. With 3 minutes and `handover_s` = 120 each successor
 starts 60 s after its predecessor, has at least 60 s to join before the predecessor's SIGTERM, and
-at most three jobs of a site run at once. Every job site runs in the `shared` partition (each of
+at most three jobs of a site run at once (`Allocation()`, the handover test's). Shorter jobs need
+the peer to time its own leave (`leave_seconds`, `peer serve --leave-before`), exactly, with Slurm's
+signal as the backstop: `SHORT`, the soak's 2-minute jobs. Every job site runs in the `shared` partition (each of
 the node's 2 CPUs shared by up to four jobs): of tests/integration/slurm_cluster.py's partitions it
 is the only one where a site's job and its successors run at once beside another site's (`busy`
 and `free` hold one 1-CPU job each, `debug` gives every job one of the 2 CPUs to itself), and its

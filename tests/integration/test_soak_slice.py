@@ -1,5 +1,5 @@
 """CI's slice of the chaos soak (scripts/soak, tests/integration/soak_run.py): three sites, two of
-them in the real Slurm's 3-minute jobs under `ops autopilot`, for 4 minutes with a fault every
+them in the real Slurm's 2-minute jobs under `ops autopilot`, for 4 minutes with a fault every
 ~40 s drawn from all five kinds (kill -9, SIGSTOP past the lease, graceful leave, a slow peer and a
 network cut; the cut is left out where nftables is not to be had). With the seed fixed: no round
 lost or applied with different θ, no sample duplicated or lost, at least one allocation boundary
