@@ -75,7 +75,6 @@ class Coordinator:
         """When this job began, trained and ended, for the run's accounting (peer/job_record.py)."""
 
     async def start(self) -> None:
-        self.job.started()  # first: a job whose trainer never starts still cost its allocation
         await self.training.start()
         leasing = Leasing(self.node.config.site, dict(self.training.blocks), self.lease_config,
                           self.node.data_dir / "leases", self._send_lease, keys=keys_of(self.node.creds),

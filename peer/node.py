@@ -153,6 +153,8 @@ class Node:
         """Binds the server, loads durable state and starts the cores; returns the dial address."""
         host, _ = self.config.listen.rsplit(":", 1)
         self._lock = lock_dir(self.data_dir)
+        if self.coordinator is not None:
+            self.coordinator.job.started()  # first: a job whose peer fails to start still cost its allocation
         port = bind(self._server, self.config.listen, self.creds)
         self.address = self.config.dial_address(f"{host}:{port}")
         if self.coordinator is not None:

@@ -6,8 +6,9 @@
 
 Each pass, for each site with a `[sites.NAME.slurm]` table: list the run's jobs there (squeue,
 through the site's command prefix: ops/autopilot/queue.py), decide (ops/autopilot/keeper.py),
-submit what was decided (the site's sbatch template, ops/placement/templates.py, its configured
-shape), and log the decision with its reason. With `--peer` the loop asks the mesh whether the
+submit what was decided (the site's sbatch template, ops/placement/templates.py; among its
+`node_options`, the node count whose job trains the most tokens by `sbatch --test-only`:
+ops/autopilot/shapes.py), and log the decision with its reason. With `--peer` the loop asks the mesh whether the
 run's data epochs are done and then submits nothing more.
 
 Its state is one JSON file (`--state`, default `<run file>.autopilot.json`): the highest sequence
@@ -21,6 +22,7 @@ sites' command prefixes (`ssh lumi-uan01 ...`) work from; docs/decisions/autopil
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import sys
@@ -38,10 +40,12 @@ import grpc
 
 from ops.autopilot import queue
 from ops.autopilot.keeper import Hold, KeeperConfig, StartNow, Submit, decide, job_name
+from ops.autopilot.shapes import ShapeChoice, ShapeOption, choose
 from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import templates
-from ops.placement.slurm import SlurmError, SlurmSite
+from ops.placement.predictions import PredictionLog, PredictionLogError
+from ops.placement.slurm import SlurmError, SlurmSite, utc_now
 from peer.durable import write_atomic
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.transport.channels import open_blocking_channel
@@ -123,8 +127,43 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
     state.seen[site.name] = decision.seq
     state.save(state_path)
     name = job_name(state.run, site.name, decision.seq)
-    job_id = queue.submit(slurm, site.shape, name, templates.render(site, run.path, decision.seq), decision.begin)
-    return f"{site.name}: submitted {name} as job {job_id} ({site.shape.describe()}): {decision.reason}"
+    choice = _shape(run, site, slurm, name, decision.begin)
+    job_id = queue.submit(slurm, choice.shape, name, templates.render(site, run.path, decision.seq), decision.begin)
+    if choice.start is not None:  # the prediction log learns how this site's predictions come true
+        try:
+            PredictionLog(run.placement.log).record_submit(
+                site.name, job_id, utc_now(), dt.datetime.fromtimestamp(choice.start, dt.timezone.utc), choice.shape)
+        except OSError as err:  # the job is queued: a log we cannot write must not hide that
+            log.warning("%s: job %s not recorded in the prediction log: %s", site.name, job_id, err)
+    return (f"{site.name}: submitted {name} as job {job_id} ({choice.shape.describe()}): {decision.reason}"
+            + (f"; {choice.reason}" if choice.reason else ""))
+
+
+def _shape(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, name: str,
+           begin: float | None) -> ShapeChoice:
+    """The node count to ask for: the configured one where the site lists no other, else the one
+    whose job trains the most tokens by the probes (ops/autopilot/shapes.py)."""
+    shapes = site.shapes()
+    if len(shapes) == 1:
+        return ShapeChoice(site.shape, None, "")
+    predictions = PredictionLog(run.placement.log)
+    try:
+        if predictions.submissions(site.name):
+            predictions.refresh(site.name, slurm, utc_now())  # real starts of earlier jobs: calibration pairs
+        calibration = predictions.calibration(site.name, run.placement.calibration_min_samples)
+    except PredictionLogError as err:
+        return ShapeChoice(site.shape, None, f"{site.shape.nodes} nodes (configured): {err}")
+    options = []
+    for shape in shapes:
+        try:
+            p = slurm.test_only(shape, job_name=name, site=site.name)
+        except SlurmError as err:
+            options.append(ShapeOption(shape, None, site.tokens_per_s_for(shape), str(err).splitlines()[-1]))
+            continue
+        predictions.record_probe(p)
+        start = p.probed_at.timestamp() + calibration.wait_s(p.wait_s)
+        options.append(ShapeOption(shape, start, site.tokens_per_s_for(shape)))
+    return choose(options, site.shape, time.time(), begin)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

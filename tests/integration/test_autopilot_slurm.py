@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "scripts/slurm/snellius-h100.sbatch"
 
 
-def _run_file(tmp_path: Path, cluster: SlurmCluster) -> Path:
+def _run_file(tmp_path: Path, cluster: SlurmCluster, slurm_extra: str = "") -> Path:
     peer = tmp_path / "fake-peer"  # stands for `peer serve`: trains "forever", leaves at SIGTERM
     peer.write_text("#!/bin/bash\ntrap 'exit 0' TERM\nwhile true; do sleep 0.2; done\n")
     peer.chmod(0o755)
@@ -38,6 +38,7 @@ command_prefix = {json.dumps(cluster.prefix)}
 template = "{TEMPLATE}"
 peer_command = "{peer}"
 workdir = "{tmp_path}"
+{slurm_extra}
 """)
     return path
 
@@ -88,3 +89,17 @@ def test_the_loop_keeps_a_successor_queued_and_never_reuses_a_job_name(slurm: Sl
     (line,) = _pass(config)
     assert line.startswith(f"free: starting job 3 ({_jobs(slurm)[3][0]}) now: no job running"), line
     wait_for(lambda: _jobs(slurm)[3][1] == "RUNNING", 30, "job 3 to start without waiting for its --begin")
+
+
+def test_the_loop_asks_slurm_which_node_count_to_submit(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """With `node_options` the loop probes each shape (`sbatch --test-only`) and submits the one whose
+    job trains the most tokens; this Slurm has one node, so it refuses two and one is submitted, with
+    the probes' word in the decision line and the prediction in the log that calibrates them."""
+    config = _run_file(tmp_path, slurm, "node_options = [1, 2]")
+    (line,) = _pass(config)
+    assert line.startswith("free: submitted sitemesh-soak-free-1 as job "), line
+    assert "(1n 00:03:00 @free)" in line and "1 node: predicted start" in line, line
+    assert "2 nodes refused (" in line, line
+    records = [json.loads(x) for x in (tmp_path / "placement.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["probe", "submit"], records
+    assert records[1]["shape"]["nodes"] == 1 and records[1]["job_id"] == _jobs(slurm)[1][0]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from peer.job_record import read_dir
 from tests.integration.peers import REPO, _env
 
 
@@ -24,6 +25,19 @@ def test_port_in_use() -> None:
         result = _serve("--site", "a", "--listen", f"127.0.0.1:{port}")
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_a_training_peer_that_cannot_start_still_leaves_its_job_record(tmp_path: Path) -> None:
+    """The allocation was spent even though the peer never ran: the accounting must see the job."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _serve("--site", "a", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path),
+                        "--train", "micro")
+    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    (record,) = read_dir(tmp_path)
+    assert record.member == "a" and record.first_step is None and record.inner_s == 0.0
 
 
 def test_negative_leave_before() -> None:
