@@ -444,7 +444,9 @@ class ConsensusCore:
             recent = self.now - m.since < 10 * self.config.election_timeout_max_s
             return m.state is MemberState.LEFT and (silent < self.config.election_timeout_max_s or recent)
 
-        out = {s: m.address for s, m in self.members.items() if m.state is MemberState.ALIVE or leaving(m, s)}
+        # A site only heard of as LEFT (never seen alive here, not in the log) has no address to dial.
+        out = {s: m.address for s, m in self.members.items()
+               if m.address and (m.state is MemberState.ALIVE or leaving(m, s))}
         out.update(self._live_addresses(self.log.voters()))
         out.pop(self.site, None)
         return out

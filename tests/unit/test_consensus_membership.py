@@ -68,3 +68,14 @@ def test_when_every_voter_left_is_leaving_one_still_leads() -> None:
         net.cluster.core(s).stand_back(net.t)
     net.cluster.crash(old)
     assert net.run_until(lambda: net.leader() not in (None, old), timeout=8 * SIM_CONFIG.election_timeout_max_s)
+
+
+def test_a_site_only_heard_of_as_left_is_not_dialled() -> None:
+    """A joiner learns from gossip that a site it never saw alive left; with no address for it, the
+    leader must not send it the log (an empty target once made gRPC log 'dns:///' errors)."""
+    net, leader = _leader_core()
+    core = net.cluster.core(leader)
+    core.member_changed(SiteId("gone"), MemberState.LEFT, "")
+    sends = core.tick(net.t + 1.0)
+    assert sends and all(getattr(e, "address", "x") for e in sends), sends
+    assert "gone" not in core._targets()
