@@ -265,11 +265,15 @@ class AutopilotMesh:
         missing = len(set(range(1, max(rounds, default=0) + 1)) - set(rounds))
         return missing + len(self.theta_splits())
 
-    def max_stall_s(self) -> float:
-        """The longest time a's log shows between two committed rounds (from its first one)."""
+    def round_gaps(self) -> list[float]:
+        """The times a's log shows between two committed rounds (from its first one)."""
         times = [dt.datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() for t in
                  re.findall(r"^(\S+ \S+) INFO sitemesh.node: round \d+ committed", self.a.log(), re.M)]
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return [b - a for a, b in zip(times, times[1:])]
+
+    def max_stall_s(self) -> float:
+        """The longest time a's log shows between two committed rounds."""
+        return max(self.round_gaps(), default=0.0)
 
     def accounting(self) -> Totals | None:
         """The allocation accounting of every job site's jobs, from their records (ops/accounting.py);

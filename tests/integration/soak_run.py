@@ -14,6 +14,7 @@ not begun.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class SoakResult:
     epochs: int
     """Data epochs that ended, audited."""
     max_stall_s: float
+    round_s: float
+    """The median time between two committed rounds: what a stall is measured in."""
     theta_identical: bool
     goodput: float | None
     job_fixed_s: float | None
@@ -87,6 +90,8 @@ class SoakResult:
             *(f"site {s}: {self.jobs_run[s]} jobs run, {len(n)} boundaries (jobs {n} handed over)"
               for s, n in self.handed.items()),
             f"theta_identical={'yes' if self.theta_identical else 'no'}",
+            f"a round every {self.round_s:.1f} s (median): the longest stall is "
+            f"{self.max_stall_s / self.round_s if self.round_s else 0:.1f} rounds' time",
             f"boundaries={self.boundaries} rounds_lost={self.rounds_lost} dup={self.dup} lost={self.lost} "
             f"max_stall_s={self.max_stall_s:.1f} goodput={num(self.goodput, 3)} job_fixed_s={num(self.job_fixed_s, 1)}",
         ]
@@ -125,7 +130,8 @@ def soak(mesh: AutopilotMesh, plan: SoakPlan, say: Callable[[str], None] = print
         rounds=len(mesh.commits()), jobs_run={s: mesh.jobs_run(s) for s in mesh.sites},
         handed={s: sorted(n) for s, n in handed.items()}, rounds_lost=mesh.rounds_lost(),
         dup=sum(e["duplicated"] for e in epochs), lost=sum(e["lost"] for e in epochs), epochs=len(epochs),
-        max_stall_s=mesh.max_stall_s(), theta_identical=not mesh.theta_splits(),
+        max_stall_s=mesh.max_stall_s(), round_s=statistics.median(mesh.round_gaps() or [0.0]),
+        theta_identical=not mesh.theta_splits(),
         goodput=None if totals is None else totals.goodput, job_fixed_s=None if totals is None else totals.fixed_s,
         faults=faults)
 
