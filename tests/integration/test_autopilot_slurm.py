@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "scripts/slurm/snellius-h100.sbatch"
 
 
-def _run_file(tmp_path: Path, cluster: SlurmCluster, slurm_extra: str = "") -> Path:
+def _run_file(tmp_path: Path, cluster: SlurmCluster, slurm_extra: str = "", site: str = "free") -> Path:
     peer = tmp_path / "fake-peer"  # stands for `peer serve`: trains "forever", leaves at SIGTERM
     peer.write_text("#!/bin/bash\ntrap 'exit 0' TERM\nwhile true; do sleep 0.2; done\n")
     peer.chmod(0o755)
@@ -28,9 +28,9 @@ name = "{RUN}"
 [placement]
 target_tokens = 1e9
 log = "placement.jsonl"
-[sites.free]
+[sites.{site}]
 tokens_per_s = 1000.0
-[sites.free.slurm]
+[sites.{site}.slurm]
 nodes = 1
 time = "3"
 partition = "free"
@@ -43,11 +43,11 @@ workdir = "{tmp_path}"
     return path
 
 
-def _pass(config: Path, *extra: str) -> list[str]:
+def _pass(config: Path, *extra: str, site: str = "free") -> list[str]:
     done = subprocess.run([sys.executable, "-m", "ops.cli", "autopilot", "--config", str(config), "--once",
                            "--handover", "60", *extra], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    return [line.split(" ", 2)[2] for line in done.stderr.splitlines() if "free: " in line]
+    return [line.split(" ", 2)[2] for line in done.stderr.splitlines() if f"{site}: " in line]
 
 
 def _jobs(cluster: SlurmCluster) -> dict[int, tuple[str, str]]:
@@ -95,11 +95,12 @@ def test_the_loop_asks_slurm_which_node_count_to_submit(slurm: SlurmCluster, tmp
     """With `node_options` the loop probes each shape (`sbatch --test-only`) and submits the one whose
     job trains the most tokens; this Slurm has one node, so it refuses two and one is submitted, with
     the probes' word in the decision line and the prediction in the log that calibrates them."""
-    config = _run_file(tmp_path, slurm, "node_options = [1, 2]")
-    (line,) = _pass(config)
-    assert line.startswith("free: submitted sitemesh-soak-free-1 as job "), line
+    # A site of its own: Slurm lists the other tests' ended jobs of `free` for 10 minutes (MinJobAge).
+    config = _run_file(tmp_path, slurm, "node_options = [1, 2]", site="wide")
+    (line,) = _pass(config, site="wide")
+    assert line.startswith("wide: submitted sitemesh-soak-wide-1 as job "), line
     assert "(1n 00:03:00 @free)" in line and "1 node: predicted start" in line, line
     assert "2 nodes refused (" in line, line
     records = [json.loads(x) for x in (tmp_path / "placement.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in records] == ["probe", "submit"], records
-    assert records[1]["shape"]["nodes"] == 1 and records[1]["job_id"] == _jobs(slurm)[1][0]
+    assert records[1]["shape"]["nodes"] == 1 and records[1]["job_id"] == listed_jobs(slurm, "wide")[1][0]
