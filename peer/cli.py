@@ -347,12 +347,12 @@ def _serve(args: argparse.Namespace) -> int:
     except cfg.ConfigError as err:
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    missing = slurm_env.complete(os.environ)  # Slurm before 23.02: the job's times from squeue
-    if missing:
-        logging.getLogger("sitemesh.peer").warning(missing)
     if args.leave_before is not None and args.leave_before < 0:
         print(f"peer: error: --leave-before {args.leave_before:g}: give 0 or more seconds", file=sys.stderr)
         return EXIT_USAGE
+    missing = slurm_env.complete(os.environ)  # Slurm before 23.02: the job's times from squeue
+    if missing:
+        logging.getLogger("sitemesh.peer").warning(missing)
     return asyncio.run(_run(config, args.log_format, args.log_level, args.leave_before))
 
 

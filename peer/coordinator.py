@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sitemesh.rounds")
 
 
-
 class Coordinator:
     def __init__(self, node: Runtime, training: SiteTraining, config: r.RoundsConfig, leases: LeaseConfig) -> None:
         self.node = node
