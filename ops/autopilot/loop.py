@@ -45,6 +45,7 @@ from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import templates
 from ops.placement.predictions import PredictionLog, PredictionLogError
+from ops.placement.probing import SiteProbe, probe_site, site_slurm
 from ops.placement.slurm import SlurmError, SlurmSite, utc_now
 from peer.durable import write_atomic
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
@@ -97,7 +98,7 @@ def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, tar
     """Decides and submits for every site once; the decision lines, also logged and recorded."""
     lines = []
     for site in run.select(None):
-        slurm = SlurmSite(site.command_prefix, timeout_s=run.placement.probe_timeout_s)
+        slurm = site_slurm(site, run)
         try:
             jobs = queue.site_jobs(slurm, state.run, site.name)
             state.seen[site.name] = max([state.seen.get(site.name, 0), *(j.seq for j in jobs)])
@@ -127,7 +128,7 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
     state.seen[site.name] = decision.seq
     state.save(state_path)
     name = job_name(state.run, site.name, decision.seq)
-    choice = _shape(run, site, slurm, name, decision.begin)
+    choice = _shape(run, site, name, decision.begin)
     job_id = queue.submit(slurm, choice.shape, name, templates.render(site, run.path, decision.seq), decision.begin)
     if choice.start is not None:  # the prediction log learns how this site's predictions come true
         try:
@@ -139,31 +140,27 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
             + (f"; {choice.reason}" if choice.reason else ""))
 
 
-def _shape(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, name: str,
-           begin: float | None) -> ShapeChoice:
+def _shape(run: cfg.PlacementRun, site: cfg.SiteSlurm, name: str, begin: float | None) -> ShapeChoice:
     """The node count to ask for: the configured one where the site lists no other, else the one
-    whose job trains the most tokens by the probes (ops/autopilot/shapes.py)."""
-    shapes = site.shapes()
-    if len(shapes) == 1:
+    whose job trains the most tokens by the probes (ops/autopilot/shapes.py). SlurmError where squeue
+    fails on the site's earlier jobs: the pass skips the site, as for any Slurm failure."""
+    if len(site.shapes()) == 1:
         return ShapeChoice(site.shape, None, "")
-    predictions = PredictionLog(run.placement.log)
-    try:
-        if predictions.submissions(site.name):
-            predictions.refresh(site.name, slurm, utc_now())  # real starts of earlier jobs: calibration pairs
-        calibration = predictions.calibration(site.name, run.placement.calibration_min_samples)
+    try:  # probed under the job's own name, as the job it stands for
+        probe = probe_site(site, run, PredictionLog(run.placement.log), job_name=name)
     except PredictionLogError as err:
         return ShapeChoice(site.shape, None, f"{site.shape.nodes} nodes (configured): {err}")
-    options = []
-    for shape in shapes:
-        try:
-            p = slurm.test_only(shape, job_name=name, site=site.name)
-        except SlurmError as err:
-            options.append(ShapeOption(shape, None, site.tokens_per_s_for(shape), str(err).splitlines()[-1]))
-            continue
-        predictions.record_probe(p)
-        start = p.probed_at.timestamp() + calibration.wait_s(p.wait_s)
-        options.append(ShapeOption(shape, start, site.tokens_per_s_for(shape)))
-    return choose(options, site.shape, time.time(), begin)
+    if not probe.predictions and not probe.refused:  # squeue failed before any shape was probed
+        raise SlurmError(probe.error)
+    return choose(_options(site, probe), site.shape, time.time(), begin)
+
+
+def _options(site: cfg.SiteSlurm, probe: SiteProbe) -> list[ShapeOption]:
+    """Each shape of the site as the choice sees it: its calibrated start, or Slurm's refusal."""
+    assert probe.calibration is not None
+    starts = {p.shape: p.probed_at.timestamp() + probe.calibration.wait_s(p.wait_s) for p in probe.predictions}
+    return [ShapeOption(shape, starts.get(shape), site.tokens_per_s_for(shape), probe.refused.get(shape, ""))
+            for shape in site.shapes()]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,11 +5,13 @@
     ops submit --config examples/run.toml --dry-run
     ops simulate-queue --trials 200
 
-probe: one `sbatch --test-only` per site and node option; prints predicted and calibrated waits and
-logs every prediction (and the real start of jobs submitted earlier) in the prediction log.
-place: probes, then the plan (ops/placement/plan.py) with its reason per site. submit: places,
-then submits the planned jobs with the site's sbatch template. Exit status: 0 fine, 1 a site
-failed (its error and Slurm's raw answer are printed), 2 a configuration error. The `--json`
+probe: one `sbatch --test-only` per site and node option (ops/placement/probing.py); prints
+predicted and calibrated waits, and the node options Slurm refused with its reason, and logs every
+prediction (and the real start of jobs submitted earlier) in the prediction log.
+place: probes, then the plan (ops/placement/plan.py) over the answered options with its reason per
+site. submit: places, then submits the planned jobs with the site's sbatch template. Exit status:
+0 fine, 1 a site failed (squeue failed, or Slurm refused every node option: its error and Slurm's
+raw answer are printed), 2 a configuration error. The `--json`
 layouts are documented in docs/placement.md and only grow new keys.
 """
 
@@ -20,7 +22,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,60 +32,24 @@ from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import queue_model, templates
 from ops.placement.plan import Option, Plan, after, make_plan
-from ops.placement.predictions import Calibration, PredictionLog, PredictionLogError
-from ops.placement.slurm import JobStart, Prediction, SlurmError, SlurmSite, utc_now
+from ops.placement.predictions import PredictionLog, PredictionLogError
+from ops.placement.probing import SiteProbe, probe_site, site_slurm
+from ops.placement.slurm import SlurmError, utc_now
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.transport.channels import open_blocking_channel
 
 
-@dataclass(frozen=True)
-class SiteProbe:
-    """Everything one site answered: probes per shape, calibration, jobs it already has."""
-
-    site: cfg.SiteSlurm
-    predictions: tuple[Prediction, ...] = ()
-    calibration: Calibration | None = None
-    jobs: dict[str, JobStart] = field(default_factory=dict)
-    """Slurm's word on the site's recent submissions (from the prediction log), by job id."""
-    job_shapes: dict[str, cfg.JobShape] = field(default_factory=dict)
-    """The shape each of those jobs was submitted with."""
-    error: str = ""
-
-    def active_job(self) -> JobStart | None:
-        active = [j for j in self.jobs.values() if j.active]
-        return max(active, key=lambda j: int(j.job_id)) if active else None
-
-
-def _slurm(site: cfg.SiteSlurm, run: cfg.PlacementRun) -> SlurmSite:
-    return SlurmSite(site.command_prefix, timeout_s=run.placement.probe_timeout_s)
-
-
-def probe_site(site: cfg.SiteSlurm, run: cfg.PlacementRun, log: PredictionLog) -> SiteProbe:
-    """Probes every shape of `site`, logging each prediction; a Slurm failure becomes `error`."""
-    slurm = _slurm(site, run)
-    try:
-        jobs = log.refresh(site.name, slurm, utc_now()) if log.submissions(site.name) else {}
-        predictions = []
-        for shape in site.shapes():
-            p = slurm.test_only(shape, job_name=f"sitemesh-{site.name}", site=site.name)
-            log.record_probe(p)
-            predictions.append(p)
-    except SlurmError as err:
-        return SiteProbe(site=site, error=str(err))
-    calibration = log.calibration(site.name, run.placement.calibration_min_samples)
-    shapes = {r["job_id"]: cfg.JobShape.from_json(r["shape"]) for r in log.submissions(site.name)}
-    return SiteProbe(site, tuple(predictions), calibration, jobs, {j: shapes[j] for j in jobs})
-
-
 def options_for(probe: SiteProbe, now: datetime) -> tuple[list[Option], Option]:
-    """The planner's options for one probed site, and its default (configured shape) option."""
+    """The planner's options for one probed site (its shapes Slurm did not refuse), and its default:
+    the configured shape, or where Slurm refused that, the answered shape nearest to it in nodes."""
     site, cal = probe.site, probe.calibration
-    assert cal is not None, "options of a site whose probe failed"
+    assert cal is not None and not probe.error, "options of a site whose probe failed"
     options = []
     for p in probe.predictions:
         wait = cal.wait_s(p.wait_s)
         options.append(Option(site.name, p.shape, wait, site.tokens_per_s_for(p.shape), wait))
-    default = next(o for o in options if o.shape == site.shape)
+    # The default stands for what the site is configured to ask for (the plan's naive baseline).
+    default = min(options, key=lambda o: (abs(o.shape.nodes - site.shape.nodes), o.shape.nodes))
     job = probe.active_job()
     if job is None:
         return options, default
@@ -171,6 +137,7 @@ def _probe_json(probe: SiteProbe) -> dict[str, Any]:
             }
             for p in probe.predictions
         ],
+        "refused": [{"shape": shape.to_json(), "reason": why} for shape, why in probe.refused.items()],
         "jobs": [
             {
                 "job_id": j.job_id,
@@ -187,6 +154,11 @@ def _print_errors(probes: Sequence[SiteProbe]) -> None:
     for p in probes:
         if p.error:
             print(f"error: site {p.site.name}: {p.error}", file=sys.stderr)
+
+
+def _print_refused(probe: SiteProbe) -> None:
+    for shape, why in probe.refused.items():
+        print(f"{probe.site.name}: {shape.describe()} refused: {why}")
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -222,6 +194,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for p in probes:
             if p.calibration:
                 print(f"{p.site.name}: calibration {p.calibration.reason}")
+            _print_refused(p)
             for j in p.jobs.values():
                 print(f"{p.site.name}: job {j.job_id} {j.state} start {_iso(j.start) if j.start else '?'}")
     _print_errors(probes)
@@ -282,6 +255,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         )
     elif plan:
         _print_plan(plan, now)
+        for p in probes:  # why a node count is missing from the plan's alternatives
+            _print_refused(p)
     _print_errors(probes)
     return 1 if plan is None or any(p.error for p in probes) else 0
 
@@ -309,7 +284,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         assert d.option is not None
         site = run.sites[d.site]
         script = templates.render(site, run.path)
-        slurm = _slurm(site, run)
+        slurm = site_slurm(site, run)
         name = f"sitemesh-{site.name}"
         if args.dry_run:
             cmd = slurm.command(["sbatch", "--parsable", f"--job-name={name}", *d.option.shape.sbatch_args()])

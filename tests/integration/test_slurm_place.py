@@ -131,3 +131,38 @@ def test_place_uses_the_throughput_running_peers_gossip(slurm: SlurmCluster, tmp
     assert 5 <= plan["time_to_target_s"] <= 10
     flag = _ops("place", "--config", str(config), "--tokens-per-s", "free=2000", "--json")
     assert _sites(json.loads(flag.stdout)["plan"])["free"]["tokens_per_s"] == 2000.0
+
+
+def test_a_refused_node_count_leaves_the_others_to_probe_and_plan(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """This Slurm has one node: a site configured for two, with one as its other option, has its
+    configured shape refused; the one-node probe still counts, and the plan is made of it."""
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[placement]
+target_tokens = 30000.0
+log = "placement.jsonl"
+[sites.wide]
+tokens_per_s = 2000.0
+[sites.wide.slurm]
+nodes = 2
+node_options = [1]
+time = "1"
+partition = "free"
+command_prefix = {json.dumps(slurm.prefix)}
+""")
+    out = _ops("probe", "--config", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    [wide] = json.loads(out.stdout)["sites"]
+    assert wide["error"] is None and [p["shape"]["nodes"] for p in wide["probes"]] == [1]
+    [refused] = wide["refused"]
+    assert refused["shape"]["nodes"] == 2
+    assert refused["reason"].endswith("Requested node configuration is not available"), refused
+    table = _ops("probe", "--config", str(config))
+    assert table.returncode == 0 and f"wide: 2n 00:01:00 @free refused: {refused['reason']}" in table.stdout
+
+    out = _ops("place", "--config", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    [site] = json.loads(out.stdout)["plan"]["sites"]
+    assert site["submit"] is True and site["shape"]["nodes"] == 1
+    records = [json.loads(line) for line in (tmp_path / "placement.jsonl").read_text().splitlines()]
+    assert {r["shape"]["nodes"] for r in records if r["kind"] == "probe"} == {1}

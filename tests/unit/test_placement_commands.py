@@ -7,15 +7,17 @@ import argparse
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from ops.placement import config
-from ops.placement.commands import SiteProbe, _parse_rate, options_for
+from ops.placement.commands import _parse_rate, options_for
 from ops.placement.config import JobShape
 from ops.placement.predictions import Calibration
+from ops.placement.probing import SiteProbe
 from ops.placement.slurm import JobStart, Prediction, TestOnlyAnswer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +41,15 @@ def test_options_are_calibrated_probes_scaled_by_nodes() -> None:
         (8, 0.5 * (8 * 3600 + 60) - 60, 768_000.0),
     ]
     assert default is options[2]
+
+
+def test_a_refused_configured_shape_leaves_the_nearest_answered_one_as_default() -> None:
+    full = _probe({}, {})
+    eight = full.site.shape  # the configured shape, over this partition's node limit here
+    probe = replace(full, predictions=full.predictions[:2], refused={eight: "node count exceeds limit"})
+    options, default = options_for(probe, NOW)
+    assert [o.shape.nodes for o in options] == [2, 4]
+    assert default is options[1]
 
 
 def test_a_running_job_is_the_only_option_until_its_wall_time() -> None:
