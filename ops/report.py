@@ -2,6 +2,7 @@
 
     ops report --data-dir runs/demo/X/snellius --data-dir runs/demo/X/lumi --out report.png
     ops report --data-dir ... --format md
+    ops report --data-dir runs/X/lumi --data-dir runs/X/snellius --autopilot-state run.toml.autopilot.json --format md
 
 Reads, per data dir: `timeline.jsonl` (each site's own rounds: phases, tokens, loss, and the
 held-out perplexity of θ where that site evaluated it during the run, `peer serve --eval-every`;
@@ -24,6 +25,10 @@ site, compute vs overhead stacked; overhead share per site; tokens per site (cum
 events per site. Membership events are vertical lines on the per-round panels. Where the peers kept
 job records (`jobs/*.json` in a data dir and in its job members' `jN/`, peer/job_record.py), a
 panel of jobs per site over time, and in the text the allocation accounting (ops/accounting.py).
+`--autopilot-state FILE` (the operator loop's state file, `ops autopilot --state`, by default
+`<run file>.autopilot.json`) adds the jobs Slurm ended before their peer wrote a record (a batch
+script that failed first), their whole allocation under "no peer"; only jobs of the sites whose
+data dirs are given, matched to the records by site and Slurm job id.
 """
 
 from __future__ import annotations
@@ -39,8 +44,11 @@ from pathlib import Path
 
 from ops import accounting, jobs_panel
 from ops.audit import read_ledger
+from ops.autopilot.keeper import Job
+from ops.autopilot.state import AutopilotState
 from peer import job_record, timeline_file
 from peer.core.commitlog import RoundCommit, VoterChange
+from peer.core.site_names import site_of
 from peer.logstore import CorruptStore, FileStore
 from peer.core.timeline import RoundTimeline
 
@@ -74,6 +82,15 @@ class ReportData:
     """(tokens, perplexity) of a centralised run (--reference), by tokens; empty without one."""
     jobs: list[job_record.JobRecord] = field(default_factory=list)
     """The job records of every member dir (a site's and its jobs' jN/), for the accounting."""
+    slurm_jobs: list[Job] = field(default_factory=list)
+    """The operator loop's jobs of the report's sites (--autopilot-state): those with no record count."""
+    unreported: list[str] = field(default_factory=list)
+    """Sites the loop's state has jobs of but no data dir was given for: left out of the accounting."""
+
+    def allocations(self) -> accounting.Accounting | None:
+        """The allocation accounting of the run's jobs; None when there is no job to account."""
+        acc = accounting.account(self.jobs, self.slurm_jobs)
+        return acc if acc.total.jobs or acc.unended else None
 
     def heldout(self) -> list[tuple[int, float]]:
         """(round, perplexity) of θ evaluated during the run, by round: θ is the same at every site,
@@ -133,6 +150,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", type=Path, metavar="FILE",
                    help="a centralised run's held-out perplexity by tokens (JSON [{tokens, perplexity}, ...] or "
                         "CSV tokens,perplexity), drawn at the tokens the mesh had committed at each held-out point")
+    p.add_argument("--autopilot-state", type=Path, metavar="FILE",
+                   help="the operator loop's state file (ops autopilot --state; default <run file>.autopilot.json): "
+                        "its jobs that Slurm ended with no peer record count in the accounting, whole allocation "
+                        "as 'no peer'")
     p.set_defaults(func=_report)
 
 
@@ -163,7 +184,7 @@ def interpolate(points: list[tuple[int, float]], tokens: int) -> float | None:
 
 def _report(args: argparse.Namespace) -> int:
     try:
-        data = collect(args.data_dir, args.heldout_documents, args.reference)
+        data = collect(args.data_dir, args.heldout_documents, args.reference, args.autopilot_state)
     except (OSError, ValueError, KeyError, CorruptStore) as err:
         print(f"ops: error: cannot read the report input: {err}", file=sys.stderr)
         return EXIT_INPUT
@@ -176,11 +197,15 @@ def _report(args: argparse.Namespace) -> int:
     else:
         render(data, args.out)
         print(f"report written to {args.out}")
+        if data.unreported:
+            print(f"ops report: {_unreported(data)}", file=sys.stderr)
     return 0
 
 
-def collect(data_dirs: list[Path], heldout_documents: int = 0, reference: Path | None = None) -> ReportData:
-    """Reads the data dirs; the site of a dir is the one its timeline names (else the dir's name)."""
+def collect(data_dirs: list[Path], heldout_documents: int = 0, reference: Path | None = None,
+            autopilot_state: Path | None = None) -> ReportData:
+    """Reads the data dirs; the site of a dir is the one its timeline names (else the dir's name).
+    With the loop's `autopilot_state`, its jobs of those sites (and of the sites the records name)."""
     timelines: dict[str, list[RoundTimeline]] = {}
     leases: dict[str, dict[str, int]] = {}
     for d in data_dirs:
@@ -193,6 +218,11 @@ def collect(data_dirs: list[Path], heldout_documents: int = 0, reference: Path |
         leases[site] = {k: kinds.get(k, 0) for k in LEASE_KINDS}
     jobs = [r for d in data_dirs for member in (d, *sorted(d.glob("j[0-9]*"))) for r in job_record.read_dir(member)]
     data = ReportData(sorted(timelines), timelines, _member_events(data_dirs[0]), leases=leases, jobs=jobs)
+    if autopilot_state is not None:
+        reported = set(timelines) | {site_of(r.member) for r in jobs}
+        loop_jobs = AutopilotState.read(autopilot_state).jobs.values()
+        data.slurm_jobs = [j for j in loop_jobs if j.site in reported]
+        data.unreported = sorted({j.site for j in loop_jobs} - reported)
     if heldout_documents > 0:
         data.perplexity = _perplexity(data_dirs[0], heldout_documents)
     if reference is not None:
@@ -289,13 +319,14 @@ def figure(data: ReportData):  # -> matplotlib Figure (lazy matplotlib: `ops` st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = 3 if data.jobs else 2
+    acc = data.allocations()
+    rows = 3 if acc is not None else 2
     fig = plt.figure(figsize=(18, 9.5 * rows / 2), constrained_layout=True)
     grid = fig.add_gridspec(rows, 3)
     (ax_loss, ax_ppl, ax_time), (ax_over, ax_tok, ax_lease) = [[fig.add_subplot(grid[r, c]) for c in range(3)]
                                                                for r in range(2)]
-    if data.jobs:
-        jobs_panel.draw(fig.add_subplot(grid[2, :]), accounting.account(data.jobs))
+    if acc is not None:
+        jobs_panel.draw(fig.add_subplot(grid[2, :]), acc)
     n = max(len(data.sites), 1)
     width = 0.8 / n
     for i, site in enumerate(data.sites):
@@ -395,6 +426,13 @@ def markdown(data: ReportData) -> str:
             f"round {r}" + (f" ({committed[r]} tokens)" if r in committed else "") + f": {p:.1f}"
             + (f" (reference {reference[r]:.1f}, ratio {p / reference[r]:.3f})" if r in reference else "")
             for r, p in in_run)]
-    if data.jobs:
-        lines += ["", "Allocations:", "", accounting.table(accounting.account(data.jobs))]
+    if (acc := data.allocations()) is not None:
+        lines += ["", "Allocations:", "", accounting.table(acc)]
+    if data.unreported:
+        lines += ["", _unreported(data)]
     return "\n".join(lines)
+
+
+def _unreported(data: ReportData) -> str:
+    return (f"The operator loop's state has jobs of {', '.join(data.unreported)}, whose data dirs were not given: "
+            "left out of the accounting (give each site's --data-dir).")

@@ -85,6 +85,8 @@ class Job:
     """When it ended (None: not yet)."""
     begin: float | None = None
     """Queued and held back by its `--begin`: that time (None otherwise)."""
+    nodes: int = 1
+    """Nodes of the allocation (asked for while queued): the accounting counts node-hours."""
 
     @property
     def ends_by(self) -> float | None:

@@ -11,10 +11,12 @@ submit what was decided (the site's sbatch template, ops/placement/templates.py;
 ops/autopilot/shapes.py), and log the decision with its reason. With `--peer` the loop asks the mesh whether the
 run's data epochs are done and then submits nothing more.
 
-Its state is one JSON file (`--state`, default `<run file>.autopilot.json`): the highest sequence
-number submitted per site and every decision taken. It is written before and after each sbatch, so
-a loop killed between the two, restarted, or run twice by mistake still never reuses a job name:
-the next number is above every one the file or the queue has seen. Where it is meant to live:
+Its state is one JSON file (`--state`, default `<run file>.autopilot.json`, ops/autopilot/state.py):
+the highest sequence number submitted per site, the decisions taken, and every job of the run as
+squeue last showed it (its start, end, final state and nodes: `ops report --autopilot-state` counts
+the ended ones that left no peer record). It is written before and after each sbatch, so a loop
+killed between the two, restarted, or run twice by mistake still never reuses a job name: the next
+number is above every one the file or the queue has seen. Where it is meant to live:
 a login node under `scrontab` (`--once` every few minutes) or a small service machine, anywhere the
 sites' command prefixes (`ssh lumi-uan01 ...`) work from; docs/decisions/autopilot-operator-loop.md.
 """
@@ -23,13 +25,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,53 +38,19 @@ else:  # pragma: no cover - exercised on 3.10 only
 import grpc
 
 from ops.autopilot import queue
-from ops.autopilot.keeper import Hold, KeeperConfig, StartNow, Submit, decide, job_name
+from ops.autopilot.keeper import Hold, Job, JobState, KeeperConfig, StartNow, Submit, decide, job_name
 from ops.autopilot.shapes import ShapeChoice, ShapeOption, choose
+from ops.autopilot.state import AutopilotState
 from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import templates
 from ops.placement.predictions import PredictionLog, PredictionLogError
 from ops.placement.probing import SiteProbe, probe_site, site_slurm
 from ops.placement.slurm import SlurmError, SlurmSite, utc_now
-from peer.durable import write_atomic
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.transport.channels import open_blocking_channel
 
 log = logging.getLogger("sitemesh.autopilot")
-
-KEEP_DECISIONS = 1000
-"""Decisions kept in the state file (the newest): a week of a three-site run at one a minute is
-more than this only while nothing changes, and those are holds."""
-
-
-@dataclass
-class AutopilotState:
-    """What the loop must remember between passes and restarts."""
-
-    run: str
-    seen: dict[str, int] = field(default_factory=dict)
-    """Site -> the highest sequence number submitted (or seen in its queue)."""
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, path: Path, run: str) -> AutopilotState:
-        """The state in `path` (a fresh one if there is none); ValueError naming a damaged file."""
-        if not path.exists():
-            return cls(run)
-        try:
-            doc = json.loads(path.read_text())
-            state = cls(str(doc["run"]), {str(k): int(v) for k, v in doc["seen"].items()}, list(doc["decisions"]))
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{path} is not an autopilot state file ({err}): move it aside only if no job of this "
-                             "run is queued or running (or their numbers would be reused)") from None
-        if state.run != run:
-            raise ValueError(f"{path} belongs to run {state.run!r}, not {run!r}: give --state another file")
-        return state
-
-    def save(self, path: Path) -> None:
-        self.decisions = self.decisions[-KEEP_DECISIONS:]
-        write_atomic(path, json.dumps({"run": self.run, "seen": self.seen, "decisions": self.decisions},
-                                      indent=1).encode())
 
 
 def run_name(path: Path) -> str:
@@ -101,7 +66,7 @@ def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, tar
         slurm = site_slurm(site, run)
         try:
             jobs = queue.site_jobs(slurm, state.run, site.name)
-            state.seen[site.name] = max([state.seen.get(site.name, 0), *(j.seq for j in jobs)])
+            state.listed(site.name, jobs)
             decision = decide(time.time() if now is None else now, site.name, jobs, state.seen[site.name],
                               target_reached, keeper)
             if isinstance(decision, Submit):
@@ -130,6 +95,8 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
     name = job_name(state.run, site.name, decision.seq)
     choice = _shape(run, site, name, decision.begin)
     job_id = queue.submit(slurm, choice.shape, name, templates.render(site, run.path, decision.seq), decision.begin)
+    state.submitted(Job(site.name, decision.seq, job_id, JobState.QUEUED, "PENDING", float(choice.shape.time_s),
+                        begin=decision.begin, nodes=choice.shape.nodes))
     if choice.start is not None:  # the prediction log learns how this site's predictions come true
         try:
             PredictionLog(run.placement.log).record_submit(

@@ -16,8 +16,8 @@ from ops.autopilot.keeper import Job, job_state, parse_job_name
 from ops.placement.config import JobShape, parse_slurm_time
 from ops.placement.slurm import SlurmError, SlurmSite, parse_slurm_timestamp
 
-_FORMAT = "%i|%j|%T|%S|%e|%l|%r"
-"""Job id, name, state, start, end, time limit, why it is pending."""
+_FORMAT = "%i|%j|%T|%S|%e|%l|%r|%D"
+"""Job id, name, state, start, end, time limit, why it is pending, nodes."""
 
 
 def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
@@ -26,19 +26,21 @@ def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
     jobs: list[Job] = []
     for line in proc.stdout.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 7:
+        if len(parts) != 8:
             raise SlurmError(f"unexpected squeue line {line!r} in:\n{proc.stdout.strip()}")
-        job_id, name, state, start, end, limit, why = parts
+        job_id, name, state, start, end, limit, why, nodes = parts
         named = parse_job_name(name, run)
         if named is None or named[0] != site:
             continue
+        if not nodes.isdigit():  # the loop asks an exact --nodes: Slurm prints that number
+            raise SlurmError(f"unexpected node count {nodes!r} in squeue line {line!r}")
         kind = job_state(state)
         queued = kind.name == "QUEUED"
         jobs.append(Job(site, named[1], job_id, kind, state, _limit_s(limit),
                         None if queued else _when(start),
                         _when(end) if kind.name in ("ENDED", "FAILED") else None,
                         # Held back by its --begin: the start column is then that time (else a prediction).
-                        _when(start) if queued and why == "BeginTime" else None))
+                        _when(start) if queued and why == "BeginTime" else None, int(nodes)))
     return sorted(jobs, key=lambda j: j.seq)
 
 

@@ -45,6 +45,7 @@ from typing import Any
 from ops import accounting
 from ops.accounting import Totals
 from ops.autopilot.keeper import parse_job_name
+from ops.autopilot.state import AutopilotState
 from ops.certs import LOOPBACK, issue
 from peer import job_record
 from peer.core.commitlog import RoundCommit, VoterChange
@@ -275,11 +276,18 @@ class AutopilotMesh:
         """The longest time a's log shows between two committed rounds."""
         return max(self.round_gaps(), default=0.0)
 
+    @property
+    def state_path(self) -> Path:
+        """The loop's state file (its default, beside the run file)."""
+        return self.run_file.with_name(self.run_file.name + ".autopilot.json")
+
     def accounting(self) -> Totals | None:
-        """The allocation accounting of every job site's jobs, from their records (ops/accounting.py);
-        None if none left one."""
+        """The allocation accounting of every job site's jobs (ops/accounting.py): from their records,
+        and from the loop's state those that Slurm ended with none (no peer); None if there is no job."""
         records = [r for d in self._job_dirs() for r in job_record.read_dir(d)]
-        return accounting.account(records).total if records else None
+        loop_jobs = AutopilotState.read(self.state_path).jobs.values() if self.state_path.exists() else ()
+        total = accounting.account(records, loop_jobs).total
+        return total if total.jobs else None
 
     def peer_pid(self, job: Job) -> int | None:
         """The process id of job `job`'s peer (`peer serve ... --job N`), None once it is gone."""
@@ -288,7 +296,7 @@ class AutopilotMesh:
         return int(found[0]) if found else None
 
     def decisions(self) -> list[str]:
-        path = self.run_file.with_name(self.run_file.name + ".autopilot.json")
+        path = self.state_path
         return [d["line"] for d in json.loads(path.read_text())["decisions"]] if path.exists() else []
 
     # -- the end --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """`ops autopilot` against a real local Slurm (tests/integration/slurm_cluster.py): a site gets its
 first job, then a successor queued to start before the running job's end; a restarted loop, one
-whose state file is gone, and a job cancelled under it never make it reuse a job name."""
+whose state file is gone, and a job cancelled under it never make it reuse a job name; a job whose
+batch script fails before its peer starts is kept in its state and counted by `ops report`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ops import report
+from peer import timeline_file
+from peer.core.timeline import RoundTimeline
 from tests.integration.autopilot_mesh import RUN, listed_jobs
 from tests.integration.peers import wait_for
 from tests.integration.slurm_cluster import SlurmCluster, slurm_fixture, slurm_session_fixture  # noqa: F401
@@ -104,3 +108,69 @@ def test_the_loop_asks_slurm_which_node_count_to_submit(slurm: SlurmCluster, tmp
     records = [json.loads(x) for x in (tmp_path / "placement.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in records] == ["probe", "submit"], records
     assert records[1]["shape"]["nodes"] == 1 and records[1]["job_id"] == listed_jobs(slurm, "wide")[1][0]
+
+
+def test_a_job_whose_batch_script_fails_before_its_peer_counts_in_the_report(slurm: SlurmCluster,
+                                                                             tmp_path: Path) -> None:
+    """Site `broken`'s batch script fails in its set-up (a venv that is not there) before its peer
+    starts, so its job leaves no record; site `ok`'s peer keeps its record (peer/job_record.py) and
+    leaves. `ops report --autopilot-state` counts broken's job from the loop's state file, its whole
+    allocation as no peer, and ok's job once, from its record."""
+    peer = tmp_path / "recording-peer"  # stands for `peer serve`: keeps its job's record, leaves
+    peer.write_text(f"""#!{sys.executable}
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+from pathlib import Path
+from peer.job_record import JobLog
+args = sys.argv[1:]
+site, job = args[args.index("--site") + 1], args[args.index("--job") + 1]
+log = JobLog(Path({str(tmp_path)!r}) / site / f"j{{job}}", f"{{site}}.j{{job}}")
+log.started()
+time.sleep(2)
+log.exited()
+""")
+    peer.chmod(0o755)
+    sites = ""
+    for site, setup in (("broken", f'["sleep 3", "source {tmp_path}/no-venv/bin/activate"]'), ("ok", "[]")):
+        sites += f"""
+[sites.{site}]
+tokens_per_s = 1000.0
+[sites.{site}.slurm]
+nodes = 1
+time = "3"
+partition = "shared"
+command_prefix = {json.dumps(slurm.prefix)}
+template = "{TEMPLATE}"
+peer_command = "{peer}"
+workdir = "{tmp_path}"
+setup = {setup}
+"""
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\nname = "{RUN}"\n[placement]\ntarget_tokens = 1e9\nlog = "placement.jsonl"\n{sites}')
+    _pass(config)
+    broken, ok = listed_jobs(slurm, "broken")[1][0], listed_jobs(slurm, "ok")[1][0]
+    wait_for(lambda: listed_jobs(slurm, "broken")[1][1] == "FAILED", 60, "broken's job 1 to fail in its set-up")
+    wait_for(lambda: listed_jobs(slurm, "ok")[1][1] == "COMPLETED", 60, "ok's job 1 to complete")
+    _pass(config, site="broken")  # the pass that sees them ended (and submits each site's job 2)
+    state = config.with_name(config.name + ".autopilot.json")
+    jobs = {(j["site"], j["seq"]): j for j in json.loads(state.read_text())["jobs"]}
+    seen = jobs[("broken", 1)]
+    assert (seen["job_id"], seen["state"], seen["slurm_state"], seen["nodes"]) == (broken, "failed", "FAILED", 1)
+    assert seen["end"] - seen["start"] >= 3, seen  # the set-up's `sleep 3`, by Slurm's clock
+    assert jobs[("ok", 1)]["state"] == "ended" and jobs[("broken", 2)]["state"] == "queued"
+
+    (tmp_path / "broken").mkdir()  # a site whose jobs never started a peer: an empty data dir
+    timeline_file.append(tmp_path / "ok", RoundTimeline(1, "ok", compute_s=1.0))  # ops report wants a round
+    dirs = [tmp_path / "broken", tmp_path / "ok"]
+    acc = report.collect(dirs, autopilot_state=state).allocations()
+    assert acc is not None
+    (no_peer,) = acc.total.no_peer
+    assert (no_peer.record.job, no_peer.record.member, no_peer.no_peer) == (broken, "broken.j1", "FAILED")
+    assert no_peer.no_peer_s == seen["end"] - seen["start"]
+    assert [(j.record.job, j.no_peer) for j in acc.total.jobs if j.site == "ok"][0] == (ok, "")  # once, its record
+    assert sum(1 for j in acc.total.jobs if j.record.job == ok) == 1
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "report", *[a for d in dirs for a in ("--data-dir", str(d))],
+                           "--autopilot-state", str(state), "--format", "md"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"No peer record for job(s) {broken} (broken.j1, FAILED, " in done.stdout, done.stdout
