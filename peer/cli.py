@@ -38,7 +38,7 @@ from peer.reach import NotReachable
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
-from peer.outer_config import SPARSE_OUTER, OuterConfig
+from peer.outer_config import LONG_RUN_LR, SHORT_RUN_ROUNDS, SPARSE_OUTER, OuterConfig, lr_for
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -128,12 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "many seconds (at least one); the token-weighted mean absorbs the unequal work "
                             "(default 0: every site runs all H)")
     train.add_argument("--outer-lr", type=float,
-                       help=f"outer Nesterov learning rate (default {OuterConfig.lr}; {SPARSE_OUTER.lr} with --wire "
-                            "sparse)")
+                       help="outer Nesterov learning rate; the same on every site (default: 1 for a run of up to "
+                            f"{SHORT_RUN_ROUNDS} rounds (--total-steps / --inner-steps), towards {LONG_RUN_LR} for "
+                            f"longer ones, docs/decisions/outer-defaults.md; {SPARSE_OUTER.lr} with --wire sparse)")
     train.add_argument("--outer-momentum", type=float, default=OuterConfig.momentum,
-                       help=f"outer momentum (default {OuterConfig.momentum}: plain averaging, the best measured "
-                            "up to 33 rounds; keep 0 with --wire sparse, whose decayed error feedback stands in "
-                            "for it)")
+                       help=f"outer momentum (default {OuterConfig.momentum}: DiLoCo's 0.9 overshot from 12 to 98 "
+                            "rounds; keep 0 with --wire sparse, whose decayed error feedback stands in for it)")
     train.add_argument("--checkpoint-every", type=int, default=0,
                        help="write a Hugging Face checkpoint every N rounds (default 0: never)")
     train.add_argument("--eval-every", type=int, metavar="N",
@@ -221,7 +221,8 @@ def _training_from(args: argparse.Namespace) -> dict[str, object]:
                                deadline_k=args.round_deadline_k, budget_s=args.round_budget,
                                start_sites=args.start_sites),
         "outer": OuterConfig(lr=args.outer_lr if args.outer_lr is not None else
-                             SPARSE_OUTER.lr if args.wire == "sparse" else OuterConfig.lr,
+                             SPARSE_OUTER.lr if args.wire == "sparse" else
+                             lr_for(-(-args.total_steps // args.inner_steps)),
                              momentum=args.outer_momentum,
                              checkpoint_every=args.checkpoint_every,
                              eval_every=default_eval_every(args.eval_samples, args.inner_steps, args.batch_size)
