@@ -25,25 +25,29 @@ def _run_file(tmp_path: Path, cluster: SlurmCluster, slurm_extra: str = "", site
     peer = tmp_path / "fake-peer"  # stands for `peer serve`: trains "forever", leaves at SIGTERM
     peer.write_text("#!/bin/bash\ntrap 'exit 0' TERM\nwhile true; do sleep 0.2; done\n")
     peer.chmod(0o755)
-    path = tmp_path / "run.toml"
-    path.write_text(f"""
-[run]
-name = "{RUN}"
-[placement]
-target_tokens = 1e9
-log = "placement.jsonl"
-[sites.{site}]
+    return _write_run(tmp_path, _site(site, cluster, peer, tmp_path, "free", slurm_extra))
+
+
+def _site(name: str, cluster: SlurmCluster, peer: Path, workdir: Path, partition: str, slurm_extra: str = "") -> str:
+    """A site's tables in the run file: 1-node, 3-minute jobs of `partition` running `peer`."""
+    return f"""
+[sites.{name}]
 tokens_per_s = 1000.0
-[sites.{site}.slurm]
+[sites.{name}.slurm]
 nodes = 1
 time = "3"
-partition = "free"
+partition = "{partition}"
 command_prefix = {json.dumps(cluster.prefix)}
 template = "{TEMPLATE}"
 peer_command = "{peer}"
-workdir = "{tmp_path}"
+workdir = "{workdir}"
 {slurm_extra}
-""")
+"""
+
+
+def _write_run(tmp_path: Path, sites: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(f'[run]\nname = "{RUN}"\n[placement]\ntarget_tokens = 1e9\nlog = "placement.jsonl"\n{sites}')
     return path
 
 
@@ -130,23 +134,10 @@ time.sleep(2)
 log.exited()
 """)
     peer.chmod(0o755)
-    sites = ""
-    for site, setup in (("broken", f'["sleep 3", "source {tmp_path}/no-venv/bin/activate"]'), ("ok", "[]")):
-        sites += f"""
-[sites.{site}]
-tokens_per_s = 1000.0
-[sites.{site}.slurm]
-nodes = 1
-time = "3"
-partition = "shared"
-command_prefix = {json.dumps(slurm.prefix)}
-template = "{TEMPLATE}"
-peer_command = "{peer}"
-workdir = "{tmp_path}"
-setup = {setup}
-"""
-    config = tmp_path / "run.toml"
-    config.write_text(f'[run]\nname = "{RUN}"\n[placement]\ntarget_tokens = 1e9\nlog = "placement.jsonl"\n{sites}')
+    sites = "".join(_site(site, slurm, peer, tmp_path, "shared", f"setup = {setup}")
+                    for site, setup in (("broken", f'["sleep 3", "source {tmp_path}/no-venv/bin/activate"]'),
+                                        ("ok", "[]")))
+    config = _write_run(tmp_path, sites)
     _pass(config)
     broken, ok = listed_jobs(slurm, "broken")[1][0], listed_jobs(slurm, "ok")[1][0]
     wait_for(lambda: listed_jobs(slurm, "broken")[1][1] == "FAILED", 60, "broken's job 1 to fail in its set-up")
