@@ -7,7 +7,8 @@ Needs root (slurmd runs jobs as any user) and Debian's slurm-wlm and munge
 (scripts/setup_slurm_packages.sh); otherwise the tests that use it are skipped with the reason.
 Everything lives under one temp dir: munge key and socket, slurm.conf, state, spool, logs. Ports
 are picked free, so concurrent test sessions do not collide. The node has 2 CPUs whatever the
-machine has (`config_overrides`) and four partitions over it:
+machine has (`config_overrides`; `start(cpus=...)` for more, as scripts/bench_successor's sleep
+jobs take) and four partitions over it:
   debug  all CPUs (default)        busy, free  at most 1 CPU each, to load one and not the other
   shared  all CPUs, each shared by up to 4 jobs (a site's job and its successor, of several sites)
 Scheduling runs every second (sched_interval, bf_interval) so predictions and starts are prompt.
@@ -100,7 +101,7 @@ class SlurmCluster:
             time.sleep(0.2)
 
 
-def _conf(root: Path, node: str) -> str:
+def _conf(root: Path, node: str, cpus: int, extra: str) -> str:
     return f"""\
 ClusterName=sitemesh-test
 SlurmctldHost={node}(127.0.0.1)
@@ -130,12 +131,12 @@ KillWait=2
 MinJobAge=600
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=10 State=UP
 PartitionName=busy Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
 PartitionName=free Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
 PartitionName=shared Nodes={node} OverSubscribe=FORCE:4 MaxTime=10 State=UP
-"""
+{extra}"""
 
 
 def stop(root: Path) -> None:
@@ -158,13 +159,15 @@ def stop(root: Path) -> None:
             time.sleep(0.1)
 
 
-def start(root: Path) -> SlurmCluster:
-    """Starts munged, slurmctld and slurmd under `root` and waits until the node is idle."""
+def start(root: Path, cpus: int = 2, extra_conf: str = "") -> SlurmCluster:
+    """Starts munged, slurmctld and slurmd under `root` and waits until the node is idle; the node
+    has `cpus` CPUs, and `extra_conf` (slurm.conf lines for keys the conf above leaves unset, e.g. a
+    priority plugin) is appended."""
     for d in ("munge", "state", "spool", "log"):
         (root / d).mkdir(mode=0o700)
     node = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, node))
+    conf.write_text(_conf(root, node, cpus, extra_conf))
     m = root / "munge"
     subprocess.run(["mungekey", "--create", f"--keyfile={m}/key"], check=True, capture_output=True)
     subprocess.run(
