@@ -7,8 +7,10 @@ site hands over instead of dropping out. This core reads the site's jobs (from `
 
 * **Submit** the next sequence number: at once when the site has no job running or queued (first
   start, or the last one ended or failed), or, while a job runs, a successor that Slurm may start
-  from `handover_s` before the running job's end (`--begin`): it queues in the meantime, so its
-  queue wait overlaps the running job instead of following it;
+  from `handover_s` before the running job's end: it queues in the meantime, so its queue wait
+  overlaps the running job instead of following it. Slurm counts a job's queue wait only from its
+  `--begin`, so the loop sets that earlier than the window by the site's calibrated predicted wait
+  (`led_begin`; ops/autopilot/loop.py asks `sbatch --test-only` for it);
 * **StartNow** a queued successor whose `--begin` lies ahead when no job of the site runs any more
   (the one it was to follow died, was cancelled or left early): the site would be out until then;
 * **Hold** while a job is queued, while the site is backed off after `max_failures` failed jobs
@@ -122,7 +124,8 @@ class Submit:
     site: str
     seq: int
     begin: float | None
-    """Slurm's --begin (None: as soon as it can)."""
+    """When the successor may start: its handover window opens (None: as soon as it can). Its
+    `--begin` is this, led by the queue wait (`led_begin`)."""
     reason: str
 
 
@@ -197,6 +200,22 @@ def decide(now: float, site: str, jobs: Sequence[Job], seen_seq: int, target_rea
     begin = None if ends is None else max(now, ends - config.handover_s)
     return Submit(site, seq, begin, f"job {current.seq} ({current.job_id}) runs until {_clock(ends)}: its "
                                      f"successor may start from {_clock(begin)}, {config.handover_s:.0f} s before")
+
+
+def led_begin(now: float, opens: float, wait_s: float | None, wall_s: float, why: str) -> tuple[float, str]:
+    """The `--begin` of a successor whose window opens at `opens`, and its reason: `wait_s` (the
+    site's calibrated predicted queue wait for the job's shape) earlier, so the successor has waited
+    the queue by then (Slurm counts the wait only from its --begin); never before `now`. The lead is
+    at most `wall_s`, the job's wall time. `wait_s` None (no calibrated prediction, `why` says why:
+    a raw `--test-only` wait plans with time limits and is far too long): not led."""
+    if wait_s is None:
+        begin = max(now, opens)
+        return begin, f"--begin {_clock(begin)}, not led by a queue wait: {why}"
+    lead = min(max(0.0, wait_s), wall_s)
+    begin = max(now, opens - lead)
+    capped = f" (capped at the wall time; {wait_s:.0f} s predicted)" if wait_s > wall_s else ""
+    return begin, (f"--begin {_clock(begin)} = {_clock(opens)} - calibrated wait {lead:.0f} s{capped}"
+                   + (", but not before now" if begin > opens - lead else "") + f" ({why})")
 
 
 def _how(job: Job, config: KeeperConfig) -> str:

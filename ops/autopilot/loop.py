@@ -8,8 +8,12 @@ Each pass, for each site with a `[sites.NAME.slurm]` table: list the run's jobs 
 through the site's command prefix: ops/autopilot/queue.py), decide (ops/autopilot/keeper.py),
 submit what was decided (the site's sbatch template, ops/placement/templates.py; among its
 `node_options`, the node count whose job trains the most tokens by `sbatch --test-only`:
-ops/autopilot/shapes.py), and log the decision with its reason. With `--peer` the loop asks the mesh whether the
-run's data epochs are done and then submits nothing more.
+ops/autopilot/shapes.py), and log the decision with its reason. A successor's `--begin` is led by
+the calibrated predicted queue wait of the shape submitted (one `--test-only` probe, also where the
+site has one shape; not led while the site is uncalibrated: keeper.led_begin), and the submission
+goes to the prediction log with Slurm's raw predicted wait counted from when the job may start
+(ops/placement/predictions.py), which calibrates the next. With `--peer` the loop asks the mesh
+whether the run's data epochs are done and then submits nothing more.
 
 Its state is one JSON file (`--state`, default `<run file>.autopilot.json`, ops/autopilot/state.py):
 the highest sequence number submitted per site, the decisions taken, and every job of the run as
@@ -28,6 +32,7 @@ import datetime as dt
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -38,15 +43,17 @@ else:  # pragma: no cover - exercised on 3.10 only
 import grpc
 
 from ops.autopilot import queue
-from ops.autopilot.keeper import Hold, Job, JobState, KeeperConfig, StartNow, Submit, decide, job_name
+from ops.autopilot.keeper import (
+    Hold, Job, JobState, KeeperConfig, StartNow, Submit, decide, job_name, led_begin
+)
 from ops.autopilot.shapes import ShapeChoice, ShapeOption, choose
 from ops.autopilot.state import AutopilotState
 from ops.certs import CertError, add_client_flags, client_credentials
 from ops.placement import config as cfg
 from ops.placement import templates
-from ops.placement.predictions import PredictionLog, PredictionLogError
+from ops.placement.predictions import Calibration, PredictionLog, PredictionLogError
 from ops.placement.probing import SiteProbe, probe_site, site_slurm
-from ops.placement.slurm import SlurmError, SlurmSite, utc_now
+from ops.placement.slurm import Prediction, SlurmError, SlurmSite, utc_now
 from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.transport.channels import open_blocking_channel
 
@@ -93,33 +100,71 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
     state.seen[site.name] = decision.seq
     state.save(state_path)
     name = job_name(state.run, site.name, decision.seq)
-    choice = _shape(run, site, name, decision.begin)
-    job_id = queue.submit(slurm, choice.shape, name, templates.render(site, run.path, decision.seq), decision.begin)
-    state.submitted(Job(site.name, decision.seq, job_id, JobState.QUEUED, "PENDING", float(choice.shape.time_s),
-                        begin=decision.begin, nodes=choice.shape.nodes))
-    if choice.start is not None:  # the prediction log learns how this site's predictions come true
+    probed = _shape(run, site, name, decision.begin)
+    shape, begin, led = probed.choice.shape, decision.begin, ""
+    if decision.begin is not None:
+        wait, why = _calibrated_wait(probed)
+        begin, led = led_begin(time.time(), decision.begin, wait, float(shape.time_s), why)
+    job_id = queue.submit(slurm, shape, name, templates.render(site, run.path, decision.seq), begin)
+    state.submitted(Job(site.name, decision.seq, job_id, JobState.QUEUED, "PENDING", float(shape.time_s),
+                        begin=begin, nodes=shape.nodes))
+    if probed.prediction is not None:  # the prediction log learns how this site's predictions come true
+        # Its wait counts from when it may start, not from a submission held back by --begin.
+        at = utc_now() if begin is None else max(utc_now(), dt.datetime.fromtimestamp(begin, dt.timezone.utc))
         try:
             PredictionLog(run.placement.log).record_submit(
-                site.name, job_id, utc_now(), dt.datetime.fromtimestamp(choice.start, dt.timezone.utc), choice.shape)
+                site.name, job_id, at, at + dt.timedelta(seconds=probed.prediction.wait_s), shape)
         except OSError as err:  # the job is queued: a log we cannot write must not hide that
             log.warning("%s: job %s not recorded in the prediction log: %s", site.name, job_id, err)
-    return (f"{site.name}: submitted {name} as job {job_id} ({choice.shape.describe()}): {decision.reason}"
-            + (f"; {choice.reason}" if choice.reason else ""))
+    return (f"{site.name}: submitted {name} as job {job_id} ({shape.describe()}): {decision.reason}"
+            + "".join(f"; {part}" for part in (led, probed.choice.reason) if part))
 
 
-def _shape(run: cfg.PlacementRun, site: cfg.SiteSlurm, name: str, begin: float | None) -> ShapeChoice:
+@dataclass(frozen=True)
+class _Probed:
+    """The shape to submit, and what the probe said of it."""
+
+    choice: ShapeChoice
+    prediction: Prediction | None = None
+    """Slurm's own answer for the chosen shape, uncalibrated (None: not probed, or refused)."""
+    calibration: Calibration | None = None
+    error: str = ""
+    """Why there is no prediction, where a probe was asked for."""
+
+
+def _shape(run: cfg.PlacementRun, site: cfg.SiteSlurm, name: str, begin: float | None) -> _Probed:
     """The node count to ask for: the configured one where the site lists no other, else the one
-    whose job trains the most tokens by the probes (ops/autopilot/shapes.py). SlurmError where squeue
-    fails on the site's earlier jobs: the pass skips the site, as for any Slurm failure."""
-    if len(site.shapes()) == 1:
-        return ShapeChoice(site.shape, None, "")
+    whose job trains the most tokens by the probes (ops/autopilot/shapes.py). Probed also with one
+    shape when a successor is queued (`begin`): its --begin is led by the predicted wait. SlurmError
+    where squeue fails on the site's earlier jobs of a site with several shapes: the pass skips the
+    site, as for any Slurm failure."""
+    single = len(site.shapes()) == 1
+    if single and begin is None:
+        return _Probed(ShapeChoice(site.shape, None, ""))
     try:  # probed under the job's own name, as the job it stands for
         probe = probe_site(site, run, PredictionLog(run.placement.log), job_name=name)
     except PredictionLogError as err:
-        return ShapeChoice(site.shape, None, f"{site.shape.nodes} nodes (configured): {err}")
-    if not probe.predictions and not probe.refused:  # squeue failed before any shape was probed
+        why = "" if single else f"{site.shape.nodes} nodes (configured): {err}"
+        return _Probed(ShapeChoice(site.shape, None, why), error=str(err))
+    if not probe.predictions and not probe.refused and not single:  # squeue failed before any probe
         raise SlurmError(probe.error)
-    return choose(_options(site, probe), site.shape, time.time(), begin)
+    choice = (ShapeChoice(site.shape, None, "") if single
+              else choose(_options(site, probe), site.shape, time.time(), begin))
+    prediction = next((p for p in probe.predictions if p.shape == choice.shape), None)
+    error = probe.refused.get(choice.shape) or (probe.error.splitlines() or ["not probed"])[-1]
+    return _Probed(choice, prediction, probe.calibration, "" if prediction else error)
+
+
+def _calibrated_wait(probed: _Probed) -> tuple[float | None, str]:
+    """The chosen shape's calibrated predicted queue wait, and where it comes from; None where
+    there is none to trust (no answer, or too few pairs: a raw answer is far too long)."""
+    if probed.prediction is None or probed.calibration is None:
+        return None, f"no --test-only answer ({probed.error or 'not probed'})"
+    if not probed.calibration.calibrated:
+        return None, (f"{probed.calibration.reason}, Slurm's own {probed.prediction.wait_s:.0f} s "
+                      "is not trusted")
+    return (probed.calibration.wait_s(probed.prediction.wait_s),
+            f"Slurm's {probed.prediction.wait_s:.0f} s x {probed.calibration.reason}")
 
 
 def _options(site: cfg.SiteSlurm, probe: SiteProbe) -> list[ShapeOption]:

@@ -9,12 +9,17 @@ pessimistic, and some clusters answer a fixed far-away time even when nodes sit 
 site the log pairs a submission's predicted wait with its real wait; the calibration factor is the
 median of `(real + 60 s) / (predicted + 60 s)` over the last `_WINDOW` pairs (the 60 s keeps the
 ratio meaningful when Slurm predicted "now"), and a calibrated wait is
-`(predicted + 60 s) * factor - 60 s`, never below 0. Fewer than `min_samples` pairs: factor 1.
+`(predicted + 60 s) * factor - 60 s`, never below 0. Fewer than `min_samples` pairs: factor 1,
+and the site is uncalibrated (`Calibration.calibrated`).
 
 The log is JSON lines, one object per event, appended (a crash loses at most the last line):
     {"kind": "probe",  "site", "at", "predicted_start", "partition", "nodelist", "shape"}
     {"kind": "submit", "site", "at", "job_id", "predicted_start", "shape"}
     {"kind": "start",  "site", "at", "job_id", "started_at"}
+A submit's `at` is when the job could first start: its submission, or its `--begin` when that lies
+later (the operator loop's successors: a wait counted from the submission would include the
+deliberate delay and inflate the factor); its `predicted_start` is `at` plus Slurm's own predicted
+wait (`--test-only`, uncalibrated: the calibration learns from raw answers).
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class Calibration:
     factor: float
     samples: int
     reason: str
+    calibrated: bool = True
+    """False while the site has fewer pairs than needed: `factor` is 1, Slurm's answer as it is."""
 
     def __post_init__(self) -> None:
         if self.factor < 0:
@@ -148,7 +155,8 @@ class PredictionLog:
         pairs = self.pairs(site)[-_WINDOW:]
         if len(pairs) < min_samples:
             return Calibration(
-                site, 1.0, len(pairs), f"{len(pairs)} of {min_samples} pairs needed: uncalibrated"
+                site, 1.0, len(pairs), f"{len(pairs)} of {min_samples} pairs needed: uncalibrated",
+                calibrated=False,
             )
         factor = statistics.median((real + _SLACK_S) / (pred + _SLACK_S) for pred, real in pairs)
         return Calibration(

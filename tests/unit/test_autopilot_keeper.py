@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from ops.autopilot.keeper import (
@@ -14,6 +16,7 @@ from ops.autopilot.keeper import (
     decide,
     job_name,
     job_state,
+    led_begin,
     parse_job_name,
 )
 
@@ -50,6 +53,27 @@ def test_a_running_job_gets_a_successor_that_may_start_handover_s_before_its_end
     # Submitted late (the loop was down): it may start at once.
     late = decide(T0 + 3500, "lumi", [job(1, JobState.RUNNING, start=T0)], 1, False, CONFIG)
     assert isinstance(late, Submit) and late.begin == T0 + 3500
+
+
+@pytest.mark.parametrize(("now", "wait_s", "begin", "says"), [
+    # Slurm counts the wait from --begin: led by the calibrated wait, the job has waited by the window.
+    (T0, 45.0, T0 + 3300 - 45, "- calibrated wait 45 s (why)"),
+    (T0, 0.0, T0 + 3300, "- calibrated wait 0 s (why)"),
+    # No calibrated wait (too few pairs, no probe): the window itself, not a raw guess 10x too long.
+    (T0, None, T0 + 3300, "not led by a queue wait: why"),
+    # Never more than the job's wall time (3600 s), never before now.
+    (T0 - 7200, 9000.0, T0 + 3300 - 3600, "capped at the wall time; 9000 s predicted"),
+    (T0 + 3000, 600.0, T0 + 3000, "but not before now"),
+])
+def test_a_successors_begin_leads_its_window_by_the_calibrated_wait(now: float, wait_s: float | None,
+                                                                      begin: float, says: str) -> None:
+    got, reason = led_begin(now, T0 + 3300, wait_s, 3600.0, "why")
+    assert got == begin and says in reason, reason
+    assert reason.startswith(f"--begin {_clock(begin)}")
+
+
+def _clock(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%H:%M:%S UTC")
 
 
 def test_nothing_is_submitted_while_a_job_is_queued_or_once_the_target_is_reached() -> None:

@@ -26,8 +26,10 @@ def test_uncalibrated_until_enough_pairs(tmp_path: Path) -> None:
     _job(log, "lumi", 1, 3600, 600)
     _job(log, "lumi", 2, 3600, 600)
     cal = log.calibration("lumi", min_samples=3)
-    assert (cal.factor, cal.samples) == (1.0, 2)
+    assert (cal.factor, cal.samples, cal.calibrated) == (1.0, 2, False)
     assert cal.wait_s(3600) == 3600
+    _job(log, "lumi", 3, 3600, 600)
+    assert log.calibration("lumi", min_samples=3).calibrated
 
 
 def test_fixed_pessimistic_predictions_calibrate_to_near_zero(tmp_path: Path) -> None:
