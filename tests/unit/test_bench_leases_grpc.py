@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_leases"
-
+from tests.support.scripts import load_script
 
 def _load() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("bench_leases", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("bench_leases", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script("bench_leases")
 
 
 def test_grants_starts_renewals_and_claims_are_delivered_over_grpc_and_compared_to_bare() -> None:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
+
+from tests.support.scripts import load_script
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_successor"
-
-
 def _load() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("bench_successor", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("bench_successor", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_successor"] = module  # its dataclasses look their module up by name
-    loader.exec_module(module)
-    return module
+    return load_script("bench_successor")
 
 
 bench = _load()
