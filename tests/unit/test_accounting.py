@@ -133,12 +133,18 @@ def _member_dir(root: Path, records: list[JobRecord]) -> None:
         (root / JOBS_DIR / f"{r.job}.json").write_text(json.dumps(r.to_json()))
 
 
-def test_report_reads_a_sites_dir_and_its_job_members(tmp_path: Path) -> None:
+def _site_with_two_jobs(tmp_path: Path) -> Path:
+    """Site a's data dir: a round's timeline and the records of its members a.j1 and a.j2."""
     site = tmp_path / "a"
     site.mkdir()
     timeline_file.append(site, RoundTimeline(1, "a", compute_s=1.0))
     _member_dir(site / "j1", [A1])
     _member_dir(site / "j2", [A2])
+    return site
+
+
+def test_report_reads_a_sites_dir_and_its_job_members(tmp_path: Path) -> None:
+    site = _site_with_two_jobs(tmp_path)
     _member_dir(site, [B1])  # a job served from the site's own dir (no --job) is read too
     data = report.collect([site])
     assert sorted(r.job for r in data.jobs) == ["101", "102", "201"]
@@ -152,11 +158,7 @@ def test_report_reads_a_sites_dir_and_its_job_members(tmp_path: Path) -> None:
 
 
 def test_report_counts_the_loops_jobs_of_the_sites_it_was_given(tmp_path: Path) -> None:
-    site = tmp_path / "a"
-    site.mkdir()
-    timeline_file.append(site, RoundTimeline(1, "a", compute_s=1.0))
-    _member_dir(site / "j1", [A1])
-    _member_dir(site / "j2", [A2])
+    site = _site_with_two_jobs(tmp_path)
     state = AutopilotState("run")
     failed_a3 = Job("a", 3, "103", JobState.FAILED, "FAILED", 7200, start=8000.0, end=8060.0, nodes=2)
     for job in (*LOOP, failed_a3):
