@@ -27,12 +27,18 @@ from tests.integration.soak_faults import KINDS, FaultConfig, cut_unavailable, h
 SITES = ("b", "c")
 """The job sites; with `a` the run has three, as three facilities would."""
 ROUND_DEADLINE_S = 20.0
-"""A round waits this long for a hit peer (the tests' default is 60 s): short, so faults cost little."""
+"""A round waits at most this long for a hit peer (the tests' default is 60 s): short, so faults cost little."""
+DEADLINE_K = 4.0
+"""`--round-deadline-k`: a round waits for a late site only as long as the sites' recent pace says
+(median + 4 MAD of their report delays, + 2 s), so a slowed or stopped site costs a round a few
+seconds, not ROUND_DEADLINE_S (0: the fixed deadline)."""
 
 
-def start_mesh(workdir: Path, slurm: SlurmCluster, alloc: Allocation = SHORT) -> AutopilotMesh:
+def start_mesh(workdir: Path, slurm: SlurmCluster, alloc: Allocation = SHORT,
+               deadline_k: float = DEADLINE_K) -> AutopilotMesh:
     """The soak's mesh: site a, the job sites (2-minute jobs unless `alloc` says otherwise) and the loop."""
-    return AutopilotMesh.start(workdir, slurm, alloc, train=train_args(round_deadline=ROUND_DEADLINE_S), sites=SITES)
+    train = train_args(round_deadline=ROUND_DEADLINE_S, deadline_k=deadline_k)
+    return AutopilotMesh.start(workdir, slurm, alloc, train=train, sites=SITES)
 
 
 @dataclass(frozen=True)
