@@ -202,20 +202,35 @@ def decide(now: float, site: str, jobs: Sequence[Job], seen_seq: int, target_rea
                                      f"successor may start from {_clock(begin)}, {config.handover_s:.0f} s before")
 
 
-def led_begin(now: float, opens: float, wait_s: float | None, wall_s: float, why: str) -> tuple[float, str]:
+def led_begin(now: float, opens: float, wait_s: float | None, wall_s: float, handover_s: float,
+              why: str) -> tuple[float, str]:
     """The `--begin` of a successor whose window opens at `opens`, and its reason: `wait_s` (the
     site's calibrated predicted queue wait for the job's shape) earlier, so the successor has waited
-    the queue by then (Slurm counts the wait only from its --begin); never before `now`. The lead is
-    at most `wall_s`, the job's wall time. `wait_s` None (no calibrated prediction, `why` says why:
-    a raw `--test-only` wait plans with time limits and is far too long): not led."""
+    the queue by then (Slurm counts the wait only from its --begin); never before `now`. `wait_s`
+    None (no calibrated prediction, `why` says why: a raw `--test-only` wait plans with time limits
+    and is far too long): not led.
+
+    The lead is at most `max_lead_s`: half the time from the predecessor's start to the window. A
+    prediction can be wrong, and a job led back to its predecessor's start that then starts at once
+    is itself a running job whose successor is due at once: one soak chained ten 2-minute jobs in
+    90 s that way. Half-way keeps a wrong prediction's cost under half an allocation and the site's
+    job starts at most one per half of `wall_s - handover_s`."""
     if wait_s is None:
         begin = max(now, opens)
         return begin, f"--begin {_clock(begin)}, not led by a queue wait: {why}"
-    lead = min(max(0.0, wait_s), wall_s)
+    most = max_lead_s(wall_s, handover_s)
+    lead = min(max(0.0, wait_s), most)
     begin = max(now, opens - lead)
-    capped = f" (capped at the wall time; {wait_s:.0f} s predicted)" if wait_s > wall_s else ""
+    capped = (f" (at most half the {wall_s - handover_s:.0f} s from the predecessor's start to the window; "
+              f"{wait_s:.0f} s predicted)" if wait_s > most else "")
     return begin, (f"--begin {_clock(begin)} = {_clock(opens)} - calibrated wait {lead:.0f} s{capped}"
                    + (", but not before now" if begin > opens - lead else "") + f" ({why})")
+
+
+def max_lead_s(wall_s: float, handover_s: float) -> float:
+    """The most a successor's --begin is led ahead of its window (`led_begin`): half of what is left
+    of a job of `wall_s` once its successor's window of `handover_s` is taken off."""
+    return max(0.0, wall_s - handover_s) / 2
 
 
 def _how(job: Job, config: KeeperConfig) -> str:

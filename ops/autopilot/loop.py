@@ -77,7 +77,7 @@ def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, tar
             decision = decide(time.time() if now is None else now, site.name, jobs, state.seen[site.name],
                               target_reached, keeper)
             if isinstance(decision, Submit):
-                line = _submit(run, site, slurm, state, state_path, decision)
+                line = _submit(run, site, slurm, state, state_path, decision, keeper.handover_s)
             elif isinstance(decision, StartNow):
                 queue.start_now(slurm, decision.job_id)
                 line = f"{site.name}: starting job {decision.seq} ({decision.job_id}) now: {decision.reason}"
@@ -95,7 +95,7 @@ def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, tar
 
 
 def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state: AutopilotState, state_path: Path,
-            decision: Submit) -> str:
+            decision: Submit, handover_s: float) -> str:
     # Recorded first: if the loop dies during sbatch, the number is burnt, never reused.
     state.seen[site.name] = decision.seq
     state.save(state_path)
@@ -104,7 +104,7 @@ def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state:
     shape, begin, led = probed.choice.shape, decision.begin, ""
     if decision.begin is not None:
         wait, why = _calibrated_wait(probed)
-        begin, led = led_begin(time.time(), decision.begin, wait, float(shape.time_s), why)
+        begin, led = led_begin(time.time(), decision.begin, wait, float(shape.time_s), handover_s, why)
     job_id = queue.submit(slurm, shape, name, templates.render(site, run.path, decision.seq), begin)
     state.submitted(Job(site.name, decision.seq, job_id, JobState.QUEUED, "PENDING", float(shape.time_s),
                         begin=begin, nodes=shape.nodes))

@@ -61,15 +61,33 @@ def test_a_running_job_gets_a_successor_that_may_start_handover_s_before_its_end
     (T0, 0.0, T0 + 3300, "- calibrated wait 0 s (why)"),
     # No calibrated wait (too few pairs, no probe): the window itself, not a raw guess 10x too long.
     (T0, None, T0 + 3300, "not led by a queue wait: why"),
-    # Never more than the job's wall time (3600 s), never before now.
-    (T0 - 7200, 9000.0, T0 + 3300 - 3600, "capped at the wall time; 9000 s predicted"),
+    # Never more than half the 3300 s from the predecessor's start to the window, never before now.
+    (T0 - 7200, 9000.0, T0 + 3300 - 1650, "at most half the 3300 s from the predecessor's start"),
     (T0 + 3000, 600.0, T0 + 3000, "but not before now"),
 ])
 def test_a_successors_begin_leads_its_window_by_the_calibrated_wait(now: float, wait_s: float | None,
                                                                       begin: float, says: str) -> None:
-    got, reason = led_begin(now, T0 + 3300, wait_s, 3600.0, "why")
+    got, reason = led_begin(now, T0 + 3300, wait_s, 3600.0, 300.0, "why")
     assert got == begin and says in reason, reason
     assert reason.startswith(f"--begin {_clock(begin)}")
+
+
+def test_a_wrong_predicted_wait_cannot_chain_successors_that_start_at_once() -> None:
+    """2-minute jobs, successors 80 s before the end, and a calibrated wait of 2 minutes where the
+    queue is empty: each successor starts at its --begin and at once gets a successor of its own.
+    Led by the whole wall time, ten jobs started within a second (a soak did this); led by at most
+    half the 40 s from a job's start to its successor's window, one starts every 20 s at most."""
+    config = KeeperConfig(handover_s=80, max_failures=3, backoff_s=(600, 3600), min_useful_s=20)
+    jobs = [Job("lumi", 1, "1", JobState.RUNNING, "RUNNING", 120, T0)]
+    for seq in range(2, 12):
+        now = jobs[-1].start
+        assert now is not None
+        d = decide(now, "lumi", jobs, seq - 1, False, config)
+        assert isinstance(d, Submit) and d.begin is not None, d
+        begin, _ = led_begin(now, d.begin, 120.0, 120.0, config.handover_s, "why")
+        jobs.append(Job("lumi", seq, str(seq), JobState.RUNNING, "RUNNING", 120, begin))
+    starts = [j.start for j in jobs]
+    assert min(b - a for a, b in zip(starts, starts[1:])) == pytest.approx(20.0)  # type: ignore[operator]
 
 
 def _clock(t: float) -> str:

@@ -53,7 +53,7 @@ def _submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: cfg.PlacementR
     monkeypatch.setattr(loop.templates, "render", lambda *_: "#!/bin/bash\n")
     site = run.sites["s"]
     line = loop._submit(run, site, site_slurm(site, run), AutopilotState.load(tmp_path / "state.json", "r"),
-                        tmp_path / "state.json", Submit("s", 2, begin, "job 1 runs"))
+                        tmp_path / "state.json", Submit("s", 2, begin, "job 1 runs"), 600.0)
     records = [json.loads(x) for x in (tmp_path / "placement.jsonl").read_text().splitlines()]
     [record] = [r for r in records if r["kind"] == "submit"]
     return line, asked[0], record
