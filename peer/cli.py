@@ -38,7 +38,7 @@ from peer.reach import NotReachable
 from peer.core.rounds import RoundsConfig
 from peer.trainer.config import MODEL_PRESETS, WIRE_FORMATS, DataConfig, InnerConfig, RanksConfig, TrainerConfig
 from peer.trainer.process import TrainerError
-from peer.outer_config import LONG_RUN_LR, SHORT_RUN_ROUNDS, SPARSE_OUTER, OuterConfig, lr_for
+from peer.outer_config import LONG_RUN_LR, LONG_RUN_ROUNDS, SHORT_RUN_ROUNDS, SPARSE_OUTER, OuterConfig, lr_for
 
 if TYPE_CHECKING:
     from peer.node import Node
@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 0: every site runs all H)")
     train.add_argument("--outer-lr", type=float,
                        help="outer Nesterov learning rate; the same on every site (default: 1 for a run of up to "
-                            f"{SHORT_RUN_ROUNDS} rounds (--total-steps / --inner-steps), towards {LONG_RUN_LR} for "
-                            f"longer ones, docs/decisions/outer-defaults.md; {SPARSE_OUTER.lr} with --wire sparse)")
+                            f"{SHORT_RUN_ROUNDS} rounds (--total-steps / --inner-steps), {LONG_RUN_LR} from "
+                            f"{LONG_RUN_ROUNDS} on, docs/decisions/outer-defaults.md; {SPARSE_OUTER.lr} with --wire sparse)")
     train.add_argument("--outer-momentum", type=float, default=OuterConfig.momentum,
                        help=f"outer momentum (default {OuterConfig.momentum}: DiLoCo's 0.9 overshot from 12 to 98 "
                             "rounds; keep 0 with --wire sparse, whose decayed error feedback stands in for it)")

@@ -9,7 +9,7 @@ then computes, in fp32,
     θ ← θ − lr (Δ̄ + μ m)                       dampening=0) with Δ̄ as the gradient)
 
 DiLoCo's values are lr = 0.7, μ = 0.9; the node's default is μ = 0 and an lr set by the run's
-length, 1 (plain averaging) up to 16 rounds and towards 0.8 for long runs (peer/outer_config.lr_for,
+length, 1 (plain averaging) up to 16 rounds and 0.6 from 22 rounds on (peer/outer_config.lr_for,
 docs/decisions/outer-defaults.md).
 
 Bit-identical everywhere. Every peer must arrive at the same θ_r (invariant I7, checked with
