@@ -46,10 +46,10 @@ def lr_for(rounds: int) -> float:
     outer-defaults.md): in a short run every round's progress counts and damping the mean only
     leaves θ short (lr 0.6 was 4 % worse than 1 at 12 rounds), while in a long one damping it in
     every round keeps the sites' drift down (0.6 read 0.99-1.00 of one trainer at 33, 98 and 326
-    rounds, where the plain mean read 1.06-1.13). Nothing between 12 and 22 rounds was measured. Damping only the late rounds was worse than both
-    (a linear cool-down at 98 rounds). The rule is a function of the run's length alone, which
-    every peer derives from the same --total-steps and --inner-steps, so every peer takes the same
-    step (I7)."""
+    rounds, where the plain mean read 1.06-1.13). Nothing between 12 and 22 rounds was measured.
+    Damping only the late rounds was worse than both (a linear cool-down at 98 rounds). The rule is
+    a function of the run's length alone, which every peer derives from the same --total-steps and
+    --inner-steps, so every peer takes the same step (I7)."""
     if rounds <= SHORT_RUN_ROUNDS:
         return 1.0
     if rounds >= LONG_RUN_ROUNDS:
