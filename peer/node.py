@@ -536,6 +536,8 @@ class Node:
         elif isinstance(effect, ce.Rejected):
             if effect.kind is c.RefusalKind.IMPLAUSIBLE:
                 self.events.refused_message("consensus", effect.from_site, effect.what, effect.reason)
+            elif effect.from_site == self.config.site and effect.what in ("leadership", "hand-over"):
+                log.info("%s: %s", effect.what, effect.reason)  # why this peer stopped leading
             else:  # fencing a stale epoch is an event operators want to see; log repair is routine
                 log.log(logging.INFO if effect.kind is c.RefusalKind.STALE else logging.DEBUG,
                         "consensus refused %s from %s: %s", effect.what, effect.from_site, effect.reason)

@@ -37,12 +37,12 @@ from peer.core.commitlog import (
     RoundCommit,
     Snapshot,
     VoterChange,
-    Voters,
     quorum_index,
 )
-from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP re-exported for tests and docs
+from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP, fencing_epoch re-exported
     MAX_EPOCH_JUMP,
     EpochClaims,
+    fencing_epoch,
     Message,
     RefusalKind,
     implausible_epoch,
@@ -61,8 +61,9 @@ from peer.core.consensus_effects import (
     Status,
     TWO_LEADERS,
 )
+from peer.core.handover import successor
 from peer.core.membership_types import MemberState
-from peer.core.voter_set import MemberVerdict, next_voter_change
+from peer.core.voter_set import MemberVerdict, live_addresses, next_voter_change, replication_targets
 from peer.core.election import (
     ElectionConfig,
     Epoch,
@@ -71,18 +72,11 @@ from peer.core.election import (
     RequestVote,
     Role,
     SiteId,
+    TimeoutNow,
     VoteReply,
     has_majority,
     vote_decision,
 )
-
-
-def fencing_epoch(msg: Message) -> Epoch:
-    """The epoch a message is judged by. A pre-vote reply answers a question asked at
-    proposed_epoch - 1; every other message is as fresh as its header's epoch."""
-    if isinstance(msg, VoteReply) and msg.pre_vote:
-        return Epoch(msg.proposed_epoch - 1)
-    return msg.header.epoch
 
 
 @dataclass
@@ -114,6 +108,10 @@ class ConsensusCore:
     standing_back: bool = False
     voter_note: str = ""  # why the last voter change was (not) proposed, for status and logs
     members: dict[SiteId, MemberVerdict] = field(default_factory=dict)  # membership's verdicts (inputs only)
+    # Live members whose graceful leave began (membership's LEAVING label; input only): never the
+    # successor of a hand-over.
+    leaving_members: frozenset[SiteId] = frozenset()
+    released: tuple[SiteId, Epoch] | None = None  # the leader and epoch whose lease a hand-over voided
     # Leader-only state, reset at every election win.
     became_leader_at: float = 0.0
     next_heartbeat: float = math.inf
@@ -215,6 +213,8 @@ class ConsensusCore:
             self._on_append(msg, effects)
         elif isinstance(msg, InstallSnapshot):
             self._on_snapshot(msg, effects)
+        elif isinstance(msg, TimeoutNow):
+            self._on_timeout_now(msg, effects)
         else:
             self._on_append_reply(msg, effects)
         return effects
@@ -357,7 +357,7 @@ class ConsensusCore:
             effects.append(PersistHardState(self.hard))
         self._reset_election_timer()
         req = RequestVote(self._header(), proposed, self.log.last_index, self.log.last_epoch, pre_vote)
-        for site, address in self._live_addresses(self.log.voters()).items():
+        for site, address in live_addresses(self.members, self.log.voters()).items():
             if site != self.site:
                 effects.append(self._send(site, address, req))
         self._count_votes(effects)
@@ -427,6 +427,33 @@ class ConsensusCore:
                        reverse=True)
         return times[len(voters) // 2] + self.config.lease_s
 
+    def _hand_over(self, effects: list[Effect]) -> None:
+        """This peer stepped down to leave: tell every voter that the lease it kept for it is void,
+        and the successor to campaign now (docs/decisions/consensus-leadership-transfer.md)."""
+        voters = live_addresses(self.members, self.log.voters())
+        heir = successor(voters, self.match_index, self.log.last_index, self.members, self.leaving_members,
+                         self.ack_time, self.now - self.config.election_timeout_min_s)
+        if heir is None:
+            effects.append(Rejected(self.site, "hand-over", "no staying voter that is alive and holds the whole log"))
+            return
+        for site, address in sorted(voters.items()):
+            effects.append(self._send(site, address, TimeoutNow(self._header(), heir)))
+
+    def _on_timeout_now(self, msg: TimeoutNow, effects: list[Effect]) -> None:
+        """The leader this peer follows handed its epoch over: its lease is void, so this peer votes
+        again, and campaigns at once (no pre-vote: no leader is left to disturb) if it is the heir."""
+        h = msg.header
+        if (self.leader, self.leader_epoch) != (h.from_site, h.epoch):
+            # Another leader of the epoch is a lie (I1); its leader not heard yet here (a rejoin) is not.
+            other = self.leader if self.leader_epoch == h.epoch else None
+            effects.append(Rejected(h.from_site, "hand-over", f"{h.from_site} does not lead epoch {h.epoch} here"
+                                    + (f": {other} does" if other else ""),
+                                    RefusalKind.IMPLAUSIBLE if other else RefusalKind.ROUTINE))
+            return
+        self.sticky_until, self.released = self.now, (h.from_site, h.epoch)
+        if msg.successor == self.site and self.is_voter():
+            self._campaign(pre_vote=False, effects=effects)
+
     # ----- replication -----
 
     def _header(self) -> Header:
@@ -434,28 +461,6 @@ class ConsensusCore:
 
     def _send(self, to: SiteId, address: str, msg: Message) -> Send:
         return Send(to, address, msg)
-
-    def _targets(self) -> dict[SiteId, str]:
-        """Everyone who needs the log: voters and live members (observers, voters-to-be), and members
-        that left, while they answer or for 10 election timeouts, so that a leaver learns that its
-        removal committed (what `ops leave` waits for, I8) even after a partition."""
-        def leaving(m: MemberVerdict, site: SiteId) -> bool:
-            silent = self.now - self.ack_time.get(site, self.became_leader_at)
-            recent = self.now - m.since < 10 * self.config.election_timeout_max_s
-            return m.state is MemberState.LEFT and (silent < self.config.election_timeout_max_s or recent)
-
-        # A site only heard of as LEFT (never seen alive here, not in the log) has no address to dial.
-        out = {s: m.address for s, m in self.members.items()
-               if m.address and (m.state is MemberState.ALIVE or leaving(m, s))}
-        out.update(self._live_addresses(self.log.voters()))
-        out.pop(self.site, None)
-        return out
-
-    def _live_addresses(self, voters: Voters) -> dict[SiteId, str]:
-        """Voter -> address to dial: where membership last saw it alive, else where the log says.
-        A site restarted by Slurm on another node keeps its seat but not its address."""
-        return {s: (self.members[s].address if s in self.members and self.members[s].state is MemberState.ALIVE else a)
-                for s, a in voters}
 
     def _append_and_replicate(self, body: RoundCommit | VoterChange | EpochStart,
                               effects: list[Effect] | None = None) -> Answer:
@@ -468,7 +473,7 @@ class ConsensusCore:
 
     def _broadcast(self, effects: list[Effect]) -> None:
         self.next_heartbeat = self.now + self.config.heartbeat_interval_s
-        for site, address in sorted(self._targets().items()):
+        for site, address in sorted(replication_targets(self).items()):
             effects.append(self._replicate_to(site, address))
         # Forget send times no reply can still renew a lease from.
         horizon = self.now - 2 * self.config.election_timeout_max_s
@@ -496,8 +501,9 @@ class ConsensusCore:
         if self.leader != h.from_site:
             effects.append(LeaderChanged(h.from_site, h.epoch))
         self.role, self.leader, self.leader_epoch, self.votes = Role.FOLLOWER, h.from_site, h.epoch, set()
-        self.sticky_until = self.now + self.config.election_timeout_min_s
-        self.sticky_why = f"leader {h.from_site} heard within the election timeout (its lease holds)"
+        if self.released != (h.from_site, h.epoch):  # a hand-over's late heartbeat renews no lease
+            self.sticky_until = self.now + self.config.election_timeout_min_s
+            self.sticky_why = f"leader {h.from_site} heard within the election timeout (its lease holds)"
         self._reset_election_timer()
 
     def _on_append(self, msg: AppendEntries, effects: list[Effect]) -> None:
@@ -556,7 +562,10 @@ class ConsensusCore:
         if n > self.commit_index and self.log.epoch_at(n) == self.hard.epoch:
             self._commit_to(n, effects)
             self._broadcast(effects)  # followers learn the new commit index one delay later
-            self._reconcile_voters(effects)
+            if self.role is Role.LEADER:
+                self._reconcile_voters(effects)
+            else:  # it committed this leader's own removal (thesis 4.2.2): hand over, after the commit index
+                self._hand_over(effects)
 
     def _commit_to(self, index: int, effects: list[Effect]) -> None:
         if index <= self.commit_index:

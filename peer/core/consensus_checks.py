@@ -33,7 +33,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from peer.core.commitlog import AppendEntries, AppendReply, InstallSnapshot, Voters
-from peer.core.election import Epoch, RequestVote, SiteId, VoteReply
+from peer.core.election import Epoch, RequestVote, SiteId, TimeoutNow, VoteReply
 
 MAX_EPOCH_JUMP = 1_000
 """How far above this peer's epoch one sender may take it alone. Elections happen seconds apart at
@@ -57,7 +57,15 @@ class RefusalKind(enum.Enum):
     simulator) never produces one."""
 
 
-Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot
+Message = RequestVote | VoteReply | AppendEntries | AppendReply | InstallSnapshot | TimeoutNow
+
+
+def fencing_epoch(msg: Message) -> Epoch:
+    """The epoch a message is judged by. A pre-vote reply answers a question asked at
+    proposed_epoch - 1; every other message is as fresh as its header's epoch."""
+    if isinstance(msg, VoteReply) and msg.pre_vote:
+        return Epoch(msg.proposed_epoch - 1)
+    return msg.header.epoch
 
 
 def claimed_epoch(msg: Message) -> Epoch:

@@ -140,6 +140,15 @@ class RequestVote:
 
 
 @dataclass(frozen=True)
+class TimeoutNow:
+    """A leader that stepped down to leave hands its epoch over (Raft thesis 3.10): every receiver
+    that follows it drops the lease it kept for it, and `successor` campaigns at once."""
+
+    header: Header
+    successor: SiteId
+
+
+@dataclass(frozen=True)
 class VoteReply:
     header: Header
     proposed_epoch: Epoch

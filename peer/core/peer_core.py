@@ -135,6 +135,7 @@ class PeerCore:
         return out
 
     def tick(self, now: float, view: View) -> list[Effect]:
+        self._note_leaving(view)
         out = self._consensus(self.consensus.tick(now), now, view)
         if self._seat is not None:
             out += self._seat.update(now, self.consensus.removed())
@@ -150,6 +151,7 @@ class PeerCore:
         return out
 
     def consensus_message(self, msg: ConsensusMessage, now: float, view: View) -> list[Effect]:
+        self._note_leaving(view)  # a commit of this leader's removal hands over to a staying voter
         return self._consensus(self.consensus.receive(msg, now), now, view)
 
     def round_message(self, msg: r.Message, now: float, view: View) -> list[Effect]:
@@ -199,6 +201,9 @@ class PeerCore:
         return out + self._seat.update(now, self.consensus.removed())
 
     # ----- routing ----------------------------------------------------------------------------
+    def _note_leaving(self, view: View) -> None:
+        self.consensus.leaving_members = frozenset(SiteId(s) for s in view.leaving & view.live)
+
     def _seen(self, view: View) -> Seen:
         status = self.consensus.status()
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, view.applied_round,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from peer.core.commitlog import Log, LogIndex, VoterChange, apply_voter_change
+from peer.core.commitlog import Log, LogIndex, VoterChange, Voters, apply_voter_change
 from peer.core.election import ElectionConfig, SiteId, has_majority
 from peer.core.membership_types import MemberState
 
@@ -88,3 +88,27 @@ def voter_change_candidates(core: LeaderState, voters: dict[SiteId, str]) -> Ite
         for site, m in sorted(core.members.items()):
             if m.state is MemberState.ALIVE and site not in voters and core.match_index.get(site, 0) >= core.commit_index:
                 yield VoterChange(site, m.address, True, "join")
+
+
+def live_addresses(members: dict[SiteId, MemberVerdict], voters: Voters) -> dict[SiteId, str]:
+    """Voter -> address to dial: where membership last saw it alive, else where the log says.
+    A site restarted by Slurm on another node keeps its seat but not its address."""
+    return {s: (members[s].address if s in members and members[s].state is MemberState.ALIVE else a)
+            for s, a in voters}
+
+
+def replication_targets(core: LeaderState) -> dict[SiteId, str]:
+    """Everyone who needs the leader's log: voters and live members (observers, voters-to-be), and
+    members that left, while they answer or for 10 election timeouts, so that a leaver learns that
+    its removal committed (what `ops leave` waits for, I8) even after a partition."""
+    def leaving(m: MemberVerdict, site: SiteId) -> bool:
+        silent = core.now - core.ack_time.get(site, core.became_leader_at)
+        recent = core.now - m.since < 10 * core.config.election_timeout_max_s
+        return m.state is MemberState.LEFT and (silent < core.config.election_timeout_max_s or recent)
+
+    # A site only heard of as LEFT (never seen alive here, not in the log) has no address to dial.
+    out = {s: m.address for s, m in core.members.items()
+           if m.address and (m.state is MemberState.ALIVE or leaving(m, s))}
+    out.update(live_addresses(core.members, core.log.voters()))
+    out.pop(core.site, None)
+    return out

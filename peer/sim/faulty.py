@@ -12,7 +12,8 @@ certificate (a header's `from_site`, a report's `site`) is its own, as mutual TL
   10^6 beyond the leader's log; an AppendEntries or RequestVote at 2^62 or EPOCH_LIMIT + 1, or far
   more than MAX_EPOCH_JUMP above the epoch it knows; a malformed batch (not consecutive, an entry of
   an epoch above its header's, a previous epoch above it); an entry that contradicts one the
-  receiver committed (an epoch-start index, rewritten at the epoch before it);
+  receiver committed (an epoch-start index, rewritten at the epoch before it); a TimeoutNow from a
+  member that does not lead, naming itself the successor (it would void the real leader's lease);
 * membership: a Ping relaying "c LEFT / DEAD / SUSPECT" about an honest c at 2^62, 2^61 (nobody
   could refute it) or more than 2^60 (a jump from a third party);
 * rounds, a member only: its own report with 10x the tokens its samples hold, or with samples of a
@@ -51,7 +52,7 @@ from peer.core import rounds as r
 from peer.core.commitlog import AppendEntries, AppendReply, EpochStart, Entry, InstallSnapshot, Snapshot
 from peer.core.consensus import ConsensusCore
 from peer.core.consensus_checks import EPOCH_LIMIT, MAX_EPOCH_JUMP
-from peer.core.election import Header, RequestVote, has_majority
+from peer.core.election import Header, RequestVote, TimeoutNow, has_majority
 from peer.core.ids import BlockId, Epoch, Gen, LogIndex, Round, SiteId
 from peer.core.lease_types import Span, Voucher
 from peer.core.membership_guard import CATCH_UP_LIMIT, INCARNATION_LIMIT, MAX_INCARNATION_JUMP
@@ -62,7 +63,7 @@ from peer.sim.peer_config import PeerSimConfig
 from peer.sim.runner import Simulation
 
 MEMBER_PROBES = ("snapshot", "append_reply", "epoch_limit", "epoch_jump", "batch", "contradiction",
-                 "rumour_limit", "rumour_jump")
+                 "hand_over", "rumour_limit", "rumour_jump")
 STRANGER_PROBES = ("snapshot", "append_reply", "epoch_limit", "epoch_jump", "rumour_limit", "rumour_jump")
 REPORTS = ("tokens", "voucher_forged", "voucher_self")
 """A member's forged reports (one kind per round it forges, drawn at its first report of the round)."""
@@ -208,6 +209,10 @@ class FaultySite:
                 out.append(SimSend(n, msg))
         elif kind == "batch":
             out = [SimSend(n, self._malformed(me, ref)) for n in honest]
+        elif kind == "hand_over":
+            # Only the leader may void the lease kept for it: a voter that follows another must not.
+            if ref.leader is not None and ref.leader != self.name and ref.leader_epoch == epoch:
+                out = [SimSend(n, TimeoutNow(me, self.name)) for n in honest]
         elif kind == "contradiction":
             out = self._contradictions(me, ref, honest)
         else:

@@ -14,5 +14,6 @@ CONSENSUS = OneWayService(
         Route(commitlog.AppendEntries, consensus_pb2.AppendEntries, "SendAppendEntries"),
         Route(commitlog.AppendReply, consensus_pb2.AppendReply, "SendAppendReply"),
         Route(commitlog.InstallSnapshot, consensus_pb2.InstallSnapshot, "SendInstallSnapshot"),
+        Route(election.TimeoutNow, consensus_pb2.TimeoutNow, "SendTimeoutNow"),
     ),
 )

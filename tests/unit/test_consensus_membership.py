@@ -10,6 +10,7 @@ import pytest
 
 from peer.core.election import SiteId
 from peer.core.membership_types import MemberState
+from peer.core.voter_set import replication_targets
 from peer.sim.consensus_cluster import SIM_CONFIG
 from peer.sim.lockstep import Lockstep
 
@@ -78,4 +79,4 @@ def test_a_site_only_heard_of_as_left_is_not_dialled() -> None:
     core.member_changed(SiteId("gone"), MemberState.LEFT, "")
     sends = core.tick(net.t + 1.0)
     assert sends and all(getattr(e, "address", "x") for e in sends), sends
-    assert "gone" not in core._targets()
+    assert "gone" not in replication_targets(core)

@@ -174,3 +174,11 @@ class InstallSnapshot(_message.Message):
     snapshot: Snapshot
     seq: int
     def __init__(self, header: _Optional[_Union[ConsensusHeader, _Mapping]] = ..., snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class TimeoutNow(_message.Message):
+    __slots__ = ("header", "successor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSOR_FIELD_NUMBER: _ClassVar[int]
+    header: ConsensusHeader
+    successor: str
+    def __init__(self, header: _Optional[_Union[ConsensusHeader, _Mapping]] = ..., successor: _Optional[str] = ...) -> None: ...

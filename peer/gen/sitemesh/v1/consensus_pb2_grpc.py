@@ -61,6 +61,11 @@ class ConsensusStub:
                 request_serializer=sitemesh_dot_v1_dot_consensus__pb2.InstallSnapshot.SerializeToString,
                 response_deserializer=sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
                 _registered_method=True)
+        self.SendTimeoutNow = channel.unary_unary(
+                '/sitemesh.v1.Consensus/SendTimeoutNow',
+                request_serializer=sitemesh_dot_v1_dot_consensus__pb2.TimeoutNow.SerializeToString,
+                response_deserializer=sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
+                _registered_method=True)
 
 
 class ConsensusServicer:
@@ -97,6 +102,12 @@ class ConsensusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendTimeoutNow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConsensusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +134,11 @@ def add_ConsensusServicer_to_server(servicer, server):
             'SendInstallSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.SendInstallSnapshot,
                     request_deserializer=sitemesh_dot_v1_dot_consensus__pb2.InstallSnapshot.FromString,
+                    response_serializer=sitemesh_dot_v1_dot_common__pb2.Accepted.SerializeToString,
+            ),
+            'SendTimeoutNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendTimeoutNow,
+                    request_deserializer=sitemesh_dot_v1_dot_consensus__pb2.TimeoutNow.FromString,
                     response_serializer=sitemesh_dot_v1_dot_common__pb2.Accepted.SerializeToString,
             ),
     }
@@ -261,6 +277,33 @@ class Consensus:
             target,
             '/sitemesh.v1.Consensus/SendInstallSnapshot',
             sitemesh_dot_v1_dot_consensus__pb2.InstallSnapshot.SerializeToString,
+            sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendTimeoutNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sitemesh.v1.Consensus/SendTimeoutNow',
+            sitemesh_dot_v1_dot_consensus__pb2.TimeoutNow.SerializeToString,
             sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
             options,
             channel_credentials,
