@@ -287,6 +287,17 @@ class Log:
         self.snapshot = snap
         return keep
 
+    def compact(self, upto: int, app_state: bytes) -> Snapshot | None:
+        """Fold the log up to `upto` into a snapshot (installed here), or None when nothing past the
+        current snapshot is there to fold."""
+        epoch = self.epoch_at(upto)
+        if upto <= self.snapshot.last_index or epoch is None:
+            return None
+        rnd, _, weights = self.last_round_entry(upto)
+        snap = Snapshot(LogIndex(upto), epoch, rnd, weights, self.voters_at(upto), app_state)
+        self.install(snap)
+        return snap
+
 
 # --- durability: what the core asks the node to fsync, and what it reads back at start ---
 

@@ -35,7 +35,6 @@ from peer.core.commitlog import (
     PersistLog,
     PersistSnapshot,
     RoundCommit,
-    Snapshot,
     VoterChange,
     quorum_index,
 )
@@ -48,6 +47,7 @@ from peer.core.consensus_checks import (  # noqa: F401 - MAX_EPOCH_JUMP, fencing
     implausible_epoch,
     unknown_to_a_joiner,
     leader_not_known_yet,
+    not_its_leader,
     without_standing,
 )
 from peer.core.consensus_effects import (
@@ -148,6 +148,8 @@ class ConsensusCore:
             if now >= max(self._lease_expiry(), self.became_leader_at + self.config.election_timeout_min_s):
                 self._step_down(None, effects, "check-quorum: no majority acked within the lease")
                 return effects
+            if self.standing_back and self._hand_over(effects) is not None:
+                return effects  # leaving: a staying voter leads from here (at LeaveRequested, or once one caught up)
             if now >= self.next_heartbeat:
                 self._broadcast(effects)
             self._reconcile_voters(effects)
@@ -180,7 +182,7 @@ class ConsensusCore:
             effects.append(Rejected(h.from_site, type(msg).__name__, reason, RefusalKind.STALE))
             if isinstance(msg, (AppendEntries, InstallSnapshot)):
                 # Tell the stale leader about the newer epoch so it steps down.
-                effects.append(self._send(h.from_site, h.from_address,
+                effects.append(Send(h.from_site, h.from_address,
                                           AppendReply(self._header(), False, LogIndex(0), msg.seq, reason)))
             return effects
         # A leader that was removed (or removes itself, thesis 4.2.2) led its epoch: its late
@@ -287,14 +289,8 @@ class ConsensusCore:
 
     def compact(self, upto: int, app_state: bytes) -> list[Effect]:
         """Fold the applied log up to `upto` into a snapshot (after the node checkpointed it)."""
-        upto = min(upto, self.applied_index)
-        epoch = self.log.epoch_at(upto)
-        if upto <= self.log.snapshot.last_index or epoch is None:
-            return []
-        rnd, _, weights = self.log.last_round_entry(upto)
-        snap = Snapshot(LogIndex(upto), epoch, rnd, weights, self.log.voters_at(upto), app_state)
-        self.log.install(snap)
-        return [PersistSnapshot(snap)]
+        snap = self.log.compact(min(upto, self.applied_index), app_state)
+        return [] if snap is None else [PersistSnapshot(snap)]
 
     def status(self) -> Status:
         return Status(
@@ -359,7 +355,7 @@ class ConsensusCore:
         req = RequestVote(self._header(), proposed, self.log.last_index, self.log.last_epoch, pre_vote)
         for site, address in live_addresses(self.members, self.log.voters()).items():
             if site != self.site:
-                effects.append(self._send(site, address, req))
+                effects.append(Send(site, address, req))
         self._count_votes(effects)
 
     def _count_votes(self, effects: list[Effect]) -> None:
@@ -382,7 +378,7 @@ class ConsensusCore:
             self._reset_election_timer()
         if not granted:
             effects.append(Rejected(h.from_site, "pre-vote" if req.pre_vote else "vote", reason))
-        effects.append(self._send(h.from_site, h.from_address,
+        effects.append(Send(h.from_site, h.from_address,
                                   VoteReply(self._header(), req.proposed_epoch, granted, req.pre_vote, reason)))
 
     def _on_vote_reply(self, rep: VoteReply, effects: list[Effect]) -> None:
@@ -427,28 +423,28 @@ class ConsensusCore:
                        reverse=True)
         return times[len(voters) // 2] + self.config.lease_s
 
-    def _hand_over(self, effects: list[Effect]) -> None:
-        """This peer stepped down to leave: tell every voter that the lease it kept for it is void,
-        and the successor to campaign now (docs/decisions/consensus-leadership-transfer.md)."""
+    def _hand_over(self, effects: list[Effect]) -> SiteId | None:
+        """This peer leaves: if a staying voter holds the whole log, step down (a leaving leader opens
+        no round) and tell every voter that the lease it kept for this peer is void and the heir to
+        campaign now. Returns the heir (docs/decisions/consensus-leadership-transfer.md)."""
         voters = live_addresses(self.members, self.log.voters())
+        voters.pop(self.site, None)
         heir = successor(voters, self.match_index, self.log.last_index, self.members, self.leaving_members,
                          self.ack_time, self.now - self.config.election_timeout_min_s)
-        if heir is None:
-            effects.append(Rejected(self.site, "hand-over", "no staying voter that is alive and holds the whole log"))
-            return
-        for site, address in sorted(voters.items()):
-            effects.append(self._send(site, address, TimeoutNow(self._header(), heir)))
+        if heir is not None:
+            if self.role is Role.LEADER:
+                self._step_down(None, effects, f"leaving: epoch {self.hard.epoch} handed over to {heir}")
+            for site, address in sorted(voters.items()):
+                effects.append(Send(site, address, TimeoutNow(self._header(), heir)))
+        return heir
 
     def _on_timeout_now(self, msg: TimeoutNow, effects: list[Effect]) -> None:
         """The leader this peer follows handed its epoch over: its lease is void, so this peer votes
         again, and campaigns at once (no pre-vote: no leader is left to disturb) if it is the heir."""
         h = msg.header
-        if (self.leader, self.leader_epoch) != (h.from_site, h.epoch):
-            # Another leader of the epoch is a lie (I1); its leader not heard yet here (a rejoin) is not.
-            other = self.leader if self.leader_epoch == h.epoch else None
-            effects.append(Rejected(h.from_site, "hand-over", f"{h.from_site} does not lead epoch {h.epoch} here"
-                                    + (f": {other} does" if other else ""),
-                                    RefusalKind.IMPLAUSIBLE if other else RefusalKind.ROUTINE))
+        refusal = not_its_leader(msg, self.leader, self.leader_epoch)
+        if refusal is not None:
+            effects.append(Rejected(h.from_site, "hand-over", *refusal))
             return
         self.sticky_until, self.released = self.now, (h.from_site, h.epoch)
         if msg.successor == self.site and self.is_voter():
@@ -458,9 +454,6 @@ class ConsensusCore:
 
     def _header(self) -> Header:
         return Header(self.site, self.address, self.hard.epoch, self.log.last_round_entry(self.commit_index)[0])
-
-    def _send(self, to: SiteId, address: str, msg: Message) -> Send:
-        return Send(to, address, msg)
 
     def _append_and_replicate(self, body: RoundCommit | VoterChange | EpochStart,
                               effects: list[Effect] | None = None) -> Answer:
@@ -487,7 +480,7 @@ class ConsensusCore:
         # earlier messages do not resend it; a lost message shows up as a refusal with a hint.
         if nxt <= self.log.snapshot.last_index:
             self.next_index[site] = self.log.snapshot.last_index + 1
-            return self._send(site, address, InstallSnapshot(self._header(), self.log.snapshot, self.seq))
+            return Send(site, address, InstallSnapshot(self._header(), self.log.snapshot, self.seq))
         prev = nxt - 1
         prev_epoch = self.log.epoch_at(prev)
         assert prev_epoch is not None, f"no epoch for index {prev} above the snapshot"
@@ -495,7 +488,7 @@ class ConsensusCore:
         if entries:
             self.next_index[site] = entries[-1].index + 1
         msg = AppendEntries(self._header(), LogIndex(prev), prev_epoch, entries, self.commit_index, self.seq)
-        return self._send(site, address, msg)
+        return Send(site, address, msg)
 
     def _follow(self, h: Header, effects: list[Effect]) -> None:
         if self.leader != h.from_site:
@@ -515,7 +508,7 @@ class ConsensusCore:
         if not res.ok:
             kind = RefusalKind.IMPLAUSIBLE if res.overwrites_committed else RefusalKind.ROUTINE
             effects.append(Rejected(h.from_site, "append", res.reason, kind))
-        effects.append(self._send(h.from_site, h.from_address,
+        effects.append(Send(h.from_site, h.from_address,
                                   AppendReply(self._header(), res.ok, res.match_index, msg.seq, res.reason)))
         if res.ok:
             self._commit_to(min(msg.commit_index, res.match_index), effects)
@@ -529,7 +522,7 @@ class ConsensusCore:
             effects.append(PersistSnapshot(snap))
             effects.append(SnapshotInstalled(snap))
         h = msg.header
-        effects.append(self._send(h.from_site, h.from_address,
+        effects.append(Send(h.from_site, h.from_address,
                                   AppendReply(self._header(), True, snap.last_index, msg.seq, "snapshot")))
 
     def _on_append_reply(self, rep: AppendReply, effects: list[Effect]) -> None:
@@ -564,8 +557,8 @@ class ConsensusCore:
             self._broadcast(effects)  # followers learn the new commit index one delay later
             if self.role is Role.LEADER:
                 self._reconcile_voters(effects)
-            else:  # it committed this leader's own removal (thesis 4.2.2): hand over, after the commit index
-                self._hand_over(effects)
+            elif self._hand_over(effects) is None:  # it committed its own removal (thesis 4.2.2)
+                effects.append(Rejected(self.site, "hand-over", "no staying voter is alive and holds the whole log"))
 
     def _commit_to(self, index: int, effects: list[Effect]) -> None:
         if index <= self.commit_index:

@@ -151,6 +151,19 @@ def leader_not_known_yet(msg: Message, seated: bool, epoch: Epoch, leader: SiteI
     return None
 
 
+def not_its_leader(msg: TimeoutNow, leader: SiteId | None, leader_epoch: Epoch) -> tuple[str, RefusalKind] | None:
+    """Why a hand-over must change nothing here, or None: only the leader this peer follows may void
+    the lease this peer keeps for it. Another leader of the same epoch is a lie (I1); a leader this
+    peer has not heard yet (it rejoined, the leader's entries are still on their way) is not."""
+    sender, epoch = msg.header.from_site, msg.header.epoch
+    if (leader, leader_epoch) == (sender, epoch):
+        return None
+    other = leader if leader_epoch == epoch else None
+    if other is not None:
+        return f"{sender or '(no name)'} does not lead epoch {epoch} here: {other} does", RefusalKind.IMPLAUSIBLE
+    return f"{sender or '(no name)'} does not lead epoch {epoch} here", RefusalKind.ROUTINE
+
+
 def without_standing(msg: Message, seated: bool, replicated: Collection[SiteId], leading: Epoch | None,
                      last_index: int) -> str | None:
     """Why `msg`'s sender may not say this now, or None. `seated`: the sender holds or held a seat in

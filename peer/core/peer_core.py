@@ -180,15 +180,20 @@ class PeerCore:
     def handle(self, event: ev.Event, now: float, view: View) -> list[Effect]:
         """An event for the round protocol: a completion (TrainDone, Persisted ...) or `LeaveRequested`.
         A peer without rounds has no round work to end: its leave is ready at once."""
+        out: list[Effect] = []
         if isinstance(event, ev.LeaveRequested):
-            self.consensus.stand_back(now)  # a leaving leader opens no round: let a staying voter lead
+            # A leaving leader opens no round: a staying voter leads (a hand-over, now if one holds
+            # the whole log, else at a later tick) or, if this peer does not lead, wins the next election.
+            self.consensus.stand_back(now)
+            self._note_leaving(view)
+            out = self._consensus(self.consensus.tick(now), now, view)
         if self.rounds is None:
             if isinstance(event, ev.LeaveRequested):
-                return [ev.LeaveReady()]
+                return [*out, ev.LeaveReady()]
             if self._trains:  # the trainer is starting: the round core gets it at attach
                 self._waiting.append(event)
-            return []
-        return self._drain(self.rounds.handle(event, now, self._seen(view)), now, view)
+            return out
+        return out + self._drain(self.rounds.handle(event, now, self._seen(view)), now, view)
 
     def give_up_seat(self, now: float, view: View) -> list[Effect]:
         """The rounds' half of a leave is done (`LeaveReady`, and the executor's sends of it are out):

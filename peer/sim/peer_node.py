@@ -292,6 +292,8 @@ class PeerNode:
                     w.see_commit(entry.index, entry.body)
         elif isinstance(effect, Rejected) and effect.kind is RefusalKind.IMPLAUSIBLE:
             w.implausible(self.site, effect)
+        elif isinstance(effect, Rejected) and effect.from_site == self.site and effect.what == "leadership":
+            w.notes.append(f"{self.site}: stepped down: {effect.reason}")
         elif isinstance(effect, SayLeft):
             w.say_left(self.site)
         elif isinstance(effect, Stop):

@@ -80,12 +80,14 @@ end - 5). A successor starts 80 s before its predecessor's end, so 45 s before t
 
 
 def train_args(docs: int = 8, inner_steps: int = 4, round_deadline: float = 60.0,
-               deadline_k: float = 0.0) -> list[str]:
+               deadline_k: float = 0.0, budget_s: float = 0.0) -> list[str]:
     """Every site's training flags: a micro model over a few documents, epochs enough for hours;
-    `deadline_k` > 0 adapts the round deadline to the sites' pace (`--round-deadline-k`)."""
+    `deadline_k` > 0 adapts the round deadline to the sites' pace (`--round-deadline-k`);
+    `budget_s` > 0 time-boxes the rounds (`--round-budget`)."""
     return ["--train", "micro", "--max-documents", str(docs), "--inner-steps", str(inner_steps),
             "--batch-size", "1", "--round-deadline", str(round_deadline), "--start-sites", "2",
-            "--data-epochs", "100000", *(["--round-deadline-k", str(deadline_k)] if deadline_k > 0 else [])]
+            "--data-epochs", "100000", *(["--round-deadline-k", str(deadline_k)] if deadline_k > 0 else []),
+            *(["--round-budget", str(budget_s)] if budget_s > 0 else [])]
 
 
 def listed_jobs(slurm: SlurmCluster, site: str) -> dict[int, tuple[str, str]]:

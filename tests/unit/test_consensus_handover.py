@@ -42,14 +42,34 @@ def _leave(net: Lockstep, leader: SiteId) -> float:
 @pytest.mark.parametrize("seed", range(6))
 def test_the_successor_leads_within_a_few_message_delays_of_the_step_down(seed: int) -> None:
     """Without the hand-over a staying voter campaigns only once its lease for the leaver ran out
-    (at least the minimum election timeout after the last heartbeat), then needs a pre-vote."""
+    (at least the minimum election timeout after the last heartbeat), then needs a pre-vote. Here
+    the leader's removal commits before its next tick: it hands over at that commit."""
     net = Lockstep(5, seed=seed)
     old = _led(net)
     stepped_down = _leave(net, old)
+    assert not net.cluster.core(old).is_voter()
     net.cluster.crash(old)  # it exits once its removal committed
     assert net.run_until(lambda: net.leader() not in (None, old), timeout=2 * SIM_CONFIG.election_timeout_max_s)
     took = net.t - stepped_down
     assert took < E_MIN / 10, f"the next leader took {took:.3f}s after the step-down"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_leader_whose_leave_begins_hands_over_at_once_and_stays_a_voter(seed: int) -> None:
+    """The leave begins with the rounds' half (the site's last rounds commit first); a leader that
+    stays in charge meanwhile opens no round. It hands over at its next tick instead, still a voter,
+    and the heir leads within a few message delays."""
+    net = Lockstep(5, seed=seed)
+    old = _led(net)
+    core = net.cluster.core(old)
+    core.stand_back(net.t)
+    assert net.run_until(lambda: core.role is not Role.LEADER, timeout=SIM_CONFIG.heartbeat_interval_s + 0.01)
+    stepped_down = net.t
+    assert core.is_voter()
+    assert net.run_until(lambda: net.leader() not in (None, old), timeout=E_MIN)
+    assert net.t - stepped_down < E_MIN / 10
+    net.run_for(SIM_CONFIG.election_timeout_max_s)
+    assert net.leader() not in (None, old), "the old leader stands back: it does not win the epoch back"
 
 
 @pytest.mark.parametrize("leaver_index", range(3))
