@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping
 
 from peer.core.election import SiteId
 from peer.core.membership_types import MemberState
+from peer.core.site_names import job_number, site_of
 from peer.core.voter_set import MemberVerdict
 
 
@@ -26,12 +27,24 @@ def successor(voters: Collection[SiteId], match_index: Mapping[SiteId, int], las
     hand-over). Only a voter whose log holds the leader's last entry can win without a later log
     refusing it; one that has not acked since `heard_after` (an election timeout ago) or that
     membership calls dead or gone would not campaign; one that is leaving itself would open no
-    round and start another hand-over. Among the rest the most recently heard, then the name, so
-    that the same inputs always pick the same one."""
+    round and start another hand-over. Among the rest, the one likely to lead longest (`_staying`),
+    then the most recently heard, then the name, so that the same inputs always pick the same one."""
     def fit(v: SiteId) -> bool:
         gone = v in members and members[v].state in (MemberState.DEAD, MemberState.LEFT)
         heard = ack_time.get(v, float("-inf")) >= heard_after
         return match_index.get(v, 0) >= last_index and heard and not gone and v not in leaving
 
     ready = [v for v in voters if fit(v)]
-    return max(ready, key=lambda v: (ack_time[v], v)) if ready else None
+    return max(ready, key=lambda v: (_staying(v, ready), ack_time[v], v)) if ready else None
+
+
+def _staying(member: SiteId, voters: Collection[SiteId]) -> int:
+    """How long `member` is likely to stay, as a rank: a site's own peer has no wall time (2); a
+    job's peer whose site has no newer job among the voters ends last of its site's (1); an older
+    job of a site is the next to leave (0). With 2-minute jobs handing each leadership to the next
+    job of any site moved it every 40 s in the soak, each move a reopened round."""
+    number = job_number(member)
+    if number is None:
+        return 2
+    site = site_of(member)
+    return 0 if any(site_of(v) == site and (job_number(v) or 0) > number for v in voters) else 1

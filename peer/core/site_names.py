@@ -35,3 +35,9 @@ def site_of(member: str) -> str:
 def is_job_member(name: str) -> bool:
     """True for a name that reads as a job's member (a site may not be named so)."""
     return _JOB.fullmatch(name) is not None
+
+
+def job_number(member: str) -> int | None:
+    """The job number of a job's member name, None for a site's own name."""
+    m = _JOB.fullmatch(member)
+    return int(m.group("job")) if m else None

@@ -137,3 +137,17 @@ def test_the_successor_holds_the_whole_log_was_heard_lately_and_stays() -> None:
     assert successor(s, match, 10, members, {s[2], s[3]}, acks, heard_after=3.0) is None
     # Among the fit ones the most recently heard.
     assert successor(s, match, 10, members, set(), acks, heard_after=3.0) == s[3]
+
+
+def test_the_successor_is_the_voter_likely_to_stay_longest() -> None:
+    """A site's own peer has no wall time; of a site's jobs the newest ends last. Most recently heard
+    decides only between equals."""
+    names = [SiteId(n) for n in ("a", "b.j3", "b.j4", "c.j7")]
+    members = {v: _verdict() for v in names}
+    match = {v: 10 for v in names}
+    acks = {SiteId("a"): 4.0, SiteId("b.j3"): 6.0, SiteId("b.j4"): 5.0, SiteId("c.j7"): 5.5}
+    assert successor(names, match, 10, members, set(), acks, heard_after=3.0) == "a"
+    jobs = names[1:]
+    # b.j3 was heard last, but b.j4 follows it; c.j7 is its site's newest and heard after b.j4.
+    assert successor(jobs, match, 10, members, set(), acks, heard_after=3.0) == "c.j7"
+    assert successor(jobs[:2], match, 10, members, set(), acks, heard_after=3.0) == "b.j4"
