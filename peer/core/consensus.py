@@ -199,6 +199,9 @@ class ConsensusCore:
         implausible = without_standing(msg, seated, self.next_index, leading, self.log.last_index)
         if implausible is not None:
             return [Rejected(h.from_site, type(msg).__name__, implausible, RefusalKind.IMPLAUSIBLE)]
+        if isinstance(msg, TimeoutNow):  # it voids a lease held at this peer's epoch, nothing else
+            self._on_timeout_now(msg, effects)
+            return effects
         if h.epoch > self.hard.epoch:
             self._adopt_epoch(h.epoch, effects)
         if isinstance(msg, (AppendEntries, InstallSnapshot)) and self.role is Role.LEADER:
@@ -215,8 +218,6 @@ class ConsensusCore:
             self._on_append(msg, effects)
         elif isinstance(msg, InstallSnapshot):
             self._on_snapshot(msg, effects)
-        elif isinstance(msg, TimeoutNow):
-            self._on_timeout_now(msg, effects)
         else:
             self._on_append_reply(msg, effects)
         return effects
@@ -439,16 +440,18 @@ class ConsensusCore:
         return heir
 
     def _on_timeout_now(self, msg: TimeoutNow, effects: list[Effect]) -> None:
-        """The leader this peer follows handed its epoch over: its lease is void, so this peer votes
-        again, and campaigns at once (no pre-vote: no leader is left to disturb) if it is the heir."""
+        """The leader this peer follows handed its epoch over: its lease is void; the heir, unless it
+        leaves too (gossip may lag), campaigns now without a pre-vote (no leader to disturb), and
+        again half a timeout on (a voter the hand-over reached after the vote request refused it)."""
         h = msg.header
-        refusal = not_its_leader(msg, self.leader, self.leader_epoch)
+        refusal = not_its_leader(msg, self.leader, self.leader_epoch, self.hard.epoch)
         if refusal is not None:
             effects.append(Rejected(h.from_site, "hand-over", *refusal))
             return
         self.sticky_until, self.released = self.now, (h.from_site, h.epoch)
-        if msg.successor == self.site and self.is_voter():
+        if msg.successor == self.site and self.is_voter() and not self.standing_back:
             self._campaign(pre_vote=False, effects=effects)
+            self.election_deadline = min(self.election_deadline, self.now + self.config.election_timeout_min_s / 2)
 
     # ----- replication -----
 
@@ -468,8 +471,7 @@ class ConsensusCore:
         self.next_heartbeat = self.now + self.config.heartbeat_interval_s
         for site, address in sorted(replication_targets(self).items()):
             effects.append(self._replicate_to(site, address))
-        # Forget send times no reply can still renew a lease from.
-        horizon = self.now - 2 * self.config.election_timeout_max_s
+        horizon = self.now - 2 * self.config.election_timeout_max_s  # no reply renews a lease from older sends
         self.sent_at = {s: t for s, t in self.sent_at.items() if t >= horizon}
 
     def _replicate_to(self, site: SiteId, address: str) -> Send:

@@ -151,12 +151,14 @@ def leader_not_known_yet(msg: Message, seated: bool, epoch: Epoch, leader: SiteI
     return None
 
 
-def not_its_leader(msg: TimeoutNow, leader: SiteId | None, leader_epoch: Epoch) -> tuple[str, RefusalKind] | None:
-    """Why a hand-over must change nothing here, or None: only the leader this peer follows may void
-    the lease this peer keeps for it. Another leader of the same epoch is a lie (I1); a leader this
-    peer has not heard yet (it rejoined, the leader's entries are still on their way) is not."""
+def not_its_leader(msg: TimeoutNow, leader: SiteId | None, leader_epoch: Epoch,
+                   epoch_now: Epoch) -> tuple[str, RefusalKind] | None:
+    """Why a hand-over must change nothing here, or None: only the leader this peer follows at its
+    epoch (`epoch_now`) may void the lease this peer keeps for it, and a hand-over moves no epoch.
+    Another leader of the same epoch is a lie (I1); a leader this peer has not heard yet (it
+    rejoined, missed an election, the leader's entries are still on their way) is not."""
     sender, epoch = msg.header.from_site, msg.header.epoch
-    if (leader, leader_epoch) == (sender, epoch):
+    if (leader, leader_epoch) == (sender, epoch) and epoch == epoch_now:
         return None
     other = leader if leader_epoch == epoch else None
     if other is not None:

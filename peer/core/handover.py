@@ -39,9 +39,9 @@ def successor(voters: Collection[SiteId], match_index: Mapping[SiteId, int], las
 
 
 def _staying(member: SiteId, voters: Collection[SiteId]) -> int:
-    """How long `member` is likely to stay, as a rank: a site's own peer has no wall time (2); a
-    job's peer whose site has no newer job among the voters ends last of its site's (1); an older
-    job of a site is the next to leave (0). With 2-minute jobs handing each leadership to the next
+    """How long `member` is likely to stay, as a rank among the voters fit to lead: a site's own
+    peer has no wall time (2); a job's peer whose site has no newer job among them ends last of its
+    site's (1); an older job of a site is the next to leave (0). With 2-minute jobs handing each leadership to the next
     job of any site moved it every 40 s in the soak, each move a reopened round."""
     number = job_number(member)
     if number is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from peer.core.consensus_checks import RefusalKind
-from peer.core.consensus_effects import Rejected, Send
-from peer.core.election import Header, Role, SiteId, TimeoutNow
+from peer.core.consensus_effects import LeaderChanged, Rejected, Send
+from peer.core.election import Epoch, Header, Role, SiteId, TimeoutNow
 from peer.core.handover import successor
 from peer.core.membership_types import MemberState
 from peer.core.voter_set import MemberVerdict
@@ -151,3 +151,69 @@ def test_the_successor_is_the_voter_likely_to_stay_longest() -> None:
     # b.j3 was heard last, but b.j4 follows it; c.j7 is its site's newest and heard after b.j4.
     assert successor(jobs, match, 10, members, set(), acks, heard_after=3.0) == "c.j7"
     assert successor(jobs[:2], match, 10, members, set(), acks, heard_after=3.0) == "b.j4"
+
+
+def test_the_leader_steps_down_before_any_hand_over_leaves_it() -> None:
+    """The safety argument: a voter drops its lease only for a leader that already stopped deciding."""
+    net = Lockstep(3)
+    leader = _led(net)
+    core = net.cluster.core(leader)
+    core.stand_back(net.t)
+    effects = core.tick(net.t + SIM_CONFIG.heartbeat_interval_s)
+    kinds = [type(e).__name__ if not isinstance(e, Send) else type(e.msg).__name__ for e in effects]
+    assert "TimeoutNow" in kinds, kinds
+    first_send = kinds.index("TimeoutNow")
+    assert any(isinstance(e, LeaderChanged) and e.leader is None for e in effects[:first_send]), kinds
+    assert core.role is Role.FOLLOWER and core.not_ready(net.t) is not None
+
+
+def test_a_hand_over_of_another_epoch_moves_nothing() -> None:
+    """A hand-over voids a lease held at this peer's epoch and nothing else: one claiming a later
+    epoch must not move this peer to it (adopting an epoch drops its leader, which a forged message
+    could otherwise do), nor make it campaign."""
+    net = Lockstep(3)
+    leader = _led(net)
+    heir = sorted(s for s in net.cluster.live() if s != leader)[0]
+    core = net.cluster.core(heir)
+    epoch = core.hard.epoch
+    ahead = TimeoutNow(Header(leader, f"{leader}:7000", Epoch(epoch + 1), 0), heir)
+    effects = core.receive(ahead, net.t)
+    assert [type(e) for e in effects] == [Rejected] and core.hard.epoch == epoch and core.leader == leader
+
+
+def test_a_heir_that_is_leaving_itself_drops_the_lease_but_does_not_campaign() -> None:
+    """The leaver's view of who is leaving comes by gossip and may lag: a leaving heir would win,
+    open no round, and hand over again."""
+    net = Lockstep(3)
+    leader = _led(net)
+    heir = sorted(s for s in net.cluster.live() if s != leader)[0]
+    core = net.cluster.core(heir)
+    core.stand_back(net.t)
+    epoch = core.hard.epoch
+    core.receive(TimeoutNow(net.cluster.core(leader)._header(), heir), net.t)
+    assert core._sticky() is None and core.hard.epoch == epoch and core.role is Role.FOLLOWER
+
+
+def test_a_heir_refused_because_the_hand_over_came_late_asks_again_soon() -> None:
+    """Messages may overtake each other: a voter gets the heir's vote request before the hand-over,
+    still holds the lease, and refuses. The heir asks again half a minimum timeout later, not a
+    whole election timeout."""
+    net = Lockstep(4, seed=3)
+    old = _led(net)
+    others = sorted(s for s in net.cluster.live() if s != old)
+    core = net.cluster.core(old)
+    late = [s for s in others if s != successor(others, core.match_index, core.log.last_index, {}, set(),
+                                                core.ack_time, net.t - E_MIN)]
+    for s in late:  # their hand-over is delayed: it comes after the heir's vote request
+        net.blocked.add((old, s))
+    epoch = core.hard.epoch
+    core.stand_back(net.t)
+    assert net.run_until(lambda: core.role is not Role.LEADER, timeout=SIM_CONFIG.heartbeat_interval_s + 0.01)
+    handed_over = net.t
+    net.run_for(0.01)
+    assert net.leader() is None, "2 of 4 votes: the late voters refused"
+    for s in late:
+        net.blocked.discard((old, s))
+        net.post(old, [Send(s, f"{s}:7000", TimeoutNow(Header(old, f"{old}:7000", epoch, 0), SiteId("x")))])
+    assert net.run_until(lambda: net.leader() not in (None, old), timeout=SIM_CONFIG.election_timeout_max_s)
+    assert net.t - handed_over < E_MIN / 2 + 0.02, f"the heir led {net.t - handed_over:.3f}s after the hand-over"
