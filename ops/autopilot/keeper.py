@@ -2,8 +2,9 @@
 
 A run outlives every allocation only if each site always has its next job queued in time: the
 successor must be running, joined and caught up before the current job's wall time ends, so the
-site hands over instead of dropping out. This core reads the site's jobs (from `squeue` and
-`sacct`, by name: `sitemesh-<run>-<site>-<seq>`, ops/autopilot/queue.py) and says, with a reason:
+site hands over instead of dropping out. This core reads the site's jobs (from `squeue`, by name:
+`sitemesh-<run>-<site>-<seq>`, ops/autopilot/queue.py, and the loop's state file) and says, with a
+reason:
 
 * **Submit** the next sequence number: at once when the site has no job running or queued (first
   start, or the last one ended or failed), or, while a job runs, a successor that Slurm may start
@@ -18,8 +19,8 @@ site hands over instead of dropping out. This core reads the site's jobs (from `
   under `min_useful_s`), doubling the pause each further failure, and once the run's target is
   reached.
 
-A sequence number is never reused: the next is one above every number the queue, the accounting
-or the state file has seen, so a restarted loop, or a second one by mistake, cannot submit a job
+A sequence number is never reused: the next is one above every number the queue or the state file
+has seen, so a restarted loop, or a second one by mistake, cannot submit a job
 twice under one name (ops/autopilot/loop.py reconciles before each decision). No clock, no I/O.
 
     .venv/bin/python -m pytest tests/unit/test_autopilot_keeper.py -q
