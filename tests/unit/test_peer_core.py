@@ -18,10 +18,10 @@ import pytest
 from peer.core import consensus_effects as ce
 from peer.core import events as ev
 from peer.core import rounds as r
-from peer.core.commitlog import (EMPTY_SNAPSHOT, AppendEntries, DurableState, Entry, EpochStart, LogIndex,
+from peer.core.commitlog import (EMPTY_SNAPSHOT, AppendEntries, AppendReply, DurableState, Entry, EpochStart, LogIndex,
                                  Round, RoundCommit, VoterChange, bootstrap_entries)
 from peer.core.consensus import ConsensusCore
-from peer.core.election import Epoch, HardState, Header, Role, SiteId
+from peer.core.election import Epoch, HardState, Header, Role, SiteId, TimeoutNow, VoteReply
 from peer.core.lease_config import LeaseConfig
 from peer.core.lease_log import LeaseLog
 from peer.core.lease_types import Send as LeaseSend
@@ -276,3 +276,26 @@ def test_a_removal_that_commits_by_message_makes_the_seat_due_now() -> None:
     assert p.consensus.removed()
     assert p.next_deadline(ALONE) <= 2.05
     assert p.tick(2.05, ALONE) == [Stop("its removal from the voters committed")]
+
+
+def test_a_leader_whose_leave_begins_hands_over_to_a_voter_that_is_not_leaving() -> None:
+    """LeaveRequested reaches consensus first, with membership's LEAVING label: the leader steps
+    down and names a staying voter (not c, which leaves too) before the rounds hear of the leave."""
+    p = _peer(trains=False, voters=("a", "b", "c"))
+    three = View(frozenset({"a", "b", "c"}), applied_round=0, weights_hash=THETA0)
+    t = p.consensus.next_deadline()
+    p.tick(t, three)  # pre-vote
+    p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(0), 0), Epoch(1), True, True, "granted"), t, three)
+    out = p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(1), 0), Epoch(1), True, False, "granted"),
+                              t, three)
+    assert p.consensus.role is Role.LEADER
+    for e in out:
+        if isinstance(e, ce.Send) and isinstance(e.msg, AppendEntries):
+            last = e.msg.prev_index + len(e.msg.entries)
+            p.consensus_message(AppendReply(Header(e.to, f"addr-{e.to}", Epoch(1), 0), True, LogIndex(last),
+                                            e.msg.seq, "ok"), t + 0.01, three)
+    leaving_c = View(three.live, frozenset({"c"}), applied_round=0, weights_hash=THETA0)
+    out = p.handle(ev.LeaveRequested(5.0), t + 0.02, leaving_c)
+    handed = [e for e in out if isinstance(e, ce.Send) and isinstance(e.msg, TimeoutNow)]
+    assert sorted(e.to for e in handed) == ["b", "c"] and {e.msg.successor for e in handed} == {"b"}, out
+    assert p.consensus.role is Role.FOLLOWER and out[-1] == ev.LeaveReady()
