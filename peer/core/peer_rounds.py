@@ -71,6 +71,8 @@ class PeerRounds:
         self.clock = clock
         self._nobody_stays = False
         """The last `NobodyStays` the round core was told (only while this peer leaves)."""
+        self._opened: tuple[int, float] | None = None
+        """(round, when its open came) of the last round another leader opened (RoundLeader.observed)."""
 
     @property
     def leaving(self) -> bool:
@@ -118,6 +120,8 @@ class PeerRounds:
         out: list[Effect] = list(self.leases.apply_entries(entries, now))
         for entry in entries:
             if isinstance(entry.body, RoundCommit):
+                if not seen.leading and self._opened is not None and self._opened[0] == entry.body.round:
+                    self.leader.observed(entry.body.round, now - self._opened[1])
                 self.leader.on_commit(entry.body.round)
                 self.clock.committed(entry.body.round, now)
                 out += self.handle(ev.Committed(entry.index, entry.body), now, seen)
@@ -129,6 +133,8 @@ class PeerRounds:
             return [ev.Note(f"refused {type(msg).__name__} of round {msg.round} from {msg.header.from_site}: "
                             f"stale epoch {msg.header.epoch} < {seen.epoch}")]
         if isinstance(msg, r.RoundOpen):
+            if not seen.leading:
+                self._opened = (msg.round, now)
             return self.handle(ev.Opened(msg), now, seen)
         if seen.leading:
             return self._lead(self.leader.receive(msg, now), now, seen)

@@ -12,7 +12,7 @@ import dataclasses
 
 from peer.core import events as ev
 from peer.core import rounds as r
-from peer.core.commitlog import Entry, VoterChange
+from peer.core.commitlog import Entry, RoundCommit, VoterChange
 from peer.core.election import Epoch, Header, SiteId
 from peer.core.lease_log import LeaseLog
 from peer.core.lease_types import Send
@@ -186,3 +186,16 @@ def test_a_report_goes_to_the_leader_consensus_knows_now_under_its_epoch() -> No
     (send,) = [e for e in out if isinstance(e, ev.SendReport)]
     assert (send.leader, send.contribution.header.epoch) == ("b", 3)
     assert not [e for e in out if isinstance(e, ev.Report)], "no report leaves PeerRounds unaddressed"
+
+
+def test_a_follower_notes_how_long_each_round_of_another_leader_took() -> None:
+    """From the open's arrival to the commit: what this peer's first deadlines go by if it leads."""
+    p = Peer()
+    seen_b = _seen(leading=False, leader="b")
+    noted: list[tuple[int, float]] = []
+    p.rounds.leader.observed = lambda rnd, seconds: noted.append((rnd, seconds))  # type: ignore[method-assign]
+    header = Header(SiteId("b"), "addr-b", Epoch(1), 0)
+    p.pump(p.rounds.round_message(r.RoundOpen(header, 1, CONFIG.inner_steps, 10.0, THETA0, 0.0), 1.0, seen_b),
+           1.0, seen_b)
+    p.pump(p.rounds.entries([Entry(2, Epoch(1), RoundCommit(1, (), b"theta1"))], 4.5, seen_b), 4.5, seen_b)
+    assert noted == [(1, 3.5)]

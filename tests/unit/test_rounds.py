@@ -420,3 +420,16 @@ def test_a_leader_that_may_not_open_still_closes_its_open_round_at_the_deadline(
     assert isinstance(decide, Decide) and [c.site for c in decide.admitted] == ["a"]
     leader.on_commit(1)
     assert leader.tick(CFG.deadline_s + 1, H, 1, ["a", "b"], b"", open_new=False) == [], "opens nothing"
+
+
+def test_a_new_leader_starts_from_the_round_lengths_it_saw_not_the_fixed_deadline() -> None:
+    """A peer that comes to lead has no report delays of its own: the lengths of the rounds it saw
+    as a follower (open to commit) set its first deadlines; without them it waits deadline_s."""
+    cfg = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=300.0, deadline_k=4.0, deadline_slack_s=1.0)
+    leader = RoundLeader(cfg, EpochLedger(UNIVERSE))
+    for rnd, seconds in ((1, 3.0), (2, 4.0), (3, 3.0), (4, 5.0)):
+        leader.observed(rnd, seconds)
+        leader.on_commit(rnd)
+    # lengths 3, 4, 3, 5: median 3.5, MAD 0.5 -> 3.5 + 4 x 0.5 + 1 s of slack.
+    assert _open(leader, ["a", "b"], now=50.0, committed=4).deadline_s == 6.5
+    assert _open(RoundLeader(cfg, EpochLedger(UNIVERSE)), ["a", "b"], committed=4).deadline_s == 300.0
