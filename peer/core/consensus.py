@@ -183,7 +183,7 @@ class ConsensusCore:
             if isinstance(msg, (AppendEntries, InstallSnapshot)):
                 # Tell the stale leader about the newer epoch so it steps down.
                 effects.append(Send(h.from_site, h.from_address,
-                                          AppendReply(self._header(), False, LogIndex(0), msg.seq, reason)))
+                                    AppendReply(self._header(), False, LogIndex(0), msg.seq, reason)))
             return effects
         # A leader that was removed (or removes itself, thesis 4.2.2) led its epoch: its late
         # messages are stale, not false. A site that never had a seat nor joined cannot lead, also
@@ -380,7 +380,7 @@ class ConsensusCore:
         if not granted:
             effects.append(Rejected(h.from_site, "pre-vote" if req.pre_vote else "vote", reason))
         effects.append(Send(h.from_site, h.from_address,
-                                  VoteReply(self._header(), req.proposed_epoch, granted, req.pre_vote, reason)))
+                            VoteReply(self._header(), req.proposed_epoch, granted, req.pre_vote, reason)))
 
     def _on_vote_reply(self, rep: VoteReply, effects: list[Effect]) -> None:
         wanted = Role.PRE_CANDIDATE if rep.pre_vote else Role.CANDIDATE
@@ -511,7 +511,7 @@ class ConsensusCore:
             kind = RefusalKind.IMPLAUSIBLE if res.overwrites_committed else RefusalKind.ROUTINE
             effects.append(Rejected(h.from_site, "append", res.reason, kind))
         effects.append(Send(h.from_site, h.from_address,
-                                  AppendReply(self._header(), res.ok, res.match_index, msg.seq, res.reason)))
+                            AppendReply(self._header(), res.ok, res.match_index, msg.seq, res.reason)))
         if res.ok:
             self._commit_to(min(msg.commit_index, res.match_index), effects)
 
@@ -525,7 +525,7 @@ class ConsensusCore:
             effects.append(SnapshotInstalled(snap))
         h = msg.header
         effects.append(Send(h.from_site, h.from_address,
-                                  AppendReply(self._header(), True, snap.last_index, msg.seq, "snapshot")))
+                            AppendReply(self._header(), True, snap.last_index, msg.seq, "snapshot")))
 
     def _on_append_reply(self, rep: AppendReply, effects: list[Effect]) -> None:
         if self.role is not Role.LEADER:
