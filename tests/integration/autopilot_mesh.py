@@ -156,9 +156,10 @@ class AutopilotMesh:
     @classmethod
     def start(cls, workdir: Path, slurm: SlurmCluster, alloc: Allocation = Allocation(),
               interval_s: float = 2.0, train: list[str] | None = None,
-              sites: tuple[str, ...] = ("b",)) -> AutopilotMesh:
+              sites: tuple[str, ...] = ("b",), preset: str = "lan") -> AutopilotMesh:
+        """`preset`: every peer's membership and election timings (peer/config.py PRESETS)."""
         train = train if train is not None else train_args()
-        cluster = Cluster(workdir, tls=True, preset="lan")
+        cluster = Cluster(workdir, tls=True, preset=preset)
         mesh: AutopilotMesh | None = None
         try:
             run_file = workdir / "run.toml"
@@ -342,7 +343,7 @@ log = "placement.jsonl"
 def _job_site(site: str, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, alloc: Allocation,
               train: list[str]) -> str:
     """A job site's run-file section: its jobs keep their state under `<workdir>/<site>`."""
-    peer = (f"{sys.executable} -m peer.cli serve --listen 127.0.0.1:0 --preset lan --data-dir {workdir / site} "
+    peer = (f"{sys.executable} -m peer.cli serve --listen 127.0.0.1:0 --preset {cluster.preset} --data-dir {workdir / site} "
             f"--certs {cluster.certs} {' '.join(train)}" + (f" --join {seed}" if seed else ""))
     return f"""[sites.{site}]
 tokens_per_s = 1000.0

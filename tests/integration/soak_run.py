@@ -40,11 +40,13 @@ seconds, not ROUND_DEADLINE_S (0: the fixed deadline)."""
 
 
 def start_mesh(workdir: Path, slurm: SlurmCluster, alloc: Allocation = SHORT,
-               deadline_k: float = DEADLINE_K, budget_s: float = 0.0, documents: int = DOCUMENTS) -> AutopilotMesh:
+               deadline_k: float = DEADLINE_K, budget_s: float = 0.0, documents: int = DOCUMENTS,
+               preset: str = "lan") -> AutopilotMesh:
     """The soak's mesh: site a, the job sites (2-minute jobs unless `alloc` says otherwise) and the
-    loop; `budget_s` > 0: time-boxed rounds; `documents` per shard (more: longer data epochs)."""
+    loop; `budget_s` > 0: time-boxed rounds; `documents` per shard (more: longer data epochs);
+    `preset`: the peers' membership and election timings."""
     train = train_args(docs=documents, round_deadline=ROUND_DEADLINE_S, deadline_k=deadline_k, budget_s=budget_s)
-    return AutopilotMesh.start(workdir, slurm, alloc, train=train, sites=SITES)
+    return AutopilotMesh.start(workdir, slurm, alloc, train=train, sites=SITES, preset=preset)
 
 
 @dataclass(frozen=True)
