@@ -37,6 +37,13 @@ RESIDUAL_FILE = "wire-residual.safetensors"
 OWNER_WAIT_S = 120.0
 """How long a peer waits for a shard owner's mean shard before reducing that shard itself: a
 stuck owner then costs a round this much and all-to-all bytes for its shard, never the round."""
+MANIFEST_TIMEOUT_S = 5.0
+"""How long a round's check of a contributor's manifest (a few kilobytes) waits for its answer. A
+contributor cut off right after it reported costs the round this before the leader excludes it (it
+loses only its contribution: its samples go back on their leases); a follower that cannot reach it
+catches up by state transfer. 5 s covers a TLS handshake and a second's pause at either end over a
+150 ms link; the old 20 s (a 10 s wait for a manifest that is always published before the report,
+plus 10 s for the answer) held the chaos soak's rounds for 20 s (docs/decisions/exchange-manifest-timeout.md)."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 
@@ -244,31 +251,37 @@ class RoundExchange:
     async def _check_roots(self, round_: int,
                            contributors: Sequence[tuple[str, str, bytes]]) -> dict[str, codec.Manifest]:
         """Each contributor's manifest, its root checked against the one the round names: a site to
-        blame (InvalidContribution, Unavailable) before any chunk moves."""
-        manifests = {}
-        for site, address, root in contributors:
-            key = codec.ObjectKey(round_, site)
-            if site == self.site:
-                held = self.store.get(key)
-                manifest = held.manifest if held is not None else None
-            elif not address:
-                manifest = None
-            else:
-                client = self._client(address)
-                client.prefetch_ticket()  # its chunks follow (as fetch_manifest does)
-                try:
-                    manifest = await client.get_manifest(key, wait_s=10.0)
-                except Exception as err:
-                    raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}", site) from err
-            if manifest is None:
-                raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more", site)
-            if manifest.root_hash != root:
-                # The contributor's own word is wrong (a bug or a forgery): a leader excludes it alone
-                # instead of committing the round empty; a follower applying the commit re-syncs.
-                raise InvalidContribution(f"round {round_}: {site} serves a pseudo-gradient with root "
-                                          f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}", site)
-            manifests[site] = manifest
-        return manifests
+        blame (InvalidContribution, Unavailable) before any chunk moves. All are asked at once, so
+        unreachable contributors cost the round one MANIFEST_TIMEOUT_S, not one each; the first
+        contributor in order with a fault is the one blamed."""
+        got = await asyncio.gather(*(self._manifest(round_, site, address, root)
+                                     for site, address, root in contributors), return_exceptions=True)
+        for result in got:
+            if isinstance(result, BaseException):
+                raise result
+        return {site: m for (site, _, _), m in zip(contributors, got) if isinstance(m, codec.Manifest)}
+
+    async def _manifest(self, round_: int, site: str, address: str, root: bytes) -> codec.Manifest:
+        key = codec.ObjectKey(round_, site)
+        manifest: codec.Manifest | None = None
+        if site == self.site:
+            held = self.store.get(key)
+            manifest = held.manifest if held is not None else None
+        elif address:
+            client = self._client(address)
+            client.prefetch_ticket()  # its chunks follow (as fetch_manifest does)
+            try:  # no wait: a contributor publishes its pseudo-gradient before it reports it
+                manifest = await client.get_manifest(key, answer_s=MANIFEST_TIMEOUT_S)
+            except Exception as err:
+                raise Unavailable(f"round {round_}: {site}'s pseudo-gradient: {err}", site) from err
+        if manifest is None:
+            raise Unavailable(f"round {round_}: nobody serves {site}'s pseudo-gradient any more", site)
+        if manifest.root_hash != root:
+            # The contributor's own word is wrong (a bug or a forgery): a leader excludes it alone
+            # instead of committing the round empty; a follower applying the commit re-syncs.
+            raise InvalidContribution(f"round {round_}: {site} serves a pseudo-gradient with root "
+                                      f"{manifest.root_hash.hex()[:16]}, the round names {root.hex()[:16]}", site)
+        return manifest
 
     # ----- applied states, for peers that fell behind ----------------------------------------
     async def publish_state(self, round_: int, state: dict[str, torch.Tensor]) -> None:

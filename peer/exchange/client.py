@@ -125,17 +125,18 @@ class ExchangeClient:
         await old.close()
 
     async def get_manifest(
-        self, key: codec.ObjectKey, wait_s: float = 0.0, inputs: MeanInputs = ()
+        self, key: codec.ObjectKey, wait_s: float = 0.0, inputs: MeanInputs = (), answer_s: float = 10.0
     ) -> codec.Manifest | None:
         """The peer's manifest for `key` (validated), waiting up to `wait_s` for it; None if it has none.
-        `inputs`: for a mean shard, the contributors it must average (see ManifestRequest)."""
+        `inputs`: for a mean shard, the contributors it must average (see ManifestRequest). The call
+        fails (DEADLINE_EXCEEDED) if no answer came `answer_s` after the wait."""
         request = exchange_pb2.ManifestRequest(
             key=protoconv.key_to_proto(key),
             wait_ms=int(wait_s * 1000),
             contributors=[exchange_pb2.MeanInput(site=s, address=a, root_hash=r) for s, a, r in inputs],
         )
         try:
-            reply = await self._stub.GetManifest(request, timeout=wait_s + 10.0)
+            reply = await self._stub.GetManifest(request, timeout=wait_s + answer_s)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:
                 return None

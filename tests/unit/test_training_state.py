@@ -8,7 +8,9 @@ loopback, no trainer process (θ is a small state dict here).
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,8 @@ from peer.exchange.allreduce import publish_pseudo_gradient
 from peer.outer import state_dict_hash
 from peer.trainer.config import MODEL_PRESETS, DataConfig, TrainerConfig
 from peer.outer_config import OuterConfig
-from peer.round_exchange import InvalidContribution
+from peer import round_exchange
+from peer.round_exchange import InvalidContribution, Unavailable
 from peer.theta_store import AppliedState, state_tensors
 from peer.training import SiteTraining
 from tests.support.exchange import random_model, serving
@@ -66,6 +69,29 @@ def test_a_root_its_site_does_not_serve_is_that_sites_invalid_contribution(tmp_p
             assert err.value.site == "b"
             honest = await a.outcome(1, [("b", address, encoded.manifest.root_hash, 40)])
             assert honest.weights_hash != a.weights_hash
+        await a.close()
+
+    asyncio.run(scenario())
+
+
+def test_contributors_cut_off_after_reporting_cost_the_round_one_manifest_timeout_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two contributors whose links went silent after they reported (a listener that never answers,
+    as a network cut leaves one): the first of them is blamed (Unavailable, so the leader decides
+    without it) after one MANIFEST_TIMEOUT_S for both, not one each, and not the 20 s it once took."""
+    monkeypatch.setattr(round_exchange, "MANIFEST_TIMEOUT_S", 1.0)
+
+    async def scenario() -> None:
+        a = site("a", tmp_path)
+        with socket.create_server(("127.0.0.1", 0)) as b, socket.create_server(("127.0.0.1", 0)) as c:
+            silent = [(name, f"127.0.0.1:{sock.getsockname()[1]}", bytes(32), 40)
+                      for name, sock in (("b", b), ("c", c))]
+            started = time.monotonic()
+            with pytest.raises(Unavailable, match="b's pseudo-gradient") as err:
+                await a.outcome(1, silent)
+            took = time.monotonic() - started
+        assert err.value.site == "b"
+        assert 1.0 <= took < 1.8, f"{took:.2f} s: the manifests were not asked at once, or not bounded"
         await a.close()
 
     asyncio.run(scenario())
