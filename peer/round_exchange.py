@@ -42,8 +42,7 @@ MANIFEST_TIMEOUT_S = 5.0
 contributor cut off right after it reported costs the round this before the leader excludes it (it
 loses only its contribution: its samples go back on their leases); a follower that cannot reach it
 catches up by state transfer. 5 s covers a TLS handshake and a second's pause at either end over a
-150 ms link; the old 20 s (a 10 s wait for a manifest that is always published before the report,
-plus 10 s for the answer) held the chaos soak's rounds for 20 s (docs/decisions/exchange-manifest-timeout.md)."""
+150 ms link (docs/decisions/exchange-manifest-timeout.md)."""
 KEEP_EXCHANGE_ROUNDS = 4
 """Pseudo-gradients stay served this many rounds after their commit, for peers that lag."""
 

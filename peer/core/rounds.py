@@ -369,9 +369,8 @@ class RoundLeader:
     def observed(self, round_: int, seconds: float) -> None:
         """Round `round_`, opened by another leader, committed `seconds` after its open reached this
         peer. A peer that comes to lead has none of its own report delays yet and would give its
-        first round the whole deadline_s (the 60-minute soak: a round reopened after a leader change
-        waited 10 s for a late site where rounds took 3); a round's length bounds its slowest
-        report, so until its own reports replace them these set the deadline (`deadline_s`)."""
+        first rounds the whole fixed deadline_s, many rounds' time; a round's length bounds its
+        slowest report, so until its own reports replace them these set the deadline (`deadline_s`)."""
         self._paced(round_, seconds)
 
     def _paced(self, round_: int, delay: float) -> None:
