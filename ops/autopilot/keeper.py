@@ -20,8 +20,9 @@ reason:
   reached.
 
 A sequence number is never reused: the next is one above every number the queue or the state file
-has seen, so a restarted loop, or a second one by mistake, cannot submit a job
-twice under one name (ops/autopilot/loop.py reconciles before each decision). No clock, no I/O.
+has seen (the loop enters the accounting's highest into the state on start: ops/autopilot/history.py),
+so a restarted loop, or a second one by mistake, cannot submit a job twice under one name
+(ops/autopilot/loop.py reconciles before each decision). No clock, no I/O.
 
     .venv/bin/python -m pytest tests/unit/test_autopilot_keeper.py -q
 """

@@ -4,7 +4,11 @@
     ops autopilot --config run.toml --once                # one pass (cron, scrontab, tests)
     ops autopilot --config run.toml --peer HOST:PORT --certs certs/ --as alice   # stop at the end
 
-Each pass, for each site with a `[sites.NAME.slurm]` table: list the run's jobs there (squeue,
+On its first pass at each site the loop reconciles its state with the site's accounting: `sacct`
+(ops/autopilot/history.py) lists the run's jobs there long after squeue forgot them, and the
+highest sequence number it shows is entered as seen, with the ended jobs the state file lacks; a
+site without accounting is logged once and goes on with squeue and the state file. Then each pass,
+for each site with a `[sites.NAME.slurm]` table: list the run's jobs there (squeue,
 through the site's command prefix: ops/autopilot/queue.py), decide (ops/autopilot/keeper.py),
 submit what was decided (the site's sbatch template, ops/placement/templates.py; among its
 `node_options`, the node count whose job trains the most tokens by `sbatch --test-only`:
@@ -20,7 +24,8 @@ the highest sequence number submitted per site, the decisions taken, and every j
 squeue last showed it (its start, end, final state and nodes: `ops report --autopilot-state` counts
 the ended ones that left no peer record). It is written before and after each sbatch, so a loop
 killed between the two, restarted, or run twice by mistake still never reuses a job name: the next
-number is above every one the file or the queue has seen. Where it is meant to live:
+number is above every one the file, the queue or the accounting has seen (a lost file, or a second
+loop with its own, included, where the site keeps accounting). Where it is meant to live:
 a login node under `scrontab` (`--once` every few minutes) or a small service machine, anywhere the
 sites' command prefixes (`ssh lumi-uan01 ...`) work from; docs/decisions/autopilot-operator-loop.md.
 """
@@ -42,7 +47,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 import grpc
 
-from ops.autopilot import queue
+from ops.autopilot import history, queue
 from ops.autopilot.keeper import (
     Hold, Job, JobState, KeeperConfig, StartNow, Submit, decide, job_name, led_begin
 )
@@ -66,12 +71,16 @@ def run_name(path: Path) -> str:
 
 
 def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, target_reached: bool,
-             keeper: KeeperConfig, now: float | None = None) -> list[str]:
-    """Decides and submits for every site once; the decision lines, also logged and recorded."""
+             keeper: KeeperConfig, reconciled: set[str], now: float | None = None) -> list[str]:
+    """Decides and submits for every site once, after reconciling with the accounting each site not
+    in `reconciled` (which it adds them to); the decision lines, also logged and recorded."""
     lines = []
     for site in run.select(None):
         slurm = site_slurm(site, run)
         try:
+            if site.name not in reconciled:  # a sacct that fails leaves it for the next pass: nothing is submitted
+                log.info("%s", _reconcile(slurm, state, site.name))
+                reconciled.add(site.name)
             jobs = queue.site_jobs(slurm, state.run, site.name)
             state.listed(site.name, jobs)
             decision = decide(time.time() if now is None else now, site.name, jobs, state.seen[site.name],
@@ -92,6 +101,21 @@ def one_pass(run: cfg.PlacementRun, state: AutopilotState, state_path: Path, tar
         lines.append(line)
     state.save(state_path)
     return lines
+
+
+def _reconcile(slurm: SlurmSite, state: AutopilotState, site: str) -> str:
+    """Enters `site`'s jobs of the run that its accounting remembers into `state` (the highest
+    sequence number, the ended jobs); the line that says what it found. Once per site and process:
+    a running loop then sees every job in squeue, which lists an ended one for MinJobAge (300 s by
+    default) while passes come every `--interval` (60 s); under scrontab every `--once` is a start."""
+    found = history.site_history(slurm, state.run, site)
+    if found.no_accounting:
+        return (f"no Slurm accounting at {site} (sacct: {found.no_accounting}): its job numbers come from squeue "
+                "and the state file only, so a lost state file can reuse the number of a job squeue forgot")
+    highest = max((j.seq for j in found.jobs), default=0)
+    before, entered = state.reconciled(site, found.jobs)
+    return (f"reconciled {site} from sacct on the loop's first pass there: highest sequence {highest} (state file "
+            f"had {before}); {entered} ended job(s) entered")
 
 
 def _submit(run: cfg.PlacementRun, site: cfg.SiteSlurm, slurm: SlurmSite, state: AutopilotState, state_path: Path,
@@ -211,8 +235,9 @@ def _main(args: argparse.Namespace) -> int:
     except (cfg.PlacementConfigError, ValueError, OSError) as err:
         print(f"ops autopilot: error: {err}", file=sys.stderr)
         return 2
+    reconciled: set[str] = set()
     while True:
-        one_pass(run, state, state_path, _target_reached(args), keeper)
+        one_pass(run, state, state_path, _target_reached(args), keeper, reconciled)
         if args.once:
             return 0
         time.sleep(args.interval)

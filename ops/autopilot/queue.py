@@ -3,9 +3,11 @@
 `squeue --me --states=all` lists the user's jobs, queued, running and recently ended (Slurm keeps
 ended jobs for `MinJobAge`, 300 s by default); jobs are recognised by name
 (`sitemesh-<run>-<site>-<seq>`, ops/autopilot/keeper.py), so jobs of other runs and a person's own
-are left alone. Older ended jobs need no listing: the loop's state file remembers their sequence
-numbers, which is all the keeper needs of them. Every command goes through the site's command
-prefix (ops/placement/slurm.py), as `ops probe` and `ops submit` do.
+are left alone. Older ended jobs need no listing each pass: the loop's state file remembers their
+sequence numbers, which is all the keeper needs of them, and on start the loop asks the site's
+accounting for them as well (`sacct`, ops/autopilot/history.py), in case the file was lost. Every
+command goes through the site's command prefix (ops/placement/slurm.py), as `ops probe` and
+`ops submit` do.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
             raise SlurmError(f"unexpected node count {nodes!r} in squeue line {line!r}")
         kind = job_state(state)
         queued = kind.name == "QUEUED"
-        jobs.append(Job(site, named[1], job_id, kind, state, _limit_s(limit),
-                        None if queued else _when(start),
-                        _when(end) if kind.name in ("ENDED", "FAILED") else None,
+        jobs.append(Job(site, named[1], job_id, kind, state, parse_limit_s(limit),
+                        None if queued else parse_when(start),
+                        parse_when(end) if kind.name in ("ENDED", "FAILED") else None,
                         # Held back by its --begin: the start column is then that time (else a prediction).
-                        _when(start) if queued and why == "BeginTime" else None, int(nodes)))
+                        parse_when(start) if queued and why == "BeginTime" else None, int(nodes)))
     return sorted(jobs, key=lambda j: j.seq)
 
 
@@ -55,9 +57,13 @@ def start_now(slurm: SlurmSite, job_id: str) -> None:
     slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
 
-def _when(text: str) -> float | None:
+def parse_when(text: str) -> float | None:
+    """Unix seconds of a time squeue or sacct printed (TZ=UTC, standard format); None for none yet."""
     return None if text in ("N/A", "", "Unknown", "None") else parse_slurm_timestamp(text).timestamp()
 
 
-def _limit_s(text: str) -> float:
-    return float(parse_slurm_time(text)) if text not in ("UNLIMITED", "INVALID", "") else float("inf")
+def parse_limit_s(text: str) -> float:
+    """Seconds of a time limit squeue or sacct printed; infinite where there is none of the job's own
+    (sacct says Partition_Limit for a job submitted without --time)."""
+    return (float(parse_slurm_time(text)) if text not in ("UNLIMITED", "INVALID", "Partition_Limit", "")
+            else float("inf"))

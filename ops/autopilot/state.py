@@ -12,8 +12,10 @@ allocations that left no peer record (ops/accounting.py):
 A job is entered when the loop submits it and rewritten from every squeue listing that shows it
 (ops/autopilot/queue.py), so what it holds of an ended job is what Slurm said of it last: its
 state, start, end and nodes. A job Slurm forgot before a pass saw it end (Slurm lists ended jobs
-for `MinJobAge`, 300 s by default) keeps the state it was last seen in. Files written before jobs
-were kept have none, and read as such.
+for `MinJobAge`, 300 s by default) keeps the state it was last seen in, until the loop's next
+start reads the site's accounting (sacct, ops/autopilot/history.py): that enters every ended job
+of the run it lists and the file lacks or holds as not ended, and raises the highest number seen
+to the accounting's. Files written before jobs were kept have none, and read as such.
 
     .venv/bin/python -m pytest tests/unit/test_autopilot_state.py -q
 """
@@ -84,6 +86,20 @@ class AutopilotState:
         jobs = list(jobs)
         self.seen[site] = max([self.seen.get(site, 0), *(j.seq for j in jobs)])
         self.jobs.update(((j.site, j.seq), j) for j in jobs)
+
+    def reconciled(self, site: str, jobs: Iterable[Job]) -> tuple[int, int]:
+        """`site`'s jobs as Slurm's accounting remembers them (ops/autopilot/history.py): the highest
+        number seen rises to theirs, and each ended job the file lacks, or holds as not ended (Slurm
+        forgot it before a pass saw it end), is entered as the accounting says it ended. Live jobs
+        are left to the squeue listing that follows. (The highest number before, jobs entered.)"""
+        jobs = list(jobs)
+        before = self.seen.get(site, 0)
+        self.seen[site] = max([before, *(j.seq for j in jobs)])
+        ended = (JobState.ENDED, JobState.FAILED)
+        entered = [j for j in jobs if j.state in ended and (
+            (j.site, j.seq) not in self.jobs or self.jobs[(j.site, j.seq)].state not in ended)]
+        self.jobs.update(((j.site, j.seq), j) for j in entered)
+        return before, len(entered)
 
     def submitted(self, job: Job) -> None:
         """A job just submitted, until a listing shows it."""

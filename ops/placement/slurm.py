@@ -152,8 +152,11 @@ class SlurmSite:
             return inner
         return [*self.command_prefix, shlex.join(inner)]
 
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Runs `argv`; SlurmError (with the raw output) if it cannot run, times out or fails."""
+    def run(
+        self, argv: Sequence[str], stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs `argv`; SlurmError (with the raw output) if it cannot run, times out or fails
+        (`check` False: a non-zero exit is returned, for a caller that tells its kinds apart)."""
         cmd = self.command(argv)
         shown = shlex.join(cmd)
         try:
@@ -170,7 +173,7 @@ class SlurmSite:
             raise SlurmError(f"cannot run {shown}: {err.strerror}: {err.filename}") from err
         except subprocess.TimeoutExpired as err:
             raise SlurmError(f"{shown} did not answer within {self.timeout_s:g} s") from err
-        if proc.returncode != 0:
+        if proc.returncode != 0 and check:
             raw = (proc.stdout + proc.stderr).strip() or "(no output)"
             hint = f"{argv[0]} is not installed there (exit 127)" if proc.returncode == 127 else ""
             raise SlurmError(

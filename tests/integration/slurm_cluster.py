@@ -12,6 +12,8 @@ jobs take) and four partitions over it:
   debug  all CPUs (default)        busy, free  at most 1 CPU each, to load one and not the other
   shared  all CPUs, each shared by up to 4 jobs (a site's job and its successor, of several sites)
 Scheduling runs every second (sched_interval, bf_interval) so predictions and starts are prompt.
+Without accounting (`sacct` says it is disabled) unless a test asks for it: `start(accounting=True)`
+adds a private MariaDB and slurmdbd (tests/integration/slurm_accounting.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.integration import slurm_accounting
 
 _BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 
@@ -101,9 +105,12 @@ class SlurmCluster:
             time.sleep(0.2)
 
 
-def _conf(root: Path, node: str, cpus: int, extra: str) -> str:
+CLUSTER_NAME = "sitemesh-test"
+
+
+def _conf(root: Path, node: str, cpus: int, extra: str, accounting: str, min_job_age_s: int) -> str:
     return f"""\
-ClusterName=sitemesh-test
+ClusterName={CLUSTER_NAME}
 SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
@@ -128,10 +135,9 @@ SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
 KillWait=2
-MinJobAge=600
+MinJobAge={min_job_age_s}
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+{accounting}NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=10 State=UP
 PartitionName=busy Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
 PartitionName=free Nodes={node} MaxCPUsPerNode=1 MaxTime=10 State=UP
@@ -140,9 +146,9 @@ PartitionName=shared Nodes={node} OverSubscribe=FORCE:4 MaxTime=10 State=UP
 
 
 def stop(root: Path) -> None:
-    """SIGTERM to the three daemons at once (each takes ~2 s to shut down), then waits for all."""
+    """SIGTERM to the daemons at once (each takes ~2 s to shut down), then waits for all."""
     pids = []
-    for pidfile in ("slurmd.pid", "slurmctld.pid", "munge/pid"):
+    for pidfile in ("slurmd.pid", "slurmctld.pid", *slurm_accounting.PID_FILES, "munge/pid"):
         try:
             pid = int((root / pidfile).read_text().strip())
             os.kill(pid, signal.SIGTERM)
@@ -159,15 +165,22 @@ def stop(root: Path) -> None:
             time.sleep(0.1)
 
 
-def start(root: Path, cpus: int = 2, extra_conf: str = "") -> SlurmCluster:
+def start(root: Path, cpus: int = 2, extra_conf: str = "", accounting: bool = False,
+          min_job_age_s: int = 600) -> SlurmCluster:
     """Starts munged, slurmctld and slurmd under `root` and waits until the node is idle; the node
     has `cpus` CPUs, and `extra_conf` (slurm.conf lines for keys the conf above leaves unset, e.g. a
-    priority plugin) is appended."""
+    priority plugin) is appended. `accounting`: MariaDB and slurmdbd as well, so `sacct` answers
+    (slurm_accounting.skip_reason() says whether they are installed). Slurm lists an ended job for
+    `min_job_age_s` (its MinJobAge; 2 is the least Slurm advises: squeue then forgot a job ~10 s
+    after its end here, the purge running between scheduling cycles)."""
     for d in ("munge", "state", "spool", "log"):
         (root / d).mkdir(mode=0o700)
     node = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, node, cpus, extra_conf))
+    dbd_port = _free_port()
+    storage = (slurm_accounting.slurm_conf(root, dbd_port) if accounting
+               else "AccountingStorageType=accounting_storage/none\n")
+    conf.write_text(_conf(root, node, cpus, extra_conf, storage, min_job_age_s))
     m = root / "munge"
     subprocess.run(["mungekey", "--create", f"--keyfile={m}/key"], check=True, capture_output=True)
     subprocess.run(
@@ -184,6 +197,12 @@ def start(root: Path, cpus: int = 2, extra_conf: str = "") -> SlurmCluster:
         capture_output=True,
     )
     cluster = SlurmCluster(root=root, conf=conf, node=node)
+    if accounting:
+        try:
+            slurm_accounting.start(root, CLUSTER_NAME, dbd_port, _free_port(), cluster.env)
+        except (RuntimeError, subprocess.SubprocessError):
+            stop(root)
+            raise
     subprocess.run(
         ["slurmctld", "-c", "-i", "-f", str(conf)], check=True, capture_output=True, env=cluster.env
     )

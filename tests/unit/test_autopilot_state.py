@@ -63,3 +63,20 @@ def test_the_queue_gives_each_job_its_nodes(tmp_path: Path) -> None:
     assert (failed.job_id, failed.state, failed.nodes) == ("4712", JobState.FAILED, 4)
     assert failed.start is not None and failed.end == failed.start + 60
     assert (queued.state, queued.nodes, queued.start) == (JobState.QUEUED, 4, None)
+
+
+def test_the_accounting_enters_ended_jobs_and_raises_the_highest_number() -> None:
+    """On start the loop enters what sacct remembers (ops/autopilot/history.py): ended jobs the file
+    lacks or last saw live, never a live one (squeue's listing follows), nor over one it saw end."""
+    running = Job("b", 2, "4712", JobState.RUNNING, "RUNNING", 7200.0, start=1_800_000_100.0, nodes=4)
+    seen_end = Job("b", 1, "4711", JobState.ENDED, "TIMEOUT", 7200.0, start=1_800_000_000.0, end=1_800_007_200.0)
+    state = AutopilotState("c4", {"b": 2}, jobs={("b", 1): seen_end, ("b", 2): running})
+    ended = Job("b", 2, "4712", JobState.FAILED, "NODE_FAIL", 7200.0, start=1_800_000_100.0, end=1_800_000_900.0,
+                nodes=4)
+    older = Job("b", 9, "4720", JobState.ENDED, "COMPLETED", 7200.0, start=1_800_010_000.0, end=1_800_017_000.0)
+    live = Job("b", 11, "4730", JobState.QUEUED, "PENDING", 7200.0)
+    again = Job("b", 1, "4711", JobState.ENDED, "COMPLETED", 7200.0, start=1.0, end=2.0)
+    assert state.reconciled("b", [again, ended, older, live]) == (2, 2)
+    assert state.seen == {"b": 11}
+    assert state.jobs == {("b", 1): seen_end, ("b", 2): ended, ("b", 9): older}
+    assert state.reconciled("c", []) == (0, 0) and state.seen["c"] == 0
