@@ -164,6 +164,9 @@ class Coordinator:
             self._spawn(self.training.fold(effect.round))
         elif isinstance(effect, ev.Excluded):
             self.node.events.excluded[effect.kind.value] += 1
+        elif isinstance(effect, r.Reported):
+            c = effect.contribution
+            self.training.exchange.ask_manifest(c.round, c.site, c.address, c.pseudo_gradient_root)
         elif isinstance(effect, ev.Fetch):
             self._fetch = self._spawn(self._outcome(effect, self._fetch))
         elif isinstance(effect, ev.CancelFetch):

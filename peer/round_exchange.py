@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -104,6 +104,9 @@ class RoundExchange:
         # the mean and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
         self._feedback: ErrorFeedback | None = None
+        # Manifests asked for as the leader got each report (`ask_manifest`), taken by the round's
+        # root check: a contributor cut off after reporting is then known by the round's deadline.
+        self._asked: dict[tuple[int, str, str, bytes], asyncio.Task[codec.Manifest]] = {}
         """int8/int4/sparse: what this site's last pseudo-gradients did not send (site-local, on disk)."""
         self.fetched: dict[str, FetchStats] = {}
         """Pseudo-gradient fetches per remote site since start: bytes and the faults survived."""
@@ -198,6 +201,18 @@ class RoundExchange:
         self.applied_round = round_
         self.store.drop_rounds_before(round_ - KEEP_EXCHANGE_ROUNDS)
         self._shards = {k: f for k, f in self._shards.items() if k[0] > round_}
+        for key in [k for k in self._asked if k[0] <= round_]:  # a report its round went without
+            self._asked.pop(key).cancel()
+
+    def ask_manifest(self, round_: int, site: str, address: str, root: bytes) -> None:
+        """A leader got `site`'s report of `round_`: asks for its manifest now, in the background,
+        for `_check_roots` to take when the round is decided (rounds.Reported)."""
+        key = (round_, site, address, root)
+        if site != self.site and key not in self._asked:
+            task = asyncio.ensure_future(self._manifest(round_, site, address, root))
+            # Read here, so that one the round never takes is not reported as never retrieved.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._asked[key] = task
 
     def _take_mean(self, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A destination for a round's mean: the spare one if it still fits θ (a mean formed at the
@@ -253,12 +268,16 @@ class RoundExchange:
         blame (InvalidContribution, Unavailable) before any chunk moves. All are asked at once, so
         unreachable contributors cost the round one MANIFEST_TIMEOUT_S, not one each; the first
         contributor in order with a fault is the one blamed."""
-        got = await asyncio.gather(*(self._manifest(round_, site, address, root)
+        got = await asyncio.gather(*(self._asked_or_ask(round_, site, address, root)
                                      for site, address, root in contributors), return_exceptions=True)
         for result in got:
             if isinstance(result, BaseException):
                 raise result
         return {site: m for (site, _, _), m in zip(contributors, got) if isinstance(m, codec.Manifest)}
+
+    def _asked_or_ask(self, round_: int, site: str, address: str, root: bytes) -> Awaitable[codec.Manifest]:
+        asked = self._asked.pop((round_, site, address, root), None)
+        return asked if asked is not None else self._manifest(round_, site, address, root)
 
     async def _manifest(self, round_: int, site: str, address: str, root: bytes) -> codec.Manifest:
         key = codec.ObjectKey(round_, site)

@@ -33,7 +33,7 @@ from peer.core.round_core import RoundCore
 from peer.core.site_round import SiteRound
 from peer.core.timeline import RoundClock
 
-Effect = Union[ev.Effect, ev.SendReport, LeaseEffect, r.Broadcast, r.SendOpen, r.EpochComplete]
+Effect = Union[ev.Effect, ev.SendReport, LeaseEffect, r.Broadcast, r.SendOpen, r.EpochComplete, r.Reported]
 
 
 @dataclass(frozen=True)

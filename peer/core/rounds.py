@@ -180,7 +180,17 @@ class EpochComplete:
     data_epochs: int
 
 
-Effect = Union[Broadcast, SendOpen, Decide, EpochComplete]
+@dataclass(frozen=True)
+class Reported:
+    """Effect (leader): `contribution` is in the open round. The node may ask its site for the
+    pseudo-gradient's manifest at once, for the `Decide` to find asked: a site cut off right after
+    it reported is then known by the round's deadline, not a manifest timeout after it
+    (docs/decisions/exchange-manifest-timeout.md). Nothing here waits on it."""
+
+    contribution: Contribution
+
+
+Effect = Union[Broadcast, SendOpen, Decide, EpochComplete, Reported]
 
 
 @dataclass
@@ -389,12 +399,14 @@ class RoundLeader:
             return []  # late, early, or a duplicate delivery of what we have
         if msg.ranges:
             self._paced(msg.round, now - o.opened)
+        asked: list[Effect] = []
         if msg.ranges:
             o.got[msg.site] = msg
             o.idle.discard(msg.site)
+            asked.append(Reported(msg))
         else:
             o.idle.add(msg.site)
-        return [] if self._waiting(o) - o.dead else self._close(now)
+        return asked if self._waiting(o) - o.dead else asked + self._close(now)
 
     def _close(self, now: float) -> list[Effect]:
         """Decide the open round (I6). If nobody trained anything, drop it and open it again later

@@ -11,13 +11,22 @@ from peer.core.commitlog import SampleRange
 from peer.core.election import Epoch, Header, SiteId
 from peer.core.exclusion import Exclusion, ExclusionKind
 from peer.core.lease_types import Gen, Voucher, of_range
-from peer.core.rounds import (Broadcast, Contribution, Decide, EpochComplete, RoundLeader, RoundOpen, RoundsConfig,
+from peer.core import rounds
+from peer.core.rounds import (Broadcast, Contribution, Decide, EpochComplete, RoundOpen, RoundsConfig, Reported,
                               SendOpen)
 
 UNIVERSE = {10: 8, 11: 8, 12: 4}  # 20 samples
 CFG = RoundsConfig(inner_steps=2, samples_per_step=2, deadline_s=5.0, idle_wait_s=1.0)
 H = Header(SiteId("a"), "h:1", Epoch(3), 0)
 
+
+
+class RoundLeader(rounds.RoundLeader):
+    """The leader with the `Reported` of each report set aside: the tests below are about what it
+    decides (test_each_report_in_the_open_round_is_passed_on_to_have_its_manifest_asked checks them)."""
+
+    def receive(self, msg: Contribution, now: float) -> list[rounds.Effect]:
+        return [e for e in super().receive(msg, now) if not isinstance(e, Reported)]
 
 
 def reasons(decide: Decide) -> dict[str, str]:
@@ -46,6 +55,22 @@ def test_opens_the_round_after_the_committed_one_for_the_live_sites() -> None:
     msg = _open(_leader(), ["c", "a", "b"], committed=4)
     assert (msg.round, msg.inner_steps, msg.deadline_s, msg.base_weights_hash) == (5, 2, 5.0, b"base")
     assert CFG.samples_per_round == 4
+
+
+def test_each_report_in_the_open_round_is_passed_on_to_have_its_manifest_asked() -> None:
+    """A report that trained something is passed on (`Reported`) as it comes, before the decision,
+    so that its site is asked for its manifest while the round still waits; an idle report, a
+    duplicate and a report of another round are not."""
+    leader = rounds.RoundLeader(CFG, EpochLedger(UNIVERSE))
+    _open(leader, ["a", "b", "c"])
+    first = _report("a", 1, SampleRange(10, 0, 4))
+    assert leader.receive(first, 1.0) == [Reported(first)]
+    assert leader.receive(first, 1.1) == [], "a duplicate delivery"
+    assert leader.receive(_report("c", 2, SampleRange(11, 0, 4)), 1.2) == [], "another round's"
+    assert leader.receive(_report("c", 1), 1.3) == [], "c trained nothing"
+    last = _report("b", 1, SampleRange(11, 0, 4))
+    asked, decide = leader.receive(last, 1.4)
+    assert asked == Reported(last) and isinstance(decide, Decide), "passed on before the decision"
 
 
 def test_no_round_without_live_sites() -> None:

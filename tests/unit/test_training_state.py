@@ -97,6 +97,38 @@ def test_contributors_cut_off_after_reporting_cost_the_round_one_manifest_timeou
     asyncio.run(scenario())
 
 
+def test_a_manifest_asked_for_at_the_report_is_the_one_the_round_takes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader asks a contributor for its manifest as its report comes (`ask_manifest`): a site
+    that went silent after reporting is blamed one MANIFEST_TIMEOUT_S after the report, not after
+    the decision; an honest one asked early averages as if asked at the decision."""
+    monkeypatch.setattr(round_exchange, "MANIFEST_TIMEOUT_S", 1.0)
+
+    async def scenario() -> None:
+        a, b = site("a", tmp_path), site("b", tmp_path)
+        delta = {n: v * 0.01 for n, v in random_model(1, SIZES).items()}
+        encoded = await publish_pseudo_gradient(b.exchange.store, delta, round=1, site="b", tokens=40)
+        fresh = site("a", tmp_path / "fresh")
+        async with serving(b.exchange.store) as address:
+            contributors = [("b", address, encoded.manifest.root_hash, 40)]
+            a.exchange.ask_manifest(1, "b", address, encoded.manifest.root_hash)
+            asked = await a.outcome(1, contributors)
+            assert asked.weights_hash == (await fresh.outcome(1, contributors)).weights_hash != a.weights_hash
+        with socket.create_server(("127.0.0.1", 0)) as silent:
+            where = f"127.0.0.1:{silent.getsockname()[1]}"
+            a.exchange.ask_manifest(2, "c", where, bytes(32))
+            await asyncio.sleep(0.8)  # the round waits for others meanwhile
+            started = time.monotonic()
+            with pytest.raises(Unavailable, match="c's pseudo-gradient"):
+                await a.outcome(2, [("c", where, bytes(32), 40)])
+            assert time.monotonic() - started < 0.6, "the decision asked again instead of taking the asked manifest"
+        await a.close()
+        await b.close()
+        await fresh.close()
+
+    asyncio.run(scenario())
+
+
 def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tmp_path: Path) -> None:
     async def scenario() -> None:
         healthy, behind = site("b", tmp_path, seed=7), site("a", tmp_path, seed=8)
