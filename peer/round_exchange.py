@@ -24,7 +24,7 @@ from peer.exchange.bulk import BulkConfig, BulkServer
 from peer.exchange.client import ExchangeClient, fetch_into, fetch_manifest
 from peer.exchange.feedback import ErrorFeedback
 from peer.exchange.planes import DEFAULT_PLANE
-from peer.exchange.sources import FetchStats
+from peer.exchange.sources import FetchError, FetchStats
 from peer.exchange.store import ExchangeStore, MeanInputs
 from peer.trainer.config import TrainerConfig
 from peer.transport.channels import PLAINTEXT, Credentials
@@ -178,13 +178,22 @@ class RoundExchange:
         manifests = await self._check_roots(round_, [(s, a, root) for s, a, root, _ in contributors])
         mean = self._take_mean(like)
         inputs: MeanInputs = tuple(sorted((s, a, root) for s, a, root, _ in contributors))
-        if self._wire is codec.WireDtype.SPARSE:  # all-gathered: every peer sums them itself
-            report = await all_to_all_mean(round_, sites, self.store, mean, roots={s: root for s, _, root in inputs},
-                                           manifests=manifests)
-        else:
-            report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
-                                               my_shard=lambda: self._mean_shard(round_, inputs),
-                                               owner_wait_s=OWNER_WAIT_S, memory=self._memory, manifests=manifests)
+        try:
+            if self._wire is codec.WireDtype.SPARSE:  # all-gathered: every peer sums them itself
+                report = await all_to_all_mean(round_, sites, self.store, mean,
+                                               roots={s: root for s, _, root in inputs}, manifests=manifests)
+            else:
+                report = await reduce_scatter_mean(round_, self.site, sites, self.store, mean, inputs=inputs,
+                                                   my_shard=lambda: self._mean_shard(round_, inputs),
+                                                   owner_wait_s=OWNER_WAIT_S, memory=self._memory,
+                                                   manifests=manifests)
+        except FetchError as err:
+            # A contributor's own pseudo-gradient could not be had (it died after its manifest was
+            # read): it alone is left out, as at the root check, not the whole round.
+            key = err.key
+            if key is not None and key.kind is codec.ObjectKind.PSEUDO_GRADIENT and key.site in sites:
+                raise Unavailable(f"round {round_}: {key.site}'s pseudo-gradient: {err}", key.site) from err
+            raise
         if report.reduced_here:
             log.warning("round %d: reduced the shards of %s here (all-to-all for them)", round_, report.reduced_here)
         check_weights(round_, {site: tokens for site, _, _, tokens in contributors}, report.tokens)

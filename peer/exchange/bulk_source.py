@@ -99,7 +99,7 @@ class BulkSource:
         except bulk.ErrorFrame as err:
             self._reached(True, "")
             if err.code in FATAL:
-                raise FetchError(f"{manifest.key} from {self._address} (bulk): {err}") from err
+                raise FetchError(f"{manifest.key} from {self._address} (bulk): {err}", manifest.key) from err
             raise Retry("transport_errors", f"bulk {err}") from None
         except _RETRIED as err:
             counter = next(name for kinds, name in _FAULTS if isinstance(err, kinds))

@@ -36,7 +36,9 @@ from peer.exchange.bulk_source import BulkSource
 from peer.exchange.grpc_source import GrpcSource
 from peer.exchange.planes import DEFAULT_PLANE, PlaneChoice
 from peer.exchange.service import SERVICE
-from peer.exchange.sources import Attempt, ChunkSink, ChunkSource, FetchError, FetchStats, InThread, Retry, closed_under_us
+from peer.exchange.sources import (
+    Attempt, ChunkSink, ChunkSource, FetchError, FetchStats, InThread, Retry, closed_under_us, refused
+)
 from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
 from peer.transport import channels, route, tls_context
@@ -246,7 +248,7 @@ async def fetch_chunks(
     over gRPC the sink gets the message's bytes."""
     end = manifest.num_chunks if end is None else end
     if not sources:
-        raise FetchError(f"{manifest.key}: no source to fetch from")
+        raise FetchError(f"{manifest.key}: no source to fetch from", manifest.key)
     stats = stats if stats is not None else FetchStats()
     progress = _Progress(next=first, at_last_failure=first)
     started = time.monotonic()
@@ -279,7 +281,7 @@ async def fetch_chunks(
     except Retry:
         raise FetchError(
             f"{manifest.key}: gave up at chunk {progress.next} of [{first}, {end}) after "
-            f"{progress.failures} failed attempts without progress; last: {progress.last_fault}"
+            f"{progress.failures} failed attempts without progress; last: {progress.last_fault}", manifest.key
         ) from None
     return stats
 
@@ -317,13 +319,14 @@ async def fetch_manifest(
 ) -> codec.Manifest:
     """The manifest of `key` from the first source that has it, long-polling each up to `wait_s`.
     Gives up early when every source has failed (not merely not published yet) for `policy.stall_s`:
-    those peers are gone, not still training. `inputs`: see ExchangeClient.get_manifest."""
+    those peers are gone, not still training; at once when every source refused the connection
+    (`sources.refused`). `inputs`: see ExchangeClient.get_manifest."""
     errors: deque[str] = deque(maxlen=len(sources))  # the last answer of each source
     deadline = time.monotonic() + min(wait_s, policy.deadline_s)
     failing_since: float | None = None
     sources[0].prefetch_ticket()  # a fetch of the object's chunks follows, from the first source
     while True:
-        failed = 0
+        failed = gone = 0
         for source in sources:
             try:
                 manifest = await source.get_manifest(key, max(0.0, deadline - time.monotonic()), inputs)
@@ -336,6 +339,9 @@ async def fetch_manifest(
             except (grpc.aio.AioRpcError, codec.ManifestError) as err:
                 errors.append(f"{source.address}: {err}")
                 failed += 1
+                if isinstance(err, grpc.aio.AioRpcError) and refused(err):
+                    gone += 1
+                    continue
                 await asyncio.sleep(policy.backoff_initial_s)
                 continue
             if manifest is not None:
@@ -343,8 +349,9 @@ async def fetch_manifest(
             errors.append(f"{source.address}: not published")
         now = time.monotonic()
         failing_since = (failing_since or now) if failed == len(sources) else None
-        if now >= deadline or (failing_since is not None and now - failing_since >= policy.stall_s):
-            raise FetchError(f"no manifest for {key} within {wait_s} s: {'; '.join(errors)}")
+        if (now >= deadline or gone == len(sources)
+                or (failing_since is not None and now - failing_since >= policy.stall_s)):
+            raise FetchError(f"no manifest for {key} within {wait_s} s: {'; '.join(errors)}", key)
 
 
 async def fetch_into(

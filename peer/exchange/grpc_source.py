@@ -64,7 +64,8 @@ class GrpcSource:
                 except grpc.aio.AioRpcError as err:
                     if err.code() in FATAL:
                         raise FetchError(
-                            f"{manifest.key} from {self._peer.address}: {err.code().name}: {err.details()}") from err
+                            f"{manifest.key} from {self._peer.address}: {err.code().name}: {err.details()}",
+                            manifest.key) from err
                     raise Retry("transport_errors", f"{err.code().name}: {err.details()}") from None
                 if msg is grpc.aio.EOF:
                     raise Retry("truncated_streams", f"stream ended at chunk {due}, expected up to {end}")

@@ -75,6 +75,18 @@ class FetchStats:
 class FetchError(RuntimeError):
     """A fetch that gave up; the message names the object, the chunk reached and the last fault."""
 
+    def __init__(self, message: str, key: codec.ObjectKey | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        """The object that could not be fetched, where one can be named (a round's mean blames its
+        publisher: round_exchange.RoundExchange.mean)."""
+
+
+def refused(err: grpc.aio.AioRpcError) -> bool:
+    """Whether nothing listens at the peer's address any more. Its process is gone, and with it every
+    object it published (an exchange store lives in memory): no wait or retry brings them back."""
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "Connection refused" in (err.details() or "")
+
 
 Fault = Literal["corrupt_chunks", "misplaced_chunks", "truncated_streams", "stalls", "transport_errors"]
 """The kinds of fault an attempt ends with: the FetchStats fields that count them."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -278,6 +279,27 @@ def test_dead_peer_ends_in_a_clear_error() -> None:
                         await fetch_into(enc.manifest, [client], _dest(enc), POLICY)
                 finally:
                     await client.close()
+
+    run(scenario)
+
+
+def test_a_manifest_of_a_peer_whose_process_is_gone_fails_at_once() -> None:
+    """Nothing listens where the object was published any more (its peer was killed): the objects it
+    served went with its process, so the manifest fetch gives up at once, naming the object, not
+    after the policy's 20 s of failures or the long poll's wait."""
+    async def scenario() -> None:
+        with socket.create_server(("127.0.0.1", 0)) as sock:
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+        client = ExchangeClient(address, plane="grpc")
+        key = codec.ObjectKey(3, "b")
+        try:
+            started = time.monotonic()
+            with pytest.raises(FetchError, match="Connection refused") as err:
+                await asyncio.wait_for(fetch_manifest(key, [client], 600.0, FetchPolicy.wan()), 30)
+            assert time.monotonic() - started < 3.0, "refused connections were retried as if the peer might come back"
+            assert err.value.key == key
+        finally:
+            await client.close()
 
     run(scenario)
 

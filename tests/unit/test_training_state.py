@@ -129,6 +129,36 @@ def test_a_manifest_asked_for_at_the_report_is_the_one_the_round_takes(
     asyncio.run(scenario())
 
 
+def test_a_contributor_killed_after_its_manifest_was_read_is_blamed_at_once(tmp_path: Path) -> None:
+    """c reported, the leader read its manifest, then c's process died: the mean's reduction finds
+    nothing listening at c and blames c alone (Unavailable, so the leader decides without it)
+    at once, instead of retrying a dead peer for 20 s or failing the whole round."""
+    async def scenario() -> None:
+        a, b, c = site("a", tmp_path), site("b", tmp_path), site("c", tmp_path)
+        published = {}
+        for n, t in enumerate((a, b, c)):
+            delta = {k: v * 0.01 for k, v in random_model(n + 1, SIZES).items()}
+            published[t.site] = await publish_pseudo_gradient(t.exchange.store, delta, round=1, site=t.site,
+                                                              tokens=40)
+        async with serving(b.exchange.store) as at_b:
+            async with serving(c.exchange.store) as at_c:
+                addresses = {"a": "", "b": at_b, "c": at_c}
+                contributors = [(s, addresses[s], e.manifest.root_hash, 40) for s, e in sorted(published.items())]
+                for s, address, root, _ in contributors[1:]:
+                    a.exchange.ask_manifest(1, s, address, root)
+                await asyncio.sleep(0.5)  # the manifests are in; then c is gone
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as err:
+                await asyncio.wait_for(a.outcome(1, contributors), 60)
+            took = time.monotonic() - started
+        assert err.value.site == "c", err.value
+        assert took < 3.0, f"{took:.1f} s: a dead contributor was retried"
+        for t in (a, b, c):
+            await t.close()
+
+    asyncio.run(scenario())
+
+
 def test_catch_up_installs_a_peer_state_only_if_its_hash_is_the_committed_one(tmp_path: Path) -> None:
     async def scenario() -> None:
         healthy, behind = site("b", tmp_path, seed=7), site("a", tmp_path, seed=8)
