@@ -63,7 +63,7 @@ from peer.core.consensus_effects import (
 )
 from peer.core.handover import successor
 from peer.core.membership_types import MemberState
-from peer.core.voter_set import MemberVerdict, live_addresses, next_voter_change, replication_targets
+from peer.core.voter_set import MemberVerdict, live_addresses, majority_acked, next_voter_change, replication_targets
 from peer.core.election import (
     ElectionConfig,
     Epoch,
@@ -145,8 +145,8 @@ class ConsensusCore:
         now = self._advance(now)
         effects: list[Effect] = []
         if self.role is Role.LEADER:
-            if now >= max(self._lease_expiry(), self.became_leader_at + self.config.election_timeout_min_s):
-                self._step_down(None, effects, "check-quorum: no majority acked within the lease")
+            if now >= self._quorum_lost_at():
+                self._step_down(None, effects, "check-quorum: no majority acked within the election timeout")
                 return effects
             if self.standing_back and self._hand_over(effects) is not None:
                 return effects  # leaving: a staying voter leads from here (at LeaveRequested, or once one caught up)
@@ -159,8 +159,7 @@ class ConsensusCore:
 
     def next_deadline(self) -> float:
         if self.role is Role.LEADER:
-            return min(self.next_heartbeat,
-                       max(self._lease_expiry(), self.became_leader_at + self.config.election_timeout_min_s))
+            return min(self.next_heartbeat, self._quorum_lost_at())
         return self.election_deadline
 
     def receive(self, msg: Message, now: float) -> list[Effect]:
@@ -415,14 +414,15 @@ class ConsensusCore:
         effects.append(LeaderChanged(self.site, self.hard.epoch))
         self._append_and_replicate(EpochStart(self.site), effects)
 
-    def _lease_expiry(self) -> float:
-        """Send time of the newest message a majority of voters acked, plus the lease (election.py)."""
-        voters = [s for s, _ in self.log.voters()]
-        if self.role is not Role.LEADER or not voters:
-            return -math.inf
-        times = sorted((self.now if v == self.site else self.ack_time.get(v, -math.inf) for v in voters),
-                       reverse=True)
-        return times[len(voters) // 2] + self.config.lease_s
+    def _quorum_lost_at(self) -> float:
+        """Check-quorum: when this leader steps down for want of acks (ElectionConfig.quorum_window_s)."""
+        c = self.config
+        return max(self._lease_expiry(c.quorum_window_s), self.became_leader_at + c.election_timeout_min_s)
+
+    def _lease_expiry(self, hold_s: float | None = None) -> float:
+        """Send time of the newest message a majority acked, plus `hold_s` (default: the lease, election.py)."""
+        hold = self.config.lease_s if hold_s is None else hold_s
+        return majority_acked(self) + hold if self.role is Role.LEADER else -math.inf
 
     def _hand_over(self, effects: list[Effect]) -> SiteId | None:
         """This peer leaves: if a staying voter holds the whole log, step down (a leaving leader opens

@@ -72,6 +72,15 @@ class ElectionConfig:
         d = self.max_clock_drift
         return self.election_timeout_min_s * (1 - d) / (1 + d)
 
+    @property
+    def quorum_window_s(self) -> float:
+        """How long after *sending* the newest message a majority acknowledged the leader keeps the
+        lead (check-quorum), past its lease: in between it decides nothing but holds its epoch, so
+        voters whose acks lag behind a loaded machine come back to it without an election
+        (docs/decisions/consensus-check-quorum-window.md). The maximum election timeout, as etcd's
+        check of its recently active followers every election timeout gives at worst."""
+        return self.election_timeout_max_s
+
     def random_timeout(self, rng: random.Random) -> float:
         return rng.uniform(self.election_timeout_min_s, self.election_timeout_max_s)
 

@@ -101,6 +101,10 @@ class PeerCore:
         """Round commits consensus made before the round protocol was attached, for its round core."""
         self._seat: SeatLeave | None = None
         self._seat_waits = (leader_wait_s, follower_wait_s)
+        self._held: RoundCommit | None = None
+        """A round this leader decided while its lease had lapsed (its voters' acks lag, the lead is
+        not lost yet: ElectionConfig.quorum_window_s): proposed once a majority acks again, given
+        up with the lead. Refused at once, the round would be reopened and decided again."""
 
     # ----- what the executor asks -------------------------------------------------------------
     def next_deadline(self, view: View) -> float:
@@ -143,7 +147,7 @@ class PeerCore:
             out += self._drain(self.rounds.tick(now, self._seen(view)), now, view)
         elif self._empty is not None:
             leading = self.consensus.role is Role.LEADER
-            if self._empty.next_deadline(leading) <= now:  # not due: spare reading the log
+            if self._held is None and self._empty.next_deadline(leading) <= now:  # not due: spare reading the log
                 committed, _, weights = self.last_round_entry()
                 commit = self._empty.tick(now, leading, committed, weights)
                 if commit is not None:
@@ -230,15 +234,39 @@ class PeerCore:
     def _propose(self, commit: RoundCommit, now: float, view: View,
                  queue: deque[RoundsEffect]) -> list[Effect]:
         answer = self.consensus.propose_round(commit, now)
+        lease = self.consensus.status().lease_expiry
+        if not answer.accepted and lease is not None and now >= lease:
+            self._held = commit
+            return [Proposed(commit, False, f"{answer.reason}; held until a majority acks again")]
         if self.rounds is not None:
             self.rounds.proposed(answer.accepted)
         out: list[Effect] = [Proposed(commit, answer.accepted, answer.reason)]
         return out + self._consensus(answer.effects, now, view, queue)
 
+    def _release_held(self, now: float, view: View, queue: deque[RoundsEffect] | None) -> list[Effect]:
+        """The held round (`_held`): proposed once the lease is back, given up once the lead is lost."""
+        held = self._held
+        if held is None or (self.consensus.role is Role.LEADER and self.consensus.not_ready(now) is not None):
+            return []
+        self._held = None
+        if self.consensus.role is not Role.LEADER:
+            if self.rounds is not None:
+                self.rounds.proposed(False)
+            return [Proposed(held, False, "the lead was lost before a majority acked again")]
+        into: deque[RoundsEffect] = deque() if queue is None else queue
+        out = self._propose(held, now, view, into)
+        return out if queue is not None else out + self._drain(list(into), now, view)
+
     def _consensus(self, effects: Sequence[ce.Effect], now: float, view: View,
                    queue: deque[RoundsEffect] | None = None) -> list[Effect]:
         """Consensus's effects in order, then `Commits` and the round protocol's effects of them
-        (appended to `queue` instead when a round effect being drained proposed)."""
+        (appended to `queue` instead when a round effect being drained proposed), then the held
+        round's proposal if the lease is back."""
+        out = self._consensus_effects(effects, now, view, queue)
+        return out + self._release_held(now, view, queue)
+
+    def _consensus_effects(self, effects: Sequence[ce.Effect], now: float, view: View,
+                           queue: deque[RoundsEffect] | None) -> list[Effect]:
         out: list[Effect] = []
         committed: list[Entry] = []
         for effect in effects:

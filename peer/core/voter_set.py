@@ -45,6 +45,14 @@ class LeaderState(Protocol):
     became_leader_at: float
 
 
+def majority_acked(core: LeaderState) -> float:
+    """Send time of the newest message a majority of the voters acked (the leader counts as acking
+    at once); -inf where nobody has. The leader's lease and check-quorum run from it."""
+    voters = [s for s, _ in core.log.voters()]
+    times = sorted((core.now if v == core.site else core.ack_time.get(v, -math.inf) for v in voters), reverse=True)
+    return times[len(voters) // 2] if voters else -math.inf
+
+
 def next_voter_change(core: LeaderState) -> tuple[VoterChange | None, str | None]:
     """The first candidate change that keeps the responsive voters a majority of the new set, and
     why a change waits (None: nothing to say).

@@ -47,8 +47,8 @@ class IgnoresLogFreshness(ConsensusCore):
 class OverlongLease(ConsensusCore):
     """Believes its lease lasts an election timeout longer than the drift-safe margin."""
 
-    def _lease_expiry(self) -> float:
-        return super()._lease_expiry() + self.config.election_timeout_max_s
+    def _lease_expiry(self, hold_s: float | None = None) -> float:
+        return super()._lease_expiry(hold_s) + self.config.election_timeout_max_s
 
 
 class ObeysDeposedLeaders(ConsensusCore):

@@ -279,13 +279,13 @@ def test_majorities_over_the_gossip_view_are_caught_by_the_partition(monkeypatch
             elif self.role is c.Role.CANDIDATE:
                 self._become_leader(effects)
 
-    def lease_expiry(self: c.ConsensusCore) -> float:
+    def lease_expiry(self: c.ConsensusCore, hold_s: float | None = None) -> float:
         voters = alive(self)
         if self.role is not c.Role.LEADER:
             return -math.inf
         times = sorted((self.now if v == self.site else self.ack_time.get(v, -math.inf) for v in voters),
                        reverse=True)
-        return times[len(voters) // 2] + self.config.lease_s
+        return times[len(voters) // 2] + (self.config.lease_s if hold_s is None else hold_s)
 
     def advance_commit(self: c.ConsensusCore, effects: list[ce.Effect]) -> None:
         match = {**self.match_index, self.site: self.log.last_index}

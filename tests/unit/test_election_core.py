@@ -84,12 +84,18 @@ def test_paused_leader_steps_down_on_resume_and_its_messages_are_rejected() -> N
     assert any(isinstance(s, Send) and s.to == old and not s.msg.success for s in sends)  # type: ignore[union-attr]
 
 
-def test_check_quorum_leader_cut_off_from_majority_steps_down() -> None:
+def test_check_quorum_leader_cut_off_from_majority_stops_deciding_then_steps_down() -> None:
+    """Cut off, the leader decides nothing once its lease ran out, but holds its epoch for the
+    maximum election timeout after its last acked send (acks that only lag come back to it without
+    an election: ElectionConfig.quorum_window_s), then steps down."""
     net = Lockstep(3)
     leader = _elect(net)
     others = [s for s in net.cluster.live() if s != leader]
     net.blocked = {(leader, o) for o in others} | {(o, leader) for o in others}
     net.run_for(E_MIN + SIM_CONFIG.heartbeat_interval_s * 2)
+    core = net.cluster.core(leader)
+    assert core.role is Role.LEADER and (core.not_ready(net.t) or "").startswith("no lease"), core.status()
+    net.run_for(E_MAX - E_MIN)
     assert net.cluster.core(leader).role is Role.FOLLOWER
     assert net.run_until(lambda: net.leader() in others, timeout=3 * E_MAX)
 

@@ -299,3 +299,54 @@ def test_a_leader_whose_leave_begins_hands_over_to_a_voter_that_is_not_leaving()
     handed = [e for e in out if isinstance(e, ce.Send) and isinstance(e.msg, TimeoutNow)]
     assert sorted(e.to for e in handed) == ["b", "c"] and {e.msg.successor for e in handed} == {"b"}, out
     assert p.consensus.role is Role.FOLLOWER and out[-1] == ev.LeaveReady()
+
+
+def _lead_with_b(p: PeerCore, view: View) -> tuple[float, list[Effect]]:
+    """"a" wins epoch 1 with "b"'s votes; returns when, and what it sent."""
+    t = p.consensus.next_deadline()
+    p.tick(t, view)  # pre-vote
+    p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(0), 0), Epoch(1), True, True, "granted"), t, view)
+    out = p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(1), 0), Epoch(1), True, False, "granted"),
+                              t, view)
+    assert p.consensus.role is Role.LEADER
+    return t, out
+
+
+def _acks(p: PeerCore, sent: Sequence[Effect], now: float, view: View) -> list[Effect]:
+    """"b" acks every AppendEntries in `sent`; what "a" does on them."""
+    out: list[Effect] = []
+    for e in sent:
+        if isinstance(e, ce.Send) and isinstance(e.msg, AppendEntries):
+            last = e.msg.prev_index + len(e.msg.entries)
+            out += p.consensus_message(AppendReply(Header(e.to, f"addr-{e.to}", Epoch(1), 0), True, LogIndex(last),
+                                                   e.msg.seq, "ok"), now, view)
+    return out
+
+
+def test_a_round_decided_while_the_lease_lapsed_is_held_and_proposed_when_acks_come_back() -> None:
+    """b's acks lag past a's lease but within the election timeout (a loaded machine): a keeps the
+    lead and holds the round it decided (refused now, it would be decided again) until b acks; a
+    held round whose leader loses the lead is given up."""
+    p = _peer(trains=False, voters=("a", "b"), empty=r.EmptyRounds(0.1))
+    two = View(frozenset({"a", "b"}), applied_round=0, weights_hash=THETA0)
+    t, sent = _lead_with_b(p, two)
+    sent += _acks(p, sent, t, two)  # the EpochStart commits
+    lapsed = t + RAFT.lease_s + 0.05  # b silent since t: no lease, but within the election timeout
+    out = p.tick(lapsed, two)
+    held = [e for e in out if isinstance(e, Proposed)]
+    assert len(held) == 1 and not held[0].accepted and "held until a majority acks again" in held[0].reason, out
+    assert p.consensus.role is Role.LEADER
+    again = p.tick(lapsed + RAFT.heartbeat_interval_s, two)  # a heartbeat goes out
+    assert not [e for e in again if isinstance(e, Proposed)], "held once, not decided again"
+    out = _acks(p, out + again, lapsed + RAFT.heartbeat_interval_s + 0.01, two)  # b acks again: the lease is back
+    proposed = [e for e in out if isinstance(e, Proposed)]
+    assert proposed == [Proposed(held[0].commit, True, proposed[0].reason)] and proposed[0].accepted, out
+
+    q = _peer(trains=False, voters=("a", "b"), empty=r.EmptyRounds(0.1))
+    t, sent = _lead_with_b(q, two)
+    _acks(q, sent, t, two)
+    lapsed = t + RAFT.lease_s + 0.05
+    assert any(isinstance(e, Proposed) and not e.accepted for e in q.tick(lapsed, two))
+    out = q.tick(t + RAFT.election_timeout_max_s + 0.01, two)  # check-quorum: the lead is lost
+    assert q.consensus.role is Role.FOLLOWER
+    assert [e.reason for e in out if isinstance(e, Proposed)] == ["the lead was lost before a majority acked again"]
