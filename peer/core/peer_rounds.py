@@ -135,6 +135,7 @@ class PeerRounds:
         if isinstance(msg, r.RoundOpen):
             if not seen.leading:
                 self._opened = (msg.round, now)
+                self.leader.opened_elsewhere()
             return self.handle(ev.Opened(msg), now, seen)
         if seen.leading:
             return self._lead(self.leader.receive(msg, now), now, seen)

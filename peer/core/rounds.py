@@ -234,6 +234,8 @@ class RoundLeader:
         self._idle_until = float("-inf")
         self._for_sites = False
         """The last tick could not open a round for want of live sites: only a membership change helps."""
+        self._started = False
+        """A first round was opened, here or by another leader: `start_sites` waits no longer."""
         self._epoch_reported = False
         self._pace: deque[tuple[int, float]] = deque()
         """(round, seconds from its open to a site's report) of recent reports, late ones included."""
@@ -300,11 +302,12 @@ class RoundLeader:
                 return [EpochComplete(self.ledger.total, self.config.data_epochs)]
             if now < self._idle_until:
                 return []
-            if not live_sites or (committed_round == 0 and len(set(live_sites)) < self.config.start_sites):
+            if not live_sites or (committed_round == 0 and not self._started
+                                  and len(set(live_sites)) < self.config.start_sites):
                 self._for_sites = True  # the run starts once its first sites are all up (start_sites)
                 return []
             rnd = committed_round + 1
-            deadline_s = self.deadline_s()
+            deadline_s, self._started = self.deadline_s(), True
             msg = RoundOpen(header, rnd, self.config.inner_steps, deadline_s, base_hash, self.config.budget_s)
             self._open = _Open(msg, now, now + deadline_s, frozenset(live_sites))
             return [Broadcast(msg)]
@@ -375,6 +378,11 @@ class RoundLeader:
             return
         self._empty += 1
         self._idle_until = max(self._idle_until, now + self.empty_wait_s(self._empty))
+
+    def opened_elsewhere(self) -> None:
+        """Another leader opened a round: the run has started. A site that died in its first round
+        would otherwise keep a new leader from reopening it, waiting for `start_sites` forever."""
+        self._started = True
 
     def observed(self, round_: int, seconds: float) -> None:
         """Round `round_`, opened by another leader, committed `seconds` after its open reached this

@@ -193,9 +193,12 @@ def test_a_follower_notes_how_long_each_round_of_another_leader_took() -> None:
     p = Peer()
     seen_b = _seen(leading=False, leader="b")
     noted: list[tuple[int, float]] = []
+    started: list[bool] = []
     p.rounds.leader.observed = lambda rnd, seconds: noted.append((rnd, seconds))  # type: ignore[method-assign]
+    p.rounds.leader.opened_elsewhere = lambda: started.append(True)  # type: ignore[method-assign]
     header = Header(SiteId("b"), "addr-b", Epoch(1), 0)
     p.pump(p.rounds.round_message(r.RoundOpen(header, 1, CONFIG.inner_steps, 10.0, THETA0, 0.0), 1.0, seen_b),
            1.0, seen_b)
+    assert started == [True], "the run started: were this peer to lead, it waits for no start_sites"
     p.pump(p.rounds.entries([Entry(2, Epoch(1), RoundCommit(1, (), b"theta1"))], 4.5, seen_b), 4.5, seen_b)
     assert noted == [(1, 3.5)]

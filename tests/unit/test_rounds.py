@@ -343,6 +343,9 @@ def test_the_first_round_waits_for_start_sites_and_later_rounds_do_not() -> None
     assert _open(leader, ["a", "b", "c"], now=1.0).round == 1
     leader.on_commit(1)
     assert _open(leader, ["a"], now=2.0, committed=1).round == 2, "once started, any number of sites"
+    successor = RoundLeader(dataclasses.replace(CFG, start_sites=3), EpochLedger(UNIVERSE))
+    successor.opened_elsewhere()  # it followed the leader that opened round 1, then a site died
+    assert _open(successor, ["a", "b"], now=3.0).round == 1, "a new leader reopens the run's first round"
     with pytest.raises(ValueError, match="start_sites"):
         dataclasses.replace(CFG, start_sites=0)
 
