@@ -18,8 +18,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ops.autopilot.keeper import Job, JobState, job_state, parse_job_name
-from ops.autopilot.queue import parse_limit_s, parse_when
+from ops.autopilot.keeper import Job, JobState, job_state
+from ops.autopilot.queue import parse_limit_s, parse_when, run_rows
 from ops.placement.slurm import SlurmError, SlurmSite
 
 _SINCE = "2000-01-01T00:00:00"
@@ -63,20 +63,11 @@ def site_history(slurm: SlurmSite, run: str, site: str) -> History:
 def parse_sacct(text: str, run: str, site: str) -> list[Job]:
     """`site`'s jobs of `run` in sacct's `--parsable2` lines of `_FIELDS`, by sequence number."""
     jobs: list[Job] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.strip().split("|")
-        if len(parts) != 8:
-            raise SlurmError(f"unexpected sacct line {line!r} in:\n{text.strip()}")
-        job_id, name, state, start, end, limit, nodes, allocated = parts
-        named = parse_job_name(name, run)
-        if named is None or named[0] != site:
-            continue
+    for seq, (job_id, _, state, start, end, limit, nodes, allocated), line in run_rows(text, run, site, "sacct"):
         if not (nodes.isdigit() and int(nodes) >= 1 and allocated.isdigit()):
             raise SlurmError(f"unexpected node counts {nodes!r}, {allocated!r} in sacct line {line!r}")
         kind = job_state(state)
         ran = allocated != "0"
-        jobs.append(Job(site, named[1], job_id, kind, state, parse_limit_s(limit), parse_when(start) if ran else None,
+        jobs.append(Job(site, seq, job_id, kind, state, parse_limit_s(limit), parse_when(start) if ran else None,
                         parse_when(end) if kind in (JobState.ENDED, JobState.FAILED) else None, nodes=int(nodes)))
     return sorted(jobs, key=lambda j: j.seq)

@@ -13,6 +13,7 @@ command goes through the site's command prefix (ops/placement/slurm.py), as `ops
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 
 from ops.autopilot.keeper import Job, job_state, parse_job_name
 from ops.placement.config import JobShape, parse_slurm_time
@@ -26,24 +27,31 @@ def site_jobs(slurm: SlurmSite, run: str, site: str) -> list[Job]:
     """This run's jobs at `site` that Slurm still lists, by sequence number."""
     proc = slurm.run(["squeue", "--me", "--states=all", "--noheader", f"--format={_FORMAT}"])
     jobs: list[Job] = []
-    for line in proc.stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 8:
-            raise SlurmError(f"unexpected squeue line {line!r} in:\n{proc.stdout.strip()}")
-        job_id, name, state, start, end, limit, why, nodes = parts
-        named = parse_job_name(name, run)
-        if named is None or named[0] != site:
-            continue
+    for seq, (job_id, _, state, start, end, limit, why, nodes), line in run_rows(proc.stdout, run, site, "squeue"):
         if not nodes.isdigit():  # the loop asks an exact --nodes: Slurm prints that number
             raise SlurmError(f"unexpected node count {nodes!r} in squeue line {line!r}")
         kind = job_state(state)
         queued = kind.name == "QUEUED"
-        jobs.append(Job(site, named[1], job_id, kind, state, parse_limit_s(limit),
+        jobs.append(Job(site, seq, job_id, kind, state, parse_limit_s(limit),
                         None if queued else parse_when(start),
                         parse_when(end) if kind.name in ("ENDED", "FAILED") else None,
                         # Held back by its --begin: the start column is then that time (else a prediction).
                         parse_when(start) if queued and why == "BeginTime" else None, int(nodes)))
     return sorted(jobs, key=lambda j: j.seq)
+
+
+def run_rows(text: str, run: str, site: str, tool: str) -> Iterator[tuple[int, list[str], str]]:
+    """(sequence number, its 8 fields, the line) of each `|`-separated line of `tool`'s output whose
+    second field names a job of `run` at `site`; SlurmError for a line of another shape."""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.strip().split("|")
+        if len(parts) != 8:
+            raise SlurmError(f"unexpected {tool} line {line!r} in:\n{text.strip()}")
+        named = parse_job_name(parts[1], run)
+        if named is not None and named[0] == site:
+            yield named[1], parts, line
 
 
 def submit(slurm: SlurmSite, shape: JobShape, name: str, script: str, begin: float | None) -> str:

@@ -278,31 +278,8 @@ def test_a_removal_that_commits_by_message_makes_the_seat_due_now() -> None:
     assert p.tick(2.05, ALONE) == [Stop("its removal from the voters committed")]
 
 
-def test_a_leader_whose_leave_begins_hands_over_to_a_voter_that_is_not_leaving() -> None:
-    """LeaveRequested reaches consensus first, with membership's LEAVING label: the leader steps
-    down and names a staying voter (not c, which leaves too) before the rounds hear of the leave."""
-    p = _peer(trains=False, voters=("a", "b", "c"))
-    three = View(frozenset({"a", "b", "c"}), applied_round=0, weights_hash=THETA0)
-    t = p.consensus.next_deadline()
-    p.tick(t, three)  # pre-vote
-    p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(0), 0), Epoch(1), True, True, "granted"), t, three)
-    out = p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(1), 0), Epoch(1), True, False, "granted"),
-                              t, three)
-    assert p.consensus.role is Role.LEADER
-    for e in out:
-        if isinstance(e, ce.Send) and isinstance(e.msg, AppendEntries):
-            last = e.msg.prev_index + len(e.msg.entries)
-            p.consensus_message(AppendReply(Header(e.to, f"addr-{e.to}", Epoch(1), 0), True, LogIndex(last),
-                                            e.msg.seq, "ok"), t + 0.01, three)
-    leaving_c = View(three.live, frozenset({"c"}), applied_round=0, weights_hash=THETA0)
-    out = p.handle(ev.LeaveRequested(5.0), t + 0.02, leaving_c)
-    handed = [e for e in out if isinstance(e, ce.Send) and isinstance(e.msg, TimeoutNow)]
-    assert sorted(e.to for e in handed) == ["b", "c"] and {e.msg.successor for e in handed} == {"b"}, out
-    assert p.consensus.role is Role.FOLLOWER and out[-1] == ev.LeaveReady()
-
-
 def _lead_with_b(p: PeerCore, view: View) -> tuple[float, list[Effect]]:
-    """"a" wins epoch 1 with "b"'s votes; returns when, and what it sent."""
+    """"a" wins epoch 1 with "b"'s votes; when, and what it sent."""
     t = p.consensus.next_deadline()
     p.tick(t, view)  # pre-vote
     p.consensus_message(VoteReply(Header(SiteId("b"), "addr-b", Epoch(0), 0), Epoch(1), True, True, "granted"), t, view)
@@ -313,7 +290,7 @@ def _lead_with_b(p: PeerCore, view: View) -> tuple[float, list[Effect]]:
 
 
 def _acks(p: PeerCore, sent: Sequence[Effect], now: float, view: View) -> list[Effect]:
-    """"b" acks every AppendEntries in `sent`; what "a" does on them."""
+    """Every AppendEntries in `sent` acked by its receiver; what "a" does on them."""
     out: list[Effect] = []
     for e in sent:
         if isinstance(e, ce.Send) and isinstance(e.msg, AppendEntries):
@@ -321,6 +298,20 @@ def _acks(p: PeerCore, sent: Sequence[Effect], now: float, view: View) -> list[E
             out += p.consensus_message(AppendReply(Header(e.to, f"addr-{e.to}", Epoch(1), 0), True, LogIndex(last),
                                                    e.msg.seq, "ok"), now, view)
     return out
+
+
+def test_a_leader_whose_leave_begins_hands_over_to_a_voter_that_is_not_leaving() -> None:
+    """LeaveRequested reaches consensus first, with membership's LEAVING label: the leader steps
+    down and names a staying voter (not c, which leaves too) before the rounds hear of the leave."""
+    p = _peer(trains=False, voters=("a", "b", "c"))
+    three = View(frozenset({"a", "b", "c"}), applied_round=0, weights_hash=THETA0)
+    t, sent = _lead_with_b(p, three)
+    _acks(p, sent, t + 0.01, three)
+    leaving_c = View(three.live, frozenset({"c"}), applied_round=0, weights_hash=THETA0)
+    out = p.handle(ev.LeaveRequested(5.0), t + 0.02, leaving_c)
+    handed = [e for e in out if isinstance(e, ce.Send) and isinstance(e.msg, TimeoutNow)]
+    assert sorted(e.to for e in handed) == ["b", "c"] and {e.msg.successor for e in handed} == {"b"}, out
+    assert p.consensus.role is Role.FOLLOWER and out[-1] == ev.LeaveReady()
 
 
 def test_a_round_decided_while_the_lease_lapsed_is_held_and_proposed_when_acks_come_back() -> None:
