@@ -104,10 +104,10 @@ class RoundExchange:
         # the mean and by peers' requests (a leader asks before the commit names the contributors).
         self._shards: dict[tuple[int, tuple[tuple[str, bytes], ...]], asyncio.Future[codec.Encoded]] = {}
         self._feedback: ErrorFeedback | None = None
+        """int8/int4/sparse: what this site's last pseudo-gradients did not send (site-local, on disk)."""
         # Manifests asked for as the leader got each report (`ask_manifest`), taken by the round's
         # root check: a contributor cut off after reporting is then known by the round's deadline.
         self._asked: dict[tuple[int, str, str, bytes], asyncio.Task[codec.Manifest]] = {}
-        """int8/int4/sparse: what this site's last pseudo-gradients did not send (site-local, on disk)."""
         self.fetched: dict[str, FetchStats] = {}
         """Pseudo-gradient fetches per remote site since start: bytes and the faults survived."""
 
