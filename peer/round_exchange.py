@@ -316,8 +316,7 @@ class RoundExchange:
         encoded = await asyncio.to_thread(codec.encode, state, round=round_, site=self.site, tokens=0,
                                           wire=codec.WireDtype.FP32, kind=codec.ObjectKind.GLOBAL_STATE)
         await self.store.publish(encoded)
-        for old in range(max(0, round_ - KEEP_EXCHANGE_ROUNDS), round_):
-            self.store.drop(codec.ObjectKey(old, self.site, codec.ObjectKind.GLOBAL_STATE))
+        self.store.drop_states_before(self.site, round_)
 
     def withdraw_state(self, round_: int) -> None:
         """Stops serving this site's state of `round_`: a θ on disk that diverged was served as it at

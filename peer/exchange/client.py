@@ -37,7 +37,7 @@ from peer.exchange.grpc_source import GrpcSource
 from peer.exchange.planes import DEFAULT_PLANE, PlaneChoice
 from peer.exchange.service import SERVICE
 from peer.exchange.sources import (
-    Attempt, ChunkSink, ChunkSource, FetchError, FetchStats, InThread, Retry, closed_under_us, refused
+    Attempt, ChunkSink, ChunkSource, FetchError, FetchStats, InThread, Retry, closed_under_us, unanswerable
 )
 from peer.exchange.store import MeanInputs
 from peer.gen.sitemesh.v1 import exchange_pb2, exchange_pb2_grpc
@@ -319,8 +319,8 @@ async def fetch_manifest(
 ) -> codec.Manifest:
     """The manifest of `key` from the first source that has it, long-polling each up to `wait_s`.
     Gives up early when every source has failed (not merely not published yet) for `policy.stall_s`:
-    those peers are gone, not still training; at once when every source refused the connection
-    (`sources.refused`). `inputs`: see ExchangeClient.get_manifest."""
+    those peers are gone, not still training; at once when no source can ever answer (the connection
+    refused, or the object superseded: `sources.unanswerable`). `inputs`: see ExchangeClient.get_manifest."""
     errors: deque[str] = deque(maxlen=len(sources))  # the last answer of each source
     deadline = time.monotonic() + min(wait_s, policy.deadline_s)
     failing_since: float | None = None
@@ -339,7 +339,7 @@ async def fetch_manifest(
             except (grpc.aio.AioRpcError, codec.ManifestError) as err:
                 errors.append(f"{source.address}: {err}")
                 failed += 1
-                if isinstance(err, grpc.aio.AioRpcError) and refused(err):
+                if isinstance(err, grpc.aio.AioRpcError) and unanswerable(err):
                     gone += 1
                     continue
                 await asyncio.sleep(policy.backoff_initial_s)

@@ -66,6 +66,9 @@ class ExchangeServicer(exchange_pb2_grpc.ExchangeServicer):
             held = self._store.get(key)
             if (held is None or not accept(held)) and self._store.on_mean_request is not None:
                 self._store.on_mean_request(key.round, inputs)
+        newer = self._store.superseded_by(key)
+        if newer is not None:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{key} is superseded here by the state of round {newer}")
         encoded = await self._store.wait_for(key, min(request.wait_ms / 1000, MAX_WAIT_S), accept)
         if encoded is None:
             what = f" reduced over {[s for s, _, _ in inputs]}" if inputs else ""

@@ -82,10 +82,13 @@ class FetchError(RuntimeError):
         publisher: round_exchange.RoundExchange.mean)."""
 
 
-def refused(err: grpc.aio.AioRpcError) -> bool:
-    """Whether nothing listens at the peer's address any more. Its process is gone, and with it every
-    object it published (an exchange store lives in memory): no wait or retry brings them back."""
-    return err.code() == grpc.StatusCode.UNAVAILABLE and "Connection refused" in (err.details() or "")
+def unanswerable(err: grpc.aio.AioRpcError) -> bool:
+    """Whether no wait or retry at this peer brings the object: nothing listens at its address any
+    more (its process is gone, and with it every object it published: an exchange store lives in
+    memory), or it said the request can never be answered (FATAL: e.g. a global state it has
+    superseded with a newer one)."""
+    return err.code() in FATAL or (err.code() == grpc.StatusCode.UNAVAILABLE
+                                   and "Connection refused" in (err.details() or ""))
 
 
 Fault = Literal["corrupt_chunks", "misplaced_chunks", "truncated_streams", "stalls", "transport_errors"]

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from peer.exchange.codec import Encoded, Manifest, ObjectKey
+from peer.exchange.codec import Encoded, Manifest, ObjectKey, ObjectKind
 
 # A round's contributors as a mean-shard request names them: (site, address, root hash), by site.
 MeanInputs = tuple[tuple[str, str, bytes], ...]
@@ -84,6 +84,15 @@ class ExchangeStore:
         lookup is atomic under the GIL and an Encoded is never changed once published."""
         return self._objects.get(key)
 
+    def superseded_by(self, key: ObjectKey) -> int | None:
+        """For a global state: the newer round whose state of the same site this peer serves in its
+        place, if any. Only the newest is kept (RoundExchange.publish_state), so an older one will
+        never be published here again, and a wait for it is no use."""
+        if key.kind is not ObjectKind.GLOBAL_STATE:
+            return None
+        newer = [k.round for k in self._objects if k.kind is key.kind and k.site == key.site and k.round > key.round]
+        return max(newer) if newer else None
+
     def announced(self, key: ObjectKey) -> Manifest | None:
         return self._announced.get(key)
 
@@ -115,6 +124,13 @@ class ExchangeStore:
         """Forgets one object (e.g. a global state superseded by a newer one)."""
         self._objects.pop(key, None)
         self._announced.pop(key, None)
+
+    def drop_states_before(self, site: str, round_: int) -> None:
+        """Forgets `site`'s global states of rounds < round_: a peer serves its newest state only (a
+        state transfer that skipped rounds leaves its start-up state far behind)."""
+        for key in [k for k in self._objects if k.kind is ObjectKind.GLOBAL_STATE and k.site == site
+                    and k.round < round_]:
+            self.drop(key)
 
     def drop_rounds_before(self, round_: int) -> int:
         """Forgets objects and announcements of rounds < round_ (after a commit); returns how many."""

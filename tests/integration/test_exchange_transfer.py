@@ -304,6 +304,37 @@ def test_a_manifest_of_a_peer_whose_process_is_gone_fails_at_once() -> None:
     run(scenario)
 
 
+def test_a_global_state_older_than_the_one_served_fails_at_once() -> None:
+    """A peer serves only its newest global state, so a joiner asking for an older round's state (its
+    log not yet caught up) is told so at once, naming the newer round, and not kept waiting the long
+    poll for a state that will never be published there: the state transfer goes on at once. A
+    round newer than the one served is still waited for (the peer may apply it any moment)."""
+    async def scenario() -> None:
+        state = codec.encode(random_model(0, SIZES), round=363, site="a", tokens=0, chunk_size=CHUNK,
+                             wire=codec.WireDtype.FP32, kind=codec.ObjectKind.GLOBAL_STATE)
+        store = ExchangeStore()
+        await store.publish(state)
+        async with serving(store) as address:
+            client = ExchangeClient(address, plane="grpc")
+            try:
+                old = codec.ObjectKey(102, "a", codec.ObjectKind.GLOBAL_STATE)
+                started = time.monotonic()
+                with pytest.raises(FetchError, match="superseded here by the state of round 363") as err:
+                    await fetch_manifest(old, [client], 10.0)
+                assert time.monotonic() - started < 2.0, "a superseded state was waited for as if it might come"
+                assert err.value.key == old
+                newer = codec.ObjectKey(364, "a", codec.ObjectKind.GLOBAL_STATE)
+                started = time.monotonic()
+                with pytest.raises(FetchError, match="not published"):
+                    await fetch_manifest(newer, [client], 1.0)
+                assert time.monotonic() - started >= 0.9, "a state not yet applied was not waited for"
+                assert (await fetch_manifest(state.manifest.key, [client], 1.0)) == state.manifest
+            finally:
+                await client.close()
+
+    run(scenario)
+
+
 class Misbehaving(ExchangeServicer):
     """Serves one bad stream (mode), then behaves: the client must notice, count and recover."""
 

@@ -73,7 +73,9 @@ class ExchangeServicer:
 
     def GetManifest(self, request, context):
         """The manifest of an object this peer holds. NOT_FOUND if it has none for the key after waiting
-        up to ManifestRequest.wait_ms for it to be published.
+        up to ManifestRequest.wait_ms for it to be published. OUT_OF_RANGE at once for a global state
+        of a round older than the one this peer serves for that site (it keeps only the newest, so the
+        older one will never come): the asker goes on to a newer round or another peer.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
