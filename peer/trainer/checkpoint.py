@@ -34,13 +34,11 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3ForCausalLM
 
 from peer.durable import fsync_tree, replace_atomic
 from peer.outer import state_dict_hash
 from peer.trainer.blocks import SampleRange, merge_ranges
 from peer.trainer.config import ModelConfig
-from peer.trainer.model import hf_config
 
 MODEL_FILE = "model.safetensors"
 MOMENTUM_FILE = "outer_momentum.safetensors"
@@ -83,6 +81,12 @@ def save_checkpoint(path: str | Path, model_cfg: ModelConfig, ckpt: Checkpoint,
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     try:
+        # Imported here: the peer process needs transformers only to write a checkpoint, and its
+        # import (5-10 s on a busy node) would otherwise delay every job's start-up.
+        from transformers import Qwen3ForCausalLM
+
+        from peer.trainer.model import hf_config
+
         # A meta-device model takes the tensors by reference (assign=True): no second copy of θ.
         with torch.device("meta"):
             model = Qwen3ForCausalLM(hf_config(model_cfg))

@@ -28,6 +28,15 @@ def test_reading_a_run_file_loads_neither_torch_nor_grpc() -> None:
     assert out.stdout.strip() == "", f"import peer.config loaded {out.stdout.strip()}"
 
 
+def test_a_peer_process_does_not_load_transformers() -> None:
+    """Only the trainer worker builds models: the peer needs transformers to write a checkpoint, and
+    importing it at start-up cost each soak job 5-15 s of its allocation (under load) before it
+    could join."""
+    code = "import sys, peer.node, peer.cli; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", "importing peer.node loaded transformers"
+
+
 def _layers() -> list[str]:
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     (layers,) = [c for c in contracts if c["type"] == "layers" and c.get("containers") == ["peer"]]
