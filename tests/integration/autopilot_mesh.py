@@ -156,18 +156,22 @@ class AutopilotMesh:
     @classmethod
     def start(cls, workdir: Path, slurm: SlurmCluster, alloc: Allocation = Allocation(),
               interval_s: float = 2.0, train: list[str] | None = None,
-              sites: tuple[str, ...] = ("b",), preset: str = "lan") -> AutopilotMesh:
-        """`preset`: every peer's membership and election timings (peer/config.py PRESETS)."""
+              sites: tuple[str, ...] = ("b",), preset: str = "lan", voters: tuple[str, ...] = ()) -> AutopilotMesh:
+        """`preset`: every peer's membership and election timings (peer/config.py PRESETS);
+        `voters`: long-lived trainer-less direct sites beside a (the README's week-long recipe, step
+        1), so that a fault on one job's peer never leaves the voters without a majority."""
         train = train if train is not None else train_args()
         cluster = Cluster(workdir, tls=True, preset=preset)
         mesh: AutopilotMesh | None = None
         try:
             run_file = workdir / "run.toml"
-            _write_run_file(run_file, workdir, slurm, cluster, "", alloc, train, sites)
+            _write_run_file(run_file, workdir, slurm, cluster, "", alloc, train, sites, voters)
             a = cluster.start("a", extra=["--config", str(run_file), *train])
+            for voter in voters:
+                cluster.start(voter, join=[a.address], extra=["--config", str(run_file)])
             for site in sites:  # one certificate per site, for all its jobs
                 issue(cluster.certs, site, "site", cluster.certs, LOOPBACK)
-            _write_run_file(run_file, workdir, slurm, cluster, a.address, alloc, train, sites)
+            _write_run_file(run_file, workdir, slurm, cluster, a.address, alloc, train, sites, voters)
             mesh = cls(workdir, slurm, cluster, a, run_file, sites, train=train)
             mesh.loop = subprocess.Popen(
                 [sys.executable, "-m", "ops.cli", "autopilot", "--config", str(run_file), "--interval",
@@ -328,8 +332,9 @@ def _left_at_its_end(output: str) -> bool:
 
 
 def _write_run_file(path: Path, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, alloc: Allocation,
-                    train: list[str], sites: tuple[str, ...]) -> None:
-    """The run file: site a (no Slurm) and the job sites, whose jobs run `peer serve ... --join a`."""
+                    train: list[str], sites: tuple[str, ...], voters: tuple[str, ...]) -> None:
+    """The run file: site a and the trainer-less `voters` (no Slurm) and the job sites, whose jobs
+    run `peer serve ... --join a`."""
     path.write_text(f"""
 [run]
 name = "{RUN}"
@@ -337,7 +342,8 @@ name = "{RUN}"
 target_tokens = 1e12
 log = "placement.jsonl"
 [sites.a]
-""" + "".join(_job_site(site, workdir, slurm, cluster, seed, alloc, train) for site in sites))
+""" + "".join(f"[sites.{voter}]\n" for voter in voters)
+        + "".join(_job_site(site, workdir, slurm, cluster, seed, alloc, train) for site in sites))
 
 
 def _job_site(site: str, workdir: Path, slurm: SlurmCluster, cluster: Cluster, seed: str, alloc: Allocation,

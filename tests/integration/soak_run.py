@@ -26,6 +26,10 @@ from tests.integration.soak_faults import KINDS, FaultConfig, cut_unavailable, h
 
 SITES = ("b", "c")
 """The job sites; with `a` the run has three, as three facilities would."""
+VOTERS = ("coordinator",)
+"""A trainer-less direct site (README, week-long run, step 1): with a, two voters outside the batch
+queues, so a cut or stop of the one job voter a handover left never takes the majority with it (an
+hour with a alone: a 26.5 s stall, a and b.j66 the only voters and b.j66 cut for 20 s)."""
 ROUND_DEADLINE_S = 20.0
 """A round waits at most this long for a hit peer (the tests' default is 60 s): short, so faults cost little."""
 DOCUMENTS = 24
@@ -42,11 +46,12 @@ seconds, not ROUND_DEADLINE_S (0: the fixed deadline)."""
 def start_mesh(workdir: Path, slurm: SlurmCluster, alloc: Allocation = SHORT,
                deadline_k: float = DEADLINE_K, budget_s: float = 0.0, documents: int = DOCUMENTS,
                preset: str = "lan") -> AutopilotMesh:
-    """The soak's mesh: site a, the job sites (2-minute jobs unless `alloc` says otherwise) and the
-    loop; `budget_s` > 0: time-boxed rounds; `documents` per shard (more: longer data epochs);
-    `preset`: the peers' membership and election timings."""
+    """The soak's mesh as the README's week-long recipe builds a run: site a, a trainer-less
+    long-lived voter (`coordinator`), the job sites (2-minute jobs unless `alloc` says otherwise)
+    and the loop; `budget_s` > 0: time-boxed rounds; `documents` per shard (more: longer data
+    epochs); `preset`: the peers' membership and election timings."""
     train = train_args(docs=documents, round_deadline=ROUND_DEADLINE_S, deadline_k=deadline_k, budget_s=budget_s)
-    return AutopilotMesh.start(workdir, slurm, alloc, train=train, sites=SITES, preset=preset)
+    return AutopilotMesh.start(workdir, slurm, alloc, train=train, sites=SITES, preset=preset, voters=VOTERS)
 
 
 @dataclass(frozen=True)
