@@ -12,6 +12,11 @@ verifies and averages them and applies the outer step), and on
   nothing is lost: its samples go back to free and are leased again;
 - `MemberDown(site)` of an admitted contributor while fetching: `CancelFetch`, exclude it and fetch
   again at once instead of letting the fetch retry a dead peer up to its deadline;
+- `MemberSuspect(site)` of an admitted contributor (not this leader) while fetching: the same. A
+  contributor stopped or cut off after its manifest was read held the round until membership
+  called it dead (a suspicion timeout later: 4 s `lan`, 15 s `wan`). A suspicion that was false
+  costs that contributor this round's samples, which go back on their leases
+  (docs/decisions/rounds-exclude-suspect-contributor.md);
 - `LeaveRequested` while this leader's own contribution is being fetched: the same, for itself
   (once it is gone nobody else would hold its pseudo-gradient; `RoundLeader.withdraw` is the
   same rule for a round still open).
@@ -65,6 +70,10 @@ class Decision:
             return []
         if isinstance(event, ev.MemberDown) and any(c.site == event.site for c in f.admitted):
             return self._refetch_without(event.site, f"{event.site} is dead (membership); deciding without it at once")
+        if (isinstance(event, ev.MemberSuspect) and event.site != self.site
+                and any(c.site == event.site for c in f.admitted)):
+            return self._refetch_without(event.site, f"{event.site} is suspected (membership); deciding without "
+                                                     "it at once")
         if isinstance(event, ev.LeaveRequested) and any(c.site == self.site for c in f.admitted):
             return self._refetch_without(self.site, f"{self.site} leads this round and is leaving: once it is "
                                                     "gone nobody would hold its pseudo-gradient")

@@ -126,6 +126,13 @@ class MemberDown:
 
 
 @dataclass(frozen=True)
+class MemberSuspect:
+    """Membership suspects `site`: its probes, direct and through others, went unanswered."""
+
+    site: str
+
+
+@dataclass(frozen=True)
 class NobodyStays:
     """While this site leaves: whether every other live member is leaving too (membership's
     `LEAVING` label) and this peer leads no round in progress, so that no round after this
@@ -160,7 +167,7 @@ class OutcomeFailed:
 
 
 Event = Union[Tick, LeasesChanged, Opened, TrainDone, TrainFailed, Committed, Persisted, ApplyFailed,
-              CatchUpFailed, Diverged, LeaveRequested, DecideRound, MemberDown, MemberUp, NobodyStays, OutcomeReady,
+              CatchUpFailed, Diverged, LeaveRequested, DecideRound, MemberDown, MemberSuspect, MemberUp, NobodyStays, OutcomeReady,
               OutcomeFailed]
 
 # ----- effects ------------------------------------------------------------------------------------

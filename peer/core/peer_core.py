@@ -170,7 +170,8 @@ class PeerCore:
 
     def member_changed(self, site: str, state: MemberState, address: str, now: float, view: View) -> list[Effect]:
         """Membership's verdict on `site`: consensus adds, marks or removes the voter; the rounds
-        stop waiting for a site DEAD or LEFT, and resend an open to one (back) ALIVE (a one-way
+        stop waiting for a site DEAD or LEFT, stop fetching from a SUSPECT one, and resend an open
+        to one (back) ALIVE (a one-way
         open sent while it restarted is lost, docs/decisions/rounds-open-resend.md)."""
         self.consensus.member_changed(SiteId(site), state, address)
         if self.rounds is None:
@@ -179,6 +180,8 @@ class PeerCore:
             return self._drain(self.rounds.member_down(site, now, self._seen(view)), now, view)
         if state is MemberState.ALIVE:
             return self._drain(self.rounds.member_up(site, now, self._seen(view)), now, view)
+        if state is MemberState.SUSPECT:
+            return self._drain(self.rounds.member_suspect(site, now, self._seen(view)), now, view)
         return []
 
     def handle(self, event: ev.Event, now: float, view: View) -> list[Effect]:

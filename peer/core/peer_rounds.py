@@ -150,6 +150,10 @@ class PeerRounds:
         out = self._lead(self.leader.member_down(site, now), now, seen) if seen.leading else []
         return out + self.handle(ev.MemberDown(site), now, seen)
 
+    def member_suspect(self, site: str, now: float, seen: Seen) -> list[Effect]:
+        """Membership suspects `site`: a decision fetching its pseudo-gradient drops it at once."""
+        return self.handle(ev.MemberSuspect(site), now, seen)
+
     def member_up(self, site: str, now: float, seen: Seen) -> list[Effect]:
         """Membership saw `site` come (back) up (ALIVE again, or a new process of it): the open
         round's leader sends it the open again if it still waits for its report (a one-way open

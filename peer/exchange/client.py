@@ -337,7 +337,8 @@ async def fetch_manifest(
                 errors.append(f"{source.address}: channel closed under the request")
                 continue
             except (grpc.aio.AioRpcError, codec.ManifestError) as err:
-                errors.append(f"{source.address}: {err}")
+                why = f"{err.code().name}: {err.details()}" if isinstance(err, grpc.aio.AioRpcError) else str(err)
+                errors.append(f"{source.address}: {why}")
                 failed += 1
                 if isinstance(err, grpc.aio.AioRpcError) and unanswerable(err):
                     gone += 1

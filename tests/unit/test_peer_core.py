@@ -187,8 +187,8 @@ def test_attach_without_first_applies_the_held_commit_and_a_peer_without_trainer
 
 def test_membership_verdicts_reach_consensus_and_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """ALIVE (with an address) seats the member in consensus; DEAD and LEFT mark it there. With the
-    rounds attached, ALIVE goes to member_up, DEAD and LEFT to member_down (their effects out),
-    SUSPECT to neither."""
+    rounds attached, ALIVE goes to member_up, DEAD and LEFT to member_down, SUSPECT to
+    member_suspect (their effects out); consensus keeps a suspect seated."""
     p = _peer(trains=True)
     b = SiteId("b")
     assert p.member_changed("b", MemberState.ALIVE, "addr-b", 0.0, ALONE) == [], "no rounds yet"
@@ -197,8 +197,10 @@ def test_membership_verdicts_reach_consensus_and_the_rounds(monkeypatch: pytest.
     p.attach(rounds, 0.0, ALONE)
     ups = _spy(monkeypatch, rounds, "member_up", lambda s, now, seen: [ev.Note(f"up {s}")])
     downs = _spy(monkeypatch, rounds, "member_down", lambda s, now, seen: [ev.Note(f"down {s}")])
-    assert p.member_changed("b", MemberState.SUSPECT, "addr-b", 0.1, ALONE) == []
-    assert ups == downs == [] and p.consensus.members[b].state is MemberState.ALIVE
+    suspects = _spy(monkeypatch, rounds, "member_suspect", lambda s, now, seen: [ev.Note(f"suspect {s}")])
+    assert p.member_changed("b", MemberState.SUSPECT, "addr-b", 0.1, ALONE) == [ev.Note("suspect b")]
+    assert ups == downs == [] and [c[0] for c in suspects] == ["b"]
+    assert p.consensus.members[b].state is MemberState.ALIVE
     assert p.member_changed("b", MemberState.DEAD, "addr-b", 0.2, ALONE) == [ev.Note("down b")]
     assert p.consensus.members[b].state is MemberState.DEAD
     assert p.member_changed("b", MemberState.ALIVE, "addr-b2", 0.3, ALONE) == [ev.Note("up b")]

@@ -387,6 +387,19 @@ def test_decision_cancels_a_fetch_at_once_when_a_contributor_is_declared_dead() 
     assert [[c.site for c in e.admitted] for e in out if isinstance(e, ev.Fetch)] == [["a"]]
 
 
+def test_decision_drops_a_suspected_contributor_at_once_but_never_itself() -> None:
+    """A contributor stopped or cut off after its manifest was read held the fetch until membership
+    called it dead; a suspicion is enough. The leader's own contribution is fetched from itself."""
+    core = OneSite().core
+    assert core.handle(ev.MemberSuspect("b"), 0.0) == []  # nothing being fetched
+    (fetch,) = [e for e in core.handle(_decide("a", "b", "c"), 0.0) if isinstance(e, ev.Fetch)]
+    assert not [e for e in core.handle(ev.MemberSuspect("a"), 0.1) if isinstance(e, ev.Fetch | ev.CancelFetch)]
+    assert not [e for e in core.handle(ev.MemberSuspect("z"), 0.1) if isinstance(e, ev.Fetch | ev.CancelFetch)]
+    out = core.handle(ev.MemberSuspect("b"), 0.2)
+    assert ev.CancelFetch(1, fetch.attempt) in out and "b is suspected" in core.last_reason
+    assert [[c.site for c in e.admitted] for e in out if isinstance(e, ev.Fetch)] == [["a", "c"]]
+
+
 def test_decision_commits_the_round_empty_when_no_single_site_is_to_blame() -> None:
     core = OneSite().core
     (fetch,) = [e for e in core.handle(_decide("a", "b"), 0.0) if isinstance(e, ev.Fetch)]
