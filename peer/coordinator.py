@@ -44,7 +44,7 @@ from peer.leasing import Leasing
 from peer.vouching import keys_of
 from peer.core.timeline import RoundClock, RoundTimeline
 from peer.round_exchange import InvalidContribution, Unavailable
-from peer.training import HashMismatch, SiteTraining
+from peer.training import HashMismatch, Outcome, SiteTraining
 
 if TYPE_CHECKING:
     from peer.runtime_view import Runtime
@@ -63,6 +63,8 @@ class Coordinator:
         """This peer's round protocol (read for status; the node's PeerCore drives it); None until start()."""
         self._fetch: asyncio.Task[None] | None = None
         """The leader's pseudo-gradient fetch in flight (a cancelled one is awaited by the next)."""
+        self._recompute: asyncio.Future[Outcome] | None = None
+        """The running apply's recompute (CancelApply stops it; the apply then feeds nothing)."""
         self.last_timeline: RoundTimeline | None = None
         """Where this site's time went in the last round it finished (also in timeline.jsonl)."""
         self.clock = RoundClock(node.config.site, node.now())
@@ -173,7 +175,12 @@ class Coordinator:
             if self._fetch is not None:
                 self._fetch.cancel()
         elif isinstance(effect, ev.Apply):
-            self._spawn(self._apply(effect))
+            # Started here, not in the task: a CancelApply right behind this effect must find it.
+            self._recompute = asyncio.ensure_future(self.training.recompute(effect.commit, self._addresses()))
+            self._spawn(self._apply(effect, self._recompute))
+        elif isinstance(effect, ev.CancelApply):
+            if self._recompute is not None:
+                self._recompute.cancel()
         elif isinstance(effect, ev.CatchUp):
             self._spawn(self._catch_up())
         elif isinstance(effect, ev.RoundApplied):
@@ -240,10 +247,13 @@ class Coordinator:
             event = ev.OutcomeReady(f.round, f.attempt, outcome.weights_hash)
         self.node.feed(event)
 
-    async def _apply(self, a: ev.Apply) -> None:
+    async def _apply(self, a: ev.Apply, recompute: asyncio.Future[Outcome]) -> None:
         event: ev.Event
         try:
-            await self.training.apply(a.index, a.commit, self._addresses())
+            await asyncio.wait([recompute])  # its cancel (CancelApply) must not cancel this task
+            if recompute.cancelled():
+                return  # the apply queue went on to a state transfer
+            await self.training.install(a.index, a.commit, recompute.result())
         except (HashMismatch, InvalidContribution) as err:
             event = ev.ApplyFailed(a.commit.round, "diverged", str(err))
         except Unavailable as err:
@@ -252,6 +262,8 @@ class Coordinator:
             event = ev.ApplyFailed(a.commit.round, "error", str(err))
         else:
             event = ev.Persisted(a.index, a.commit.round, self.training.weights_hash)
+        finally:
+            recompute.cancel()  # this task cancelled (the node stops): so is its fetch
         self.node.feed(event)
 
     async def _catch_up(self) -> None:

@@ -223,11 +223,19 @@ class SiteTraining:
         return self._cache
 
     async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
-        """Makes the committed round this peer's state: verify the hash (I7), then persist, serve and
-        checkpoint it in the background (`settle` waits for that)."""
+        """Makes the committed round this peer's state: `recompute`, then `install`."""
+        await self.install(index, commit, await self.recompute(commit, addresses))
+
+    async def recompute(self, commit: RoundCommit, addresses: dict[str, str]) -> Outcome:
+        """θ and m of the committed round, from its contributors' pseudo-gradients (site -> address).
+        Safe to cancel: it changes no state of this site."""
         contributors = [(c.site, addresses.get(c.site, ""), c.pseudo_gradient_root, c.tokens)
                         for c in commit.contributors]
-        result = await self.outcome(commit.round, contributors)
+        return await self.outcome(commit.round, contributors)
+
+    async def install(self, index: int, commit: RoundCommit, result: Outcome) -> None:
+        """Makes the recomputed round this peer's state: verify the hash (I7), then persist, serve and
+        checkpoint it in the background (`settle` waits for that)."""
         if result.weights_hash != commit.weights_hash:
             raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
                                f"{commit.weights_hash.hex()[:16]} (I7): this peer must re-sync its state")

@@ -9,6 +9,10 @@ commit)` ends in `Persisted` or `ApplyFailed`. On failure:
 - "unavailable": a pseudo-gradient nobody serves any more (this peer fell behind): `CatchUp` too;
 - "error": retried after min(0.5 s x attempt, 5 s).
 
+A contributor of the round being applied that membership suspects or declares gone (stopped, cut
+off, killed after the commit) would hold the apply's fetch of its pseudo-gradient until the fetch
+gives up: `CancelApply` and a `CatchUp` at once (the leader, at least, applied the round already).
+
 A `CatchUp` that fails is retried with the same back-off. Rounds a state transfer covered are
 skipped. `RoundApplied` says a round is done (the executor closes its timeline record).
 
@@ -50,7 +54,16 @@ class ApplyQueue:
             self.queue.append((event.index, event.commit))
         elif isinstance(event, ev.Diverged):
             out.append(self._diverge(event.reason))
-        elif isinstance(event, ev.Persisted) and self.running is not None:
+        elif isinstance(event, ev.MemberSuspect | ev.MemberDown) and isinstance(self.running, ev.Apply) and any(
+                c.site == event.site for c in self.running.commit.contributors):
+            rnd = self.running.commit.round
+            self.running = None
+            return [ev.CancelApply(rnd),
+                    ev.Note(f"round {rnd}: {event.site} (suspected or gone) holds a pseudo-gradient it needs; "
+                            "catching up by state transfer"),
+                    self._start(ev.CatchUp())]
+        elif isinstance(event, ev.Persisted) and self.running is not None and event.transfer == isinstance(
+                self.running, ev.CatchUp):
             self.running, self.current, self.attempt, self.retry_at = None, None, 0, None
             self.applied_round = max(self.applied_round, event.round)
             if event.transfer and self.resync:

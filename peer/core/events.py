@@ -260,6 +260,14 @@ class Apply:
 
 
 @dataclass(frozen=True)
+class CancelApply:
+    """Stop fetching what the running `Apply` of `round` needs: a `CatchUp` takes its place. An
+    apply that completes anyway is ignored (its Persisted is not a transfer's)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class CatchUp:
     """State transfer of the newest committed round; ends in Persisted(transfer=True) or CatchUpFailed."""
 
@@ -276,5 +284,5 @@ class LeaveReady:
     """The leave's round work is done and every lease was given back (the Sends came first)."""
 
 
-Effect = Union[Note, Train, Fold, Report, LeaseSend, Fetch, CancelFetch, Excluded, Propose, Apply, CatchUp,
+Effect = Union[Note, Train, Fold, Report, LeaseSend, Fetch, CancelFetch, Excluded, Propose, Apply, CancelApply, CatchUp,
                RoundApplied, LeaveReady]

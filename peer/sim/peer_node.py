@@ -355,6 +355,9 @@ class PeerNode:
                                                              and p[2].effect.attempt == effect.attempt)]
         elif isinstance(effect, ev.Apply):
             self._later(now + w.cfg.apply_s, _Due(effect))
+        elif isinstance(effect, ev.CancelApply):
+            self.pending = [p for p in self.pending if not (isinstance(p[2], _Due) and isinstance(p[2].effect, ev.Apply)
+                                                             and p[2].effect.commit.round == effect.round)]
         elif isinstance(effect, ev.CatchUp):
             self._later(now + w.cfg.apply_s, _Due(effect))
         elif isinstance(effect, ev.RoundApplied):

@@ -414,6 +414,30 @@ def _commit(rnd: int) -> ev.Committed:
     return ev.Committed(10 + rnd, RoundCommit(Round(rnd), (), f"t{rnd}".encode()))
 
 
+def test_an_apply_waiting_on_a_suspected_contributor_gives_way_to_a_state_transfer() -> None:
+    """A follower applying round 1 fetches b's pseudo-gradient; b is stopped or cut off after the
+    commit: the fetch would hang until it gives up. A suspicion of b (or b gone) cancels the apply
+    and catches up by state transfer at once; the cancelled apply's late answer changes nothing,
+    and a failed transfer goes back to the apply. Other members' verdicts are none of its business."""
+    core = OneSite().core
+    commit = RoundCommit(Round(1), (Contributor(SiteId("b"), 10, (SampleRange(1000, 0, 1),), b"r-b"),), b"t1")
+    assert [e for e in core.handle(ev.Committed(11, commit), 0.0) if isinstance(e, ev.Apply)] == [ev.Apply(11, commit)]
+    core.handle(_commit(2), 0.0)
+    assert not [e for e in core.handle(ev.MemberSuspect("c"), 0.1) if isinstance(e, ev.CancelApply | ev.CatchUp)]
+    out = core.handle(ev.MemberSuspect("b"), 0.2)
+    assert ev.CancelApply(1) in out and ev.CatchUp() in out
+    assert not [e for e in core.handle(ev.Persisted(11, 1, b"t1"), 0.3) if isinstance(e, ev.RoundApplied)], \
+        "the cancelled apply's answer was taken for the transfer's"
+    out = core.handle(ev.CatchUpFailed("nobody serves round 2 yet"), 0.4)
+    retry = [e for e in core.handle(ev.Tick(), 5.0) if isinstance(e, ev.Apply)]
+    assert retry == [ev.Apply(11, commit)], out
+    out = core.handle(ev.MemberDown("b"), 5.1)
+    assert ev.CancelApply(1) in out and ev.CatchUp() in out
+    out = core.handle(ev.Persisted(12, 2, b"t2", transfer=True), 5.2)
+    assert ev.RoundApplied(2) in out and not [e for e in out if isinstance(e, ev.Apply)], "round 2 was covered"
+    assert core.applier.idle
+
+
 def test_apply_queue_applies_in_order_one_at_a_time() -> None:
     core = OneSite().core
     (first,) = [e for e in core.handle(_commit(1), 0.0) if isinstance(e, ev.Apply)]
