@@ -442,10 +442,11 @@ class Node:
         members = [v for v in self._membership().members() if v.state in LIVE]
         live = frozenset(v.site for v in members)
         leaving = frozenset(v.site for v in members if v.meta is not None and m.LEAVING in v.meta.labels)
+        trainerless = frozenset(v.site for v in members if v.meta is not None and not agreement.trains(v.meta.labels))
         if self.coordinator is not None:
             training = self.coordinator.training
-            return View(live, leaving, training.applied_round, training.weights_hash)
-        return View(live, leaving, self.applied_round)
+            return View(live, leaving, training.applied_round, training.weights_hash, trainerless)
+        return View(live, leaving, self.applied_round, trainerless=trainerless)
 
     async def _timer_loop(self) -> None:
         try:

@@ -47,6 +47,12 @@ def _shown(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def trains(labels: Labels) -> bool:
+    """Whether a member publishes a training identity, i.e. has a trainer (TrainingIdentity.from_labels
+    is not None), without parsing it."""
+    return any(key == part for key, _ in labels for part, _ in PARTS)
+
+
 @dataclass(frozen=True)
 class TrainingIdentity:
     """What a site trains: three parts, each a JSON-able mapping of field -> value."""
@@ -64,9 +70,9 @@ class TrainingIdentity:
     def from_labels(cls, labels: Labels) -> TrainingIdentity | None:
         """The identity a member publishes; None when it publishes none (no trainer). A label that
         is not a JSON object stands as `{"unreadable": text}`, which differs from any identity."""
-        got = dict(labels)
-        if not any(key in got for key, _ in PARTS):
+        if not trains(labels):
             return None
+        got = dict(labels)
         parts: dict[str, Mapping[str, object]] = {}
         for key, _ in PARTS:
             raw = got.get(key, "")

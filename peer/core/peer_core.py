@@ -60,6 +60,9 @@ class View:
     """The round whose θ this peer holds (a peer without a trainer: unused)."""
     weights_hash: bytes = b""
     """The hash of that θ."""
+    trainerless: frozenset[str] = frozenset()
+    """Live sites without a trainer (no training identity in their membership labels): voters only,
+    so no round is opened for them or waits for their report."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ class PeerCore:
     def _seen(self, view: View) -> Seen:
         status = self.consensus.status()
         return Seen(status.role is Role.LEADER, status.epoch, status.committed_round, view.applied_round,
-                    view.weights_hash, view.live, view.leaving & view.live, status.leader)
+                    view.weights_hash, view.live - view.trainerless, view.leaving & view.live, status.leader)
 
     def _drain(self, effects: Sequence[RoundsEffect], now: float, view: View) -> list[Effect]:
         """The round protocol's effects in order; a `Propose` is answered here, and the effects of

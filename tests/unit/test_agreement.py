@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from peer.core.agreement import TrainingIdentity, check_member, differs, the_runs
+from peer.core.agreement import TrainingIdentity, check_member, differs, the_runs, trains
 from peer.trainer.blocks import BlockIndex
 from peer.trainer.config import MODEL_PRESETS, SHIPPED_CORPUS, SHIPPED_TOKENIZER, DataConfig, TrainerConfig
 from peer.trainer.identity import shard_identity, training_identity
@@ -131,3 +131,11 @@ def test_a_member_is_checked_against_the_runs_identity(own: TrainingIdentity | N
                                                          sender: str, labels: tuple, refused: str | None) -> None:
     why = check_member(the_runs("a", own, members), sender, labels)
     assert (why is None) if refused is None else (why is not None and why.startswith(refused)), why
+
+
+def test_a_member_trains_when_it_publishes_an_identity_and_only_then() -> None:
+    """A voter without a trainer (a long-lived coordinator) publishes no identity: rounds neither
+    open for it nor wait for its report (PeerCore's View.trainerless)."""
+    assert trains(RUN.labels()) and TrainingIdentity.from_labels(RUN.labels()) == RUN
+    assert not trains(()) and not trains([("leaving", "true")])
+    assert TrainingIdentity.from_labels([("leaving", "true")]) is None

@@ -302,6 +302,29 @@ def _acks(p: PeerCore, sent: Sequence[Effect], now: float, view: View) -> list[E
     return out
 
 
+@pytest.mark.parametrize("trainerless", [True, False])
+def test_a_round_neither_opens_for_nor_waits_on_a_voter_without_a_trainer(trainerless: bool) -> None:
+    """w is a live voter that trains nothing (a long-lived coordinator): a's report alone decides the
+    round. Counted as a site that trains, w would hold every round to its deadline (a soak with
+    such a voter: every round's decision waited for it)."""
+    p = _peer(trains=True)
+    p.attach(_rounds(), 0.0, ALONE)
+    view = View(frozenset({"a", "w"}), applied_round=0, weights_hash=THETA0,
+                trainerless=frozenset({"w"}) if trainerless else frozenset())
+    t = p.consensus.next_deadline()
+    out = _pump(p, p.tick(t, view), t)
+    (opened,) = [e.msg for e in out if isinstance(e, r.Broadcast)]
+    _pump(p, p.round_message(opened, t, view), t)
+    train: list[ev.Train] = []
+    while not train:
+        t += 0.1
+        train = [e for e in _pump(p, p.tick(t, view), t) if isinstance(e, ev.Train)]
+    (report,) = [e for e in _pump(p, p.handle(ev.TrainDone(1, train[0].ranges, 160, b"root-a"), t, view), t)
+                 if isinstance(e, ev.SendReport)]
+    decided = [e for e in _pump(p, p.round_message(report.contribution, t, view), t) if isinstance(e, ev.Fetch)]
+    assert bool(decided) is trainerless
+
+
 def test_a_leader_whose_leave_begins_hands_over_to_a_voter_that_is_not_leaving() -> None:
     """LeaveRequested reaches consensus first, with membership's LEAVING label: the leader steps
     down and names a staying voter (not c, which leaves too) before the rounds hear of the leave."""
