@@ -108,6 +108,9 @@ class SiteTraining:
         """The clock `spent` is measured on (the node gives its own)."""
         self.spent: dict[str, float] = {}
         """Seconds per round phase (peer/core/timeline.py: exchange, outer, persist) since `take_spent`."""
+        self._installing = asyncio.Lock()
+        """One state installed at a time: an apply cancelled too late (its recompute already done)
+        still installs while the state transfer that replaced it runs."""
         self._writing: asyncio.Future[None] | None = None
         """The last applied round's persist, GLOBAL_STATE publish and checkpoint, in the background."""
         self._model_of: TrainerProcess | None = None
@@ -239,16 +242,19 @@ class SiteTraining:
         if result.weights_hash != commit.weights_hash:
             raise HashMismatch(f"round {commit.round}: θ hash {result.weights_hash.hex()[:16]} != committed "
                                f"{commit.weights_hash.hex()[:16]} (I7): this peer must re-sync its state")
-        started = self.clock()
-        await self.settle()  # θ_{r-1}'s writes read self.weights: it moves on only after them
-        self._book("persist", started)
-        self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
-        self.applied_index, self.applied_round = index, commit.round
-        self.exchange.applied(commit.round)
-        # Off the critical path: the next round trains from θ_r in memory while θ_r and m_r are
-        # written, fsynced and served. A crash before the pointer moves leaves θ_{r-1} on disk and
-        # the log kept from there (node.py, keep_through), so the restarted peer applies r again.
-        self._writing = asyncio.ensure_future(self._make_durable(index, commit.round, result))
+        async with self._installing:
+            if commit.round <= self.applied_round:
+                return  # a state transfer that ran meanwhile covered this round
+            started = self.clock()
+            await self.settle()  # θ_{r-1}'s writes read self.weights: it moves on only after them
+            self._book("persist", started)
+            self.weights, self.momentum, self.weights_hash = result.weights, result.momentum, result.weights_hash
+            self.applied_index, self.applied_round = index, commit.round
+            self.exchange.applied(commit.round)
+            # Off the critical path: the next round trains from θ_r in memory while θ_r and m_r are
+            # written, fsynced and served. A crash before the pointer moves leaves θ_{r-1} on disk and
+            # the log kept from there (node.py, keep_through), so the restarted peer applies r again.
+            self._writing = asyncio.ensure_future(self._make_durable(index, commit.round, result))
         if not self._fault_done and commit.round >= int(os.environ.get(FLIP_THETA_ENV) or 1 << 62):
             self._fault_done = True
             self._flip_one_bit()
@@ -287,15 +293,16 @@ class SiteTraining:
                 log.warning("state of round %d from %s has θ hash %s, committed %s: refused", round_, site,
                             got.hex()[:16], weights_hash.hex()[:16])
                 continue
-            await self.settle()
-            await asyncio.to_thread(self.states.persist, AppliedState(index, round_, weights, momentum))
-            before = self.applied_round
-            self.weights, self.momentum, self.weights_hash = weights, momentum, got
-            self.applied_index, self.applied_round = index, round_
-            self._cache = None
-            self.exchange.applied(round_)
-            self.exchange.withdraw_state(round_)  # a θ on disk that diverged was served as it at start
-            await self.exchange.publish_state(round_, state_tensors(weights, momentum))
+            async with self._installing:
+                await self.settle()
+                await asyncio.to_thread(self.states.persist, AppliedState(index, round_, weights, momentum))
+                before = self.applied_round
+                self.weights, self.momentum, self.weights_hash = weights, momentum, got
+                self.applied_index, self.applied_round = index, round_
+                self._cache = None
+                self.exchange.applied(round_)
+                self.exchange.withdraw_state(round_)  # a θ on disk that diverged was served as it at start
+                await self.exchange.publish_state(round_, state_tensors(weights, momentum))
             log.info("caught up by state transfer from %s: round %d, θ %s", site, round_, got.hex()[:16])
             await self.exchange.reset_feedback()
             await self._checkpoint_if_due(before)

@@ -211,3 +211,44 @@ def test_a_round_is_written_in_the_background_and_the_next_apply_waits_for_it(tm
         await t.close()
 
     asyncio.run(scenario())
+
+
+def test_an_apply_cancelled_too_late_never_undoes_the_state_transfer_that_replaced_it(tmp_path: Path) -> None:
+    """The apply queue cancels an apply whose contributor is suspected and catches up by state
+    transfer (peer/core/apply.py), but the apply's recompute may be done already: its install of
+    round 2 then runs beside the transfer of round 3. One state is installed at a time, and a round
+    a transfer covered is not installed after it: θ ends at round 3 either way."""
+    healthy, t = site("b", tmp_path, seed=7), site("a", tmp_path)
+    healthy.applied_round, healthy.applied_index = 3, 12
+    release = threading.Event()
+    persist = t.states.persist
+
+    def slow_first(state: AppliedState) -> None:  # round 1's writes are still going on
+        if state.round == 1:
+            release.wait(30)
+        persist(state)
+
+    t.states.persist = slow_first  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await healthy.exchange.publish_state(3, state_tensors(healthy.weights, healthy.momentum))
+        first = await t.outcome(1, [])
+        await t.install(7, RoundCommit(1, (), first.weights_hash), first)
+        second = await t.outcome(2, [])
+        late = asyncio.ensure_future(t.install(8, RoundCommit(2, (), second.weights_hash), second))
+        await asyncio.sleep(0.2)  # the late install waits for round 1's writes
+        async with serving(healthy.exchange.store) as address:
+            transfer = asyncio.ensure_future(t.catch_up(3, 12, healthy.weights_hash, {"b": address}))
+            await asyncio.sleep(0.5)
+            release.set()
+            assert await asyncio.wait_for(transfer, 10)
+            await asyncio.wait_for(late, 10)
+            assert (t.applied_round, t.weights_hash) == (3, healthy.weights_hash), "round 2 undid the transfer"
+            await t.install(8, RoundCommit(2, (), second.weights_hash), second)  # after it: nothing to do
+            assert (t.applied_round, t.weights_hash) == (3, healthy.weights_hash)
+        await t.settle()
+        assert t.pointer() == (12, 3)
+        await t.close()
+        await healthy.close()
+
+    asyncio.run(scenario())
