@@ -233,7 +233,8 @@ class Node:
         founders = None if self.config.join else {SiteId(self.config.site): self.address}
         # What this peer applied is fsynced apart from the log: the log must still reach it.
         applied = self.coordinator.training.pointer() if self.coordinator is not None else self._applied.pointer()
-        durable = self._store.load_or_init(c.DurableState.fresh(founders), keep_through=applied[0])
+        trainerless = frozenset() if self.coordinator is not None else frozenset({SiteId(self.config.site)})
+        durable = self._store.load_or_init(c.DurableState.fresh(founders, trainerless), keep_through=applied[0])
         if self._store.recovered:
             log.warning("commit log repaired at start-up: %s", self._store.recovered)
         log.info("state in %s: log up to index %d, applied %d (round %d)",

@@ -25,7 +25,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from peer.core.commitlog import Body, RoundCommit, SampleRange, VoterChange, Voters, apply_voter_change
+from peer.core.commitlog import (
+    Body, RoundCommit, SampleRange, VoterChange, Voters, apply_trainerless, apply_voter_change, lease_owners
+)
 from peer.core.election import SiteId
 from peer.core.lease_types import (
     of_range,
@@ -181,13 +183,15 @@ class VouchEvidence:
         """From (log index, body) of the committed entries in log order, the ledgers' events and
         whose ledgers they are."""
         voters: Voters = ()
+        trainerless: frozenset[SiteId] = frozenset()
         views: dict[int, RingView] = {}
         recent: dict[int, tuple[int, ...]] = {}
         since = (0, 0)  # positions (in `views`) of the views in force at the last two round commits
         for index, body in entries:
             if isinstance(body, VoterChange):
                 voters = apply_voter_change(voters, body)
-                views[index] = RingView.of(index, [s for s, _ in voters])
+                trainerless = apply_trainerless(trainerless, body)
+                views[index] = RingView.of(index, lease_owners(voters, trainerless))
             elif isinstance(body, RoundCommit):
                 recent[body.round] = tuple(views)[max(min(since[0] - 1, len(views) - 3), 0):]
                 since = (since[1], max(len(views) - 1, 0))

@@ -51,6 +51,9 @@ class VoterChange:
     address: str
     add: bool
     reason: str
+    trainerless: bool = False
+    """An added voter without a trainer (a long-lived coordinator): it votes but owns no lease
+    shard, so the ring views the lease cores work from leave it out (`lease_owners`)."""
 
 
 @dataclass(frozen=True)
@@ -88,14 +91,28 @@ class Snapshot:
 EMPTY_SNAPSHOT = Snapshot(LogIndex(0), Epoch(0), Round(0), b"", ())
 
 
-def bootstrap_entries(voters: Mapping[SiteId, str]) -> list[Entry]:
+def bootstrap_entries(voters: Mapping[SiteId, str], trainerless: frozenset[SiteId] = frozenset()) -> list[Entry]:
     """The identical first entries every founding peer writes: one VoterChange(add) per voter at epoch
     0, sorted by site. Identical on all founders, so they satisfy log matching without a leader;
-    a peer that joins later receives them by replication like any other entry."""
+    a peer that joins later receives them by replication like any other entry. `trainerless`: the
+    founders without a trainer."""
     return [
-        Entry(LogIndex(i), Epoch(0), VoterChange(site, voters[site], True, "bootstrap"))
+        Entry(LogIndex(i), Epoch(0), VoterChange(site, voters[site], True, "bootstrap", site in trainerless))
         for i, site in enumerate(sorted(voters), start=1)
     ]
+
+
+def apply_trainerless(trainerless: frozenset[SiteId], change: VoterChange) -> frozenset[SiteId]:
+    """The voters without a trainer after `change` (kept beside `Voters` as the log replays)."""
+    if change.add and change.trainerless:
+        return trainerless | {change.site}
+    return trainerless - {change.site}
+
+
+def lease_owners(voters: Voters, trainerless: frozenset[SiteId]) -> list[SiteId]:
+    """The sites a ring view of the data's blocks is made of: the voters that train. A voter without
+    a trainer runs no lease cores, and a shard it owned would never be served."""
+    return [s for s, _ in voters if s not in trainerless]
 
 
 def apply_voter_change(voters: Voters, change: VoterChange) -> Voters:
@@ -332,10 +349,12 @@ class DurableState:
     entries: list[Entry]
 
     @classmethod
-    def fresh(cls, founders: Mapping[SiteId, str] | None = None) -> DurableState:
+    def fresh(cls, founders: Mapping[SiteId, str] | None = None,
+              trainerless: frozenset[SiteId] = frozenset()) -> DurableState:
         """A new peer. Founding peers of a run all pass the same `founders` (site -> address) and so
-        write identical bootstrap entries; a peer joining later passes None and receives the log."""
-        return cls(HardState(Epoch(0), None), EMPTY_SNAPSHOT, bootstrap_entries(founders or {}))
+        write identical bootstrap entries; a peer joining later passes None and receives the log.
+        `trainerless`: the founders without a trainer."""
+        return cls(HardState(Epoch(0), None), EMPTY_SNAPSHOT, bootstrap_entries(founders or {}, trainerless))
 
 
 def quorum_index(match: Mapping[SiteId, int], voters: Iterable[SiteId]) -> LogIndex:
@@ -365,7 +384,8 @@ def _body_to_obj(body: Body) -> dict[str, object]:
             ],
         }
     if isinstance(body, VoterChange):
-        return {"voter": body.site, "address": body.address, "add": body.add, "reason": body.reason}
+        obj = {"voter": body.site, "address": body.address, "add": body.add, "reason": body.reason}
+        return {**obj, "trainerless": True} if body.trainerless else obj  # absent in logs written before it
     return {"epoch_start": body.leader}
 
 
@@ -383,7 +403,8 @@ def _body_from_obj(obj: dict[str, object]) -> Body:
         return RoundCommit(Round(int(obj["round"])), contributors,  # type: ignore[call-overload]
                            bytes.fromhex(str(obj["weights_hash"])))
     if "voter" in obj:
-        return VoterChange(SiteId(str(obj["voter"])), str(obj["address"]), bool(obj["add"]), str(obj["reason"]))
+        return VoterChange(SiteId(str(obj["voter"])), str(obj["address"]), bool(obj["add"]), str(obj["reason"]),
+                           bool(obj.get("trainerless", False)))
     return EpochStart(SiteId(str(obj["epoch_start"])))
 
 

@@ -243,22 +243,22 @@ class ConsensusCore:
             return f"round {last_round} is not committed yet"
         return None
 
-    def member_changed(self, site: SiteId, state: MemberState, address: str) -> None:
+    def member_changed(self, site: SiteId, state: MemberState, address: str, trains: bool = True) -> None:
         """Membership's verdict on `site`, whatever it is. SUSPECT changes nothing here: a suspect
         still gets appends, and only a DEAD verdict (confirmed by the missing acks) removes a voter.
-        An ALIVE verdict without an address (membership forgot the member meanwhile) is ignored."""
+        An ALIVE verdict without an address (membership forgot it meanwhile) is ignored. `trains`: its VoterChange says."""
         if state is MemberState.ALIVE:
             if address:
-                self.member_alive(site, address)
+                self.member_alive(site, address, trains)
         elif state is MemberState.LEFT:
             self.member_left(site)
         elif state is MemberState.DEAD:
             self.member_dead(site)
 
-    def member_alive(self, site: SiteId, address: str) -> None:
+    def member_alive(self, site: SiteId, address: str, trains: bool = True) -> None:
         """Membership sees `site` alive at `address`: replicate to it; the leader adds it as a voter
         once it has caught up with the committed log."""
-        self.members[site] = MemberVerdict(address, MemberState.ALIVE)
+        self.members[site] = MemberVerdict(address, MemberState.ALIVE, trains=trains)
 
     def member_left(self, site: SiteId) -> None:
         """Membership reports a graceful leave: the leader removes the voter."""

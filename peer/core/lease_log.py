@@ -1,7 +1,7 @@
 """One peer's DARL cores fed from the commit log, sans I/O: the lease owner and holder, and their views.
 
 The cores (peer/core/leases.py owner, peer/core/lease_client.py holder) know nothing of the log; this gives
-them what it says: ring views from committed voter sets, committed samples from RoundCommits. Log
+them what it says: ring views from committed voter sets (the voters that train), committed samples from RoundCommits. Log
 entries reach the cores in log order, in batches: of the ring views in one batch only the newest
 is given to the cores (a restarted peer replays many; its owner core must see only the current one,
 with the one before it as `previous`). Every method returns the cores' effects (Sends and lease
@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 
 from peer.core.admission import Credit
 from peer.core.audit import EpochLedger
-from peer.core.commitlog import Entry, RoundCommit, VoterChange, Voters, apply_voter_change
+from peer.core.commitlog import (
+    Entry, RoundCommit, VoterChange, Voters, apply_trainerless, apply_voter_change, lease_owners
+)
 from peer.core.ids import SiteId
 from peer.core.lease_client import LeaseClient
 from peer.core.lease_types import LeaseEvent, Message, Send
@@ -46,6 +48,7 @@ class LeaseLog:
         `tokens_per_sample` (0: unbounded)."""
         self.client = LeaseClient(site, self.ledger, cfg, prefetch)
         self._voters: Voters = ()
+        self._trainerless: frozenset[SiteId] = frozenset()
         self._views: list[RingView] = []
         self._round_views = (0, 0)
         """Positions in `_views` of the views in force when the last two RoundCommits were applied
@@ -63,7 +66,8 @@ class LeaseLog:
                     # is gone (a boot count of 0): what that process acknowledged is lost.
                     self.owner.live_since = None
                 self._voters = apply_voter_change(self._voters, entry.body)
-                self._views.append(RingView.of(entry.index, [s for s, _ in self._voters]))
+                self._trainerless = apply_trainerless(self._trainerless, entry.body)
+                self._views.append(RingView.of(entry.index, lease_owners(self._voters, self._trainerless)))
             elif isinstance(entry.body, RoundCommit):
                 self._round_views = (self._round_views[1], max(len(self._views) - 1, 0))
                 self.ledger.apply(entry.body.round, [(c.site, c.ranges) for c in entry.body.contributors])

@@ -176,7 +176,7 @@ class PeerCore:
         stop waiting for a site DEAD or LEFT, stop fetching from a SUSPECT one, and resend an open
         to one (back) ALIVE (a one-way
         open sent while it restarted is lost, docs/decisions/rounds-open-resend.md)."""
-        self.consensus.member_changed(SiteId(site), state, address)
+        self.consensus.member_changed(SiteId(site), state, address, trains=site not in view.trainerless)
         if self.rounds is None:
             return []
         if state in (MemberState.DEAD, MemberState.LEFT):

@@ -27,6 +27,7 @@ class MemberVerdict:
     address: str
     state: MemberState  # ALIVE, DEAD or LEFT, as membership reports it (SUSPECT is never stored)
     since: float = 0.0  # core time of the last state change
+    trains: bool = True  # it publishes a training identity (a join's VoterChange says if not)
 
 
 class LeaderState(Protocol):
@@ -95,7 +96,7 @@ def voter_change_candidates(core: LeaderState, voters: dict[SiteId, str]) -> Ite
     if not core.leaving:
         for site, m in sorted(core.members.items()):
             if m.state is MemberState.ALIVE and site not in voters and core.match_index.get(site, 0) >= core.commit_index:
-                yield VoterChange(site, m.address, True, "join")
+                yield VoterChange(site, m.address, True, "join", trainerless=not m.trains)
 
 
 def live_addresses(members: dict[SiteId, MemberVerdict], voters: Voters) -> dict[SiteId, str]:

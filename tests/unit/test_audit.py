@@ -268,3 +268,11 @@ def test_a_vouch_under_an_old_ring_view_does_not_count() -> None:
         evidence = VouchEvidence.from_log(entries, events, [SiteId(s) for s in "abcdef"])
         (row,) = audit(UNIVERSE, [entry(1), entry(2), entry(3, ("a", [(1, 0, 4)]))], events, vouches=evidence)
         assert (row.unvouched, row.ok) == (unvouched, unvouched == 0), view
+
+
+def test_the_audit_leaves_a_voter_without_a_trainer_out_of_the_ring_as_the_lease_cores_do() -> None:
+    """The lease cores' ring views are of the voters that train (peer/core/lease_log.py); the
+    audit's must be the same, or it would judge an honest voucher by another primary."""
+    entries: list[tuple[int, Body]] = [*VOTERS, (4, VoterChange(SiteId("w"), "w:1", True, "join", trainerless=True))]
+    evidence = VouchEvidence.from_log(entries, [], [SiteId(s) for s in "abc"])
+    assert evidence.views[3].members == evidence.views[4].members == ("a", "b", "c")

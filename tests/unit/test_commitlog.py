@@ -114,6 +114,7 @@ def test_encoding_round_trips() -> None:
     c = Contributor(SiteId("a"), 123, (SampleRange(7, 0, 64), SampleRange(8, 3, 9)), b"\x01\x02")
     for entry in [Entry(LogIndex(9), Epoch(4), RoundCommit(Round(3), (c,), b"\xff" * 32)),
                   Entry(LogIndex(1), Epoch(0), VoterChange(SiteId("b"), "h:1", True, "bootstrap")),
+                  Entry(LogIndex(3), Epoch(5), VoterChange(SiteId("w"), "h:2", True, "join", trainerless=True)),
                   Entry(LogIndex(2), Epoch(5), EpochStart(SiteId("b")))]:
         assert decode_entry(encode_entry(entry)) == entry
     snap = Snapshot(LogIndex(9), Epoch(4), Round(3), b"\x00\x01", ((SiteId("a"), "a:1"),), b"ledger")

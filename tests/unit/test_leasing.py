@@ -86,3 +86,19 @@ def test_committed_rounds_reach_the_ledger_and_the_events_the_ledger_file(tmp_pa
     assert len(ledger) == 2 and all('"grant"' in line for line in ledger)
     leasing.run(leasing.cores.apply_entries([Entry(5, Epoch(1), RoundCommit(1, (Contributor(SiteId("a"), 1, taken, b""),), b""))], 3.0))
     assert leasing.ledger.committed == 3 and leasing.ledger.last_round == 1
+
+
+def test_a_voter_without_a_trainer_owns_no_lease_shard(tmp_path: Path) -> None:
+    """w votes (a long-lived coordinator) but runs no lease cores: a shard of the blocks it owned
+    would never be served, and the joiners that asked it first got no lease until another site let
+    one go (a soak: 9 rounds of "no leased sample" per job). The ring views leave it out, from the
+    log alone, so every peer and `ops audit` compute the same ones."""
+    sent: list[tuple[str, object]] = []
+    leasing = _leasing(tmp_path, sent)
+    coordinator = Entry(2, Epoch(0), VoterChange(SiteId("w"), "w:1", True, "join", trainerless=True))
+    leasing.run(leasing.cores.apply_entries([_change(1, "a"), coordinator], 0.0))
+    assert leasing.owner.view is not None and leasing.owner.view.members == ("a",)
+    assert leasing.owner.serving == {1, 2}, "a owns every block: w owns none"
+    leasing.run(leasing.cores.apply_entries([_change(3, "b")], 0.0))
+    assert leasing.owner.view.members == ("a", "b")
+    assert leasing.cores.accepted_view(2) is not None and leasing.cores.accepted_view(2).members == ("a",)

@@ -302,6 +302,23 @@ def _acks(p: PeerCore, sent: Sequence[Effect], now: float, view: View) -> list[E
     return out
 
 
+def test_a_voter_that_joins_without_a_trainer_is_logged_as_one() -> None:
+    """Membership labels tell a trainer-less member apart (View.trainerless); its join's VoterChange
+    carries that into the log, where the lease cores and `ops audit` leave it out of the ring."""
+    p = _peer(trains=True)
+    t, _ = _elect(p)
+    view = View(frozenset({"a", "w", "x"}), applied_round=0, weights_hash=THETA0, trainerless=frozenset({"w"}))
+    p.member_changed("w", MemberState.ALIVE, "addr-w", t, view)
+    p.member_changed("x", MemberState.ALIVE, "addr-x", t, view)
+    out = p.tick(t + 0.1, view)
+    for _ in range(6):  # the followers ack what they are sent; the leader adds them one at a time
+        out = _acks(p, out, t + 0.2, view) + p.tick(t + 0.3, view)
+        t += 0.2
+    joins = {e.body.site: e.body.trainerless for e in p.consensus.log.entries
+             if isinstance(e.body, VoterChange) and e.body.reason == "join"}
+    assert joins == {"w": True, "x": False}, joins
+
+
 @pytest.mark.parametrize("trainerless", [True, False])
 def test_a_round_neither_opens_for_nor_waits_on_a_voter_without_a_trainer(trainerless: bool) -> None:
     """w is a live voter that trains nothing (a long-lived coordinator): a's report alone decides the

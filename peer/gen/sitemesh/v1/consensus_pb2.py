@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from peer.gen.sitemesh.v1 import common_pb2 as sitemesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsitemesh/v1/consensus.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\"X\n\x0f\x43onsensusHeader\x12\x11\n\tfrom_site\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_address\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\r\n\x05round\x18\x04 \x01(\x04\";\n\x0bSampleRange\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\"s\n\x0b\x43ontributor\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12(\n\x06ranges\x18\x03 \x03(\x0b\x32\x18.sitemesh.v1.SampleRange\x12\x1c\n\x14pseudo_gradient_root\x18\x04 \x01(\x0c\"b\n\x0bRoundCommit\x12\r\n\x05round\x18\x01 \x01(\x04\x12.\n\x0c\x63ontributors\x18\x02 \x03(\x0b\x32\x18.sitemesh.v1.Contributor\x12\x14\n\x0cweights_hash\x18\x03 \x01(\x0c\"I\n\x0bVoterChange\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03\x61\x64\x64\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x1c\n\nEpochStart\x12\x0e\n\x06leader\x18\x01 \x01(\t\"\xc4\x01\n\x08LogEntry\x12\r\n\x05index\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x30\n\x0cround_commit\x18\x03 \x01(\x0b\x32\x18.sitemesh.v1.RoundCommitH\x00\x12\x30\n\x0cvoter_change\x18\x04 \x01(\x0b\x32\x18.sitemesh.v1.VoterChangeH\x00\x12.\n\x0b\x65poch_start\x18\x05 \x01(\x0b\x32\x17.sitemesh.v1.EpochStartH\x00\x42\x06\n\x04\x62ody\"&\n\x05Voter\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x8d\x01\n\x0bRequestVote\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x16\n\x0eproposed_epoch\x18\x02 \x01(\x04\x12\x12\n\nlast_index\x18\x03 \x01(\x04\x12\x12\n\nlast_epoch\x18\x04 \x01(\x04\x12\x10\n\x08pre_vote\x18\x05 \x01(\x08\"\x84\x01\n\tVoteReply\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x16\n\x0eproposed_epoch\x18\x02 \x01(\x04\x12\x0f\n\x07granted\x18\x03 \x01(\x08\x12\x10\n\x08pre_vote\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xb0\x01\n\rAppendEntries\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x12\n\nprev_index\x18\x02 \x01(\x04\x12\x12\n\nprev_epoch\x18\x03 \x01(\x04\x12&\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x15.sitemesh.v1.LogEntry\x12\x14\n\x0c\x63ommit_index\x18\x05 \x01(\x04\x12\x0b\n\x03seq\x18\x06 \x01(\x04\"~\n\x0b\x41ppendReply\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x0f\n\x07success\x18\x02 \x01(\x08\x12\x13\n\x0bmatch_index\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x93\x01\n\x08Snapshot\x12\x12\n\nlast_index\x18\x01 \x01(\x04\x12\x12\n\nlast_epoch\x18\x02 \x01(\x04\x12\x12\n\nlast_round\x18\x03 \x01(\x04\x12\x14\n\x0cweights_hash\x18\x04 \x01(\x0c\x12\"\n\x06voters\x18\x05 \x03(\x0b\x32\x12.sitemesh.v1.Voter\x12\x11\n\tapp_state\x18\x06 \x01(\x0c\"u\n\x0fInstallSnapshot\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\'\n\x08snapshot\x18\x02 \x01(\x0b\x32\x15.sitemesh.v1.Snapshot\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"M\n\nTimeoutNow\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x11\n\tsuccessor\x18\x02 \x01(\t2\xa9\x03\n\tConsensus\x12\x42\n\x0fSendRequestVote\x12\x18.sitemesh.v1.RequestVote\x1a\x15.sitemesh.v1.Accepted\x12>\n\rSendVoteReply\x12\x16.sitemesh.v1.VoteReply\x1a\x15.sitemesh.v1.Accepted\x12\x46\n\x11SendAppendEntries\x12\x1a.sitemesh.v1.AppendEntries\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0fSendAppendReply\x12\x18.sitemesh.v1.AppendReply\x1a\x15.sitemesh.v1.Accepted\x12J\n\x13SendInstallSnapshot\x12\x1c.sitemesh.v1.InstallSnapshot\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendTimeoutNow\x12\x17.sitemesh.v1.TimeoutNow\x1a\x15.sitemesh.v1.Acceptedb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsitemesh/v1/consensus.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\"X\n\x0f\x43onsensusHeader\x12\x11\n\tfrom_site\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_address\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\r\n\x05round\x18\x04 \x01(\x04\";\n\x0bSampleRange\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\"s\n\x0b\x43ontributor\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12(\n\x06ranges\x18\x03 \x03(\x0b\x32\x18.sitemesh.v1.SampleRange\x12\x1c\n\x14pseudo_gradient_root\x18\x04 \x01(\x0c\"b\n\x0bRoundCommit\x12\r\n\x05round\x18\x01 \x01(\x04\x12.\n\x0c\x63ontributors\x18\x02 \x03(\x0b\x32\x18.sitemesh.v1.Contributor\x12\x14\n\x0cweights_hash\x18\x03 \x01(\x0c\"^\n\x0bVoterChange\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03\x61\x64\x64\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x13\n\x0btrainerless\x18\x05 \x01(\x08\"\x1c\n\nEpochStart\x12\x0e\n\x06leader\x18\x01 \x01(\t\"\xc4\x01\n\x08LogEntry\x12\r\n\x05index\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x30\n\x0cround_commit\x18\x03 \x01(\x0b\x32\x18.sitemesh.v1.RoundCommitH\x00\x12\x30\n\x0cvoter_change\x18\x04 \x01(\x0b\x32\x18.sitemesh.v1.VoterChangeH\x00\x12.\n\x0b\x65poch_start\x18\x05 \x01(\x0b\x32\x17.sitemesh.v1.EpochStartH\x00\x42\x06\n\x04\x62ody\"&\n\x05Voter\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x8d\x01\n\x0bRequestVote\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x16\n\x0eproposed_epoch\x18\x02 \x01(\x04\x12\x12\n\nlast_index\x18\x03 \x01(\x04\x12\x12\n\nlast_epoch\x18\x04 \x01(\x04\x12\x10\n\x08pre_vote\x18\x05 \x01(\x08\"\x84\x01\n\tVoteReply\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x16\n\x0eproposed_epoch\x18\x02 \x01(\x04\x12\x0f\n\x07granted\x18\x03 \x01(\x08\x12\x10\n\x08pre_vote\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xb0\x01\n\rAppendEntries\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x12\n\nprev_index\x18\x02 \x01(\x04\x12\x12\n\nprev_epoch\x18\x03 \x01(\x04\x12&\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x15.sitemesh.v1.LogEntry\x12\x14\n\x0c\x63ommit_index\x18\x05 \x01(\x04\x12\x0b\n\x03seq\x18\x06 \x01(\x04\"~\n\x0b\x41ppendReply\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x0f\n\x07success\x18\x02 \x01(\x08\x12\x13\n\x0bmatch_index\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x93\x01\n\x08Snapshot\x12\x12\n\nlast_index\x18\x01 \x01(\x04\x12\x12\n\nlast_epoch\x18\x02 \x01(\x04\x12\x12\n\nlast_round\x18\x03 \x01(\x04\x12\x14\n\x0cweights_hash\x18\x04 \x01(\x0c\x12\"\n\x06voters\x18\x05 \x03(\x0b\x32\x12.sitemesh.v1.Voter\x12\x11\n\tapp_state\x18\x06 \x01(\x0c\"u\n\x0fInstallSnapshot\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\'\n\x08snapshot\x18\x02 \x01(\x0b\x32\x15.sitemesh.v1.Snapshot\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"M\n\nTimeoutNow\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\x11\n\tsuccessor\x18\x02 \x01(\t2\xa9\x03\n\tConsensus\x12\x42\n\x0fSendRequestVote\x12\x18.sitemesh.v1.RequestVote\x1a\x15.sitemesh.v1.Accepted\x12>\n\rSendVoteReply\x12\x16.sitemesh.v1.VoteReply\x1a\x15.sitemesh.v1.Accepted\x12\x46\n\x11SendAppendEntries\x12\x1a.sitemesh.v1.AppendEntries\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0fSendAppendReply\x12\x18.sitemesh.v1.AppendReply\x1a\x15.sitemesh.v1.Accepted\x12J\n\x13SendInstallSnapshot\x12\x1c.sitemesh.v1.InstallSnapshot\x1a\x15.sitemesh.v1.Accepted\x12@\n\x0eSendTimeoutNow\x12\x17.sitemesh.v1.TimeoutNow\x1a\x15.sitemesh.v1.Acceptedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,27 +41,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUNDCOMMIT']._serialized_start=338
   _globals['_ROUNDCOMMIT']._serialized_end=436
   _globals['_VOTERCHANGE']._serialized_start=438
-  _globals['_VOTERCHANGE']._serialized_end=511
-  _globals['_EPOCHSTART']._serialized_start=513
-  _globals['_EPOCHSTART']._serialized_end=541
-  _globals['_LOGENTRY']._serialized_start=544
-  _globals['_LOGENTRY']._serialized_end=740
-  _globals['_VOTER']._serialized_start=742
-  _globals['_VOTER']._serialized_end=780
-  _globals['_REQUESTVOTE']._serialized_start=783
-  _globals['_REQUESTVOTE']._serialized_end=924
-  _globals['_VOTEREPLY']._serialized_start=927
-  _globals['_VOTEREPLY']._serialized_end=1059
-  _globals['_APPENDENTRIES']._serialized_start=1062
-  _globals['_APPENDENTRIES']._serialized_end=1238
-  _globals['_APPENDREPLY']._serialized_start=1240
-  _globals['_APPENDREPLY']._serialized_end=1366
-  _globals['_SNAPSHOT']._serialized_start=1369
-  _globals['_SNAPSHOT']._serialized_end=1516
-  _globals['_INSTALLSNAPSHOT']._serialized_start=1518
-  _globals['_INSTALLSNAPSHOT']._serialized_end=1635
-  _globals['_TIMEOUTNOW']._serialized_start=1637
-  _globals['_TIMEOUTNOW']._serialized_end=1714
-  _globals['_CONSENSUS']._serialized_start=1717
-  _globals['_CONSENSUS']._serialized_end=2142
+  _globals['_VOTERCHANGE']._serialized_end=532
+  _globals['_EPOCHSTART']._serialized_start=534
+  _globals['_EPOCHSTART']._serialized_end=562
+  _globals['_LOGENTRY']._serialized_start=565
+  _globals['_LOGENTRY']._serialized_end=761
+  _globals['_VOTER']._serialized_start=763
+  _globals['_VOTER']._serialized_end=801
+  _globals['_REQUESTVOTE']._serialized_start=804
+  _globals['_REQUESTVOTE']._serialized_end=945
+  _globals['_VOTEREPLY']._serialized_start=948
+  _globals['_VOTEREPLY']._serialized_end=1080
+  _globals['_APPENDENTRIES']._serialized_start=1083
+  _globals['_APPENDENTRIES']._serialized_end=1259
+  _globals['_APPENDREPLY']._serialized_start=1261
+  _globals['_APPENDREPLY']._serialized_end=1387
+  _globals['_SNAPSHOT']._serialized_start=1390
+  _globals['_SNAPSHOT']._serialized_end=1537
+  _globals['_INSTALLSNAPSHOT']._serialized_start=1539
+  _globals['_INSTALLSNAPSHOT']._serialized_end=1656
+  _globals['_TIMEOUTNOW']._serialized_start=1658
+  _globals['_TIMEOUTNOW']._serialized_end=1735
+  _globals['_CONSENSUS']._serialized_start=1738
+  _globals['_CONSENSUS']._serialized_end=2163
 # @@protoc_insertion_point(module_scope)

@@ -52,16 +52,18 @@ class RoundCommit(_message.Message):
     def __init__(self, round: _Optional[int] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., weights_hash: _Optional[bytes] = ...) -> None: ...
 
 class VoterChange(_message.Message):
-    __slots__ = ("site", "address", "add", "reason")
+    __slots__ = ("site", "address", "add", "reason", "trainerless")
     SITE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ADD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TRAINERLESS_FIELD_NUMBER: _ClassVar[int]
     site: str
     address: str
     add: bool
     reason: str
-    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., add: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    trainerless: bool
+    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., add: _Optional[bool] = ..., reason: _Optional[str] = ..., trainerless: _Optional[bool] = ...) -> None: ...
 
 class EpochStart(_message.Message):
     __slots__ = ("leader",)
