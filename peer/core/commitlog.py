@@ -171,7 +171,8 @@ class Log:
 
     snapshot: Snapshot = EMPTY_SNAPSHOT
     entries: list[Entry] = field(default_factory=list)
-    _config_cache: tuple[object, LogIndex, Voters] | None = field(default=None, repr=False, compare=False)
+    _config_cache: tuple[object, LogIndex, Voters, frozenset[SiteId]] | None = field(default=None, repr=False,
+                                                                                     compare=False)
 
     def __post_init__(self) -> None:
         expected = self.snapshot.last_index + 1
@@ -209,12 +210,20 @@ class Log:
         matching), so a truncated and re-appended suffix that ends the same holds the same config."""
         key = (self.snapshot.last_index, self.snapshot.voters, self.last_index, self.last_epoch)
         if self._config_cache is None or self._config_cache[0] != key:
-            index, voters = self.snapshot.last_index, self.snapshot.voters
+            index, voters, trainerless = self.snapshot.last_index, self.snapshot.voters, frozenset[SiteId]()
             for e in self.entries:
                 if isinstance(e.body, VoterChange):
                     index, voters = e.index, apply_voter_change(voters, e.body)
-            self._config_cache = (key, index, voters)
+                    trainerless = apply_trainerless(trainerless, e.body)
+            self._config_cache = (key, index, voters, trainerless)
         return self._config_cache[1], self._config_cache[2]
+
+    def trainerless(self) -> frozenset[SiteId]:
+        """The voters in force that have no trainer (VoterChange.trainerless; a snapshot's voters are
+        taken to train)."""
+        self._config()
+        assert self._config_cache is not None
+        return self._config_cache[3]
 
     def voters_at(self, index: int) -> Voters:
         """Voter set after applying the log up to `index` (snapshot voters, then VoterChanges)."""

@@ -431,10 +431,10 @@ class ConsensusCore:
         voters = live_addresses(self.members, self.log.voters())
         voters.pop(self.site, None)
         heir = successor(voters, self.match_index, self.log.last_index, self.members, self.leaving_members,
-                         self.ack_time, self.now - self.config.election_timeout_min_s)
+                         self.ack_time, self.now - self.config.election_timeout_min_s, self.log.trainerless())
         if heir is not None:
             if self.role is Role.LEADER:
-                self._step_down(None, effects, f"leaving: epoch {self.hard.epoch} handed over to {heir}")
+                self._step_down(None, effects, f"standing back: epoch {self.hard.epoch} handed over to {heir}")
             for site, address in sorted(voters.items()):
                 effects.append(Send(site, address, TimeoutNow(self._header(), heir)))
         return heir

@@ -22,20 +22,23 @@ from peer.core.voter_set import MemberVerdict
 
 def successor(voters: Collection[SiteId], match_index: Mapping[SiteId, int], last_index: int,
               members: Mapping[SiteId, MemberVerdict], leaving: Collection[SiteId],
-              ack_time: Mapping[SiteId, float], heard_after: float) -> SiteId | None:
+              ack_time: Mapping[SiteId, float], heard_after: float,
+              trainerless: Collection[SiteId] = ()) -> SiteId | None:
     """The voter to campaign at once, or None (then the voters' timers elect one, as without a
     hand-over). Only a voter whose log holds the leader's last entry can win without a later log
     refusing it; one that has not acked since `heard_after` (an election timeout ago) or that
     membership calls dead or gone would not campaign; one that is leaving itself would open no
-    round and start another hand-over. Among the rest, the one likely to lead longest (`_staying`),
-    then the most recently heard, then the name, so that the same inputs always pick the same one."""
+    round and start another hand-over. Among the rest: a voter with a trainer before one without
+    (which opens no round either and, where a voter trains, stands back: PeerCore), then the one
+    likely to lead longest (`_staying`), then the most recently heard, then the name, so that the
+    same inputs always pick the same one."""
     def fit(v: SiteId) -> bool:
         gone = v in members and members[v].state in (MemberState.DEAD, MemberState.LEFT)
         heard = ack_time.get(v, float("-inf")) >= heard_after
         return match_index.get(v, 0) >= last_index and heard and not gone and v not in leaving
 
     ready = [v for v in voters if fit(v)]
-    return max(ready, key=lambda v: (_staying(v, ready), ack_time[v], v)) if ready else None
+    return max(ready, key=lambda v: (v not in trainerless, _staying(v, ready), ack_time[v], v)) if ready else None
 
 
 def _staying(member: SiteId, voters: Collection[SiteId]) -> int:

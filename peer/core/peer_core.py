@@ -143,6 +143,7 @@ class PeerCore:
 
     def tick(self, now: float, view: View) -> list[Effect]:
         self._note_leaving(view)
+        self._defer_to_trainers(now)
         out = self._consensus(self.consensus.tick(now), now, view)
         if self._seat is not None:
             out += self._seat.update(now, self.consensus.removed())
@@ -216,6 +217,16 @@ class PeerCore:
         return out + self._seat.update(now, self.consensus.removed())
 
     # ----- routing ----------------------------------------------------------------------------
+    def _defer_to_trainers(self, now: float) -> None:
+        """A voter without a trainer opens no training round (it commits empty ones): where some voter
+        trains, it stands back as a leaving peer does, campaigning only after a trainer could have,
+        and handing a lead it won to a trainer that caught up (docs/decisions/leases-trainerless-voter.md)."""
+        if self._trains or self.consensus.standing_back:
+            return
+        log = self.consensus.log
+        if any(site != self.consensus.site and site not in log.trainerless() for site, _ in log.voters()):
+            self.consensus.stand_back(now)
+
     def _note_leaving(self, view: View) -> None:
         self.consensus.leaving_members = frozenset(SiteId(s) for s in view.leaving & view.live)
 

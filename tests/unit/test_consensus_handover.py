@@ -153,6 +153,20 @@ def test_the_successor_is_the_voter_likely_to_stay_longest() -> None:
     assert successor(jobs[:2], match, 10, members, set(), acks, heard_after=3.0) == "b.j4"
 
 
+def test_a_voter_with_a_trainer_succeeds_before_a_long_lived_one_without() -> None:
+    """A voter without a trainer (a coordinator) would outlast every job, but leads no training
+    round: a job that trains is the heir; the coordinator only when nobody that trains is fit (a
+    run of trainer-less peers alone)."""
+    names = [SiteId(n) for n in ("coordinator", "b.j3", "c.j7")]
+    members = {v: _verdict() for v in names}
+    match = {v: 10 for v in names}
+    acks = {v: 5.0 for v in names}
+    coordinator = {SiteId("coordinator")}
+    assert successor(names, match, 10, members, set(), acks, heard_after=3.0) == "coordinator"
+    assert successor(names, match, 10, members, set(), acks, 3.0, coordinator) == "c.j7"
+    assert successor(names, match, 10, members, set(names[1:]), acks, 3.0, coordinator) == "coordinator"
+
+
 def test_the_leader_steps_down_before_any_hand_over_leaves_it() -> None:
     """The safety argument: a voter drops its lease only for a leader that already stopped deciding."""
     net = Lockstep(3)

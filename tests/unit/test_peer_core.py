@@ -40,8 +40,10 @@ LEADER_WAIT_S, FOLLOWER_WAIT_S = 4.0, 8.0
 
 def _peer(trains: bool, voters: Sequence[str] = ("a",), tail: Sequence[Entry] = (),
           empty: r.EmptyRounds | None = None) -> PeerCore:
-    """Site "a" on a fresh log founded by `voters`, with `tail` on disk after the bootstrap entries."""
-    log = [*bootstrap_entries({SiteId(s): f"addr-{s}" for s in voters}), *tail]
+    """Site "a" on a fresh log founded by `voters`, with `tail` on disk after the bootstrap entries;
+    a's `trains` is every founder's (a run of consensus-only peers, or of trainers)."""
+    founders = {SiteId(s): f"addr-{s}" for s in voters}
+    log = [*bootstrap_entries(founders, frozenset() if trains else frozenset(founders)), *tail]
     consensus = ConsensusCore.start(SiteId("a"), "addr-a", RAFT, DurableState(HardState(Epoch(0), None),
                                     EMPTY_SNAPSHOT, log), 0.0, random.Random(0))
     return PeerCore(consensus, trains=trains, empty=empty, leader_wait_s=LEADER_WAIT_S,
@@ -317,6 +319,32 @@ def test_a_voter_that_joins_without_a_trainer_is_logged_as_one() -> None:
     joins = {e.body.site: e.body.trainerless for e in p.consensus.log.entries
              if isinstance(e.body, VoterChange) and e.body.reason == "join"}
     assert joins == {"w": True, "x": False}, joins
+
+
+def test_a_voter_without_a_trainer_hands_a_lead_it_won_to_a_trainer() -> None:
+    """A trainer-less voter (the coordinator) that leads opens no training round: it commits empty
+    ones. Where another voter trains, it stands back as a leaving peer does: it hands a lead it won
+    to that voter once it holds the whole log. In a run of trainer-less peers alone it leads on."""
+    founders = {SiteId("a"): "addr-a", SiteId("b"): "addr-b"}
+    consensus = ConsensusCore.start(SiteId("a"), "addr-a", RAFT, DurableState(
+        HardState(Epoch(0), None), EMPTY_SNAPSHOT, bootstrap_entries(founders, frozenset({SiteId("a")}))), 0.0,
+        random.Random(0))
+    p = PeerCore(consensus, trains=False, empty=r.EmptyRounds(1.0), leader_wait_s=LEADER_WAIT_S,
+                 follower_wait_s=FOLLOWER_WAIT_S)
+    two = View(frozenset({"a", "b"}), applied_round=0, weights_hash=THETA0, trainerless=frozenset({"a"}))
+    first = p.consensus.next_deadline()
+    p.tick(first, two)
+    assert p.consensus.standing_back and p.consensus.next_deadline() >= first + RAFT.election_timeout_max_s, \
+        "b trains: a campaigns only after b could have"
+    t, sent = _lead_with_b(p, two)  # b's timer did not fire (cut off, say): a won
+    out = _acks(p, sent, t + 0.01, two)  # b holds the whole log
+    out += p.tick(t + 0.02, two)
+    handed = [e for e in out if isinstance(e, ce.Send) and isinstance(e.msg, TimeoutNow)]
+    assert [e.msg.successor for e in handed] == ["b"] and p.consensus.role is Role.FOLLOWER, out
+
+    alone = _peer(trains=False, voters=("a", "b"))  # b has no trainer either
+    t, sent = _lead_with_b(alone, View(frozenset({"a", "b"}), applied_round=0, weights_hash=THETA0))
+    assert not alone.consensus.standing_back and alone.consensus.role is Role.LEADER
 
 
 @pytest.mark.parametrize("trainerless", [True, False])
