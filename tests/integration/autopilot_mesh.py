@@ -73,13 +73,15 @@ class Allocation:
     """The peer leaves on its own this long before the job's end (`leave_seconds`; None: signal_s)."""
 
 
-SHORT = Allocation(wall="2", handover_s=80.0, signal_s=5, leave_s=20)
+SHORT = Allocation(wall="2", handover_s=65.0, signal_s=5, leave_s=20)
 """2-minute allocations, possible because the peer times its own leave: at end - 20 s at the latest
 (a leave took 3 s median, 8 s p90, 17 s at most in a 6-minute soak, 2026-12-07 15:37), or at
 Slurm's SIGTERM@5 if that comes first (anywhere in [end - 35, end - 5)): on average 24 s before the
 end, where a fixed 35 s left 11 s of every job's allocation unused. A leave that runs past the
-wall time is a TIMEOUT, its samples back on their leases. A successor starts 80 s before its
-predecessor's end, so at least 45 s before that leave."""
+wall time is a TIMEOUT, its samples back on their leases. A successor starts 65 s before its
+predecessor's end, so at least 45 s before that leave (a peer joins in about 20 s), and at most two
+jobs of a site run at once: with 80 s, job n+2 started while job n still trained, three trainers of
+one site on this 2-core machine."""
 
 
 def train_args(docs: int = 8, inner_steps: int = 4, round_deadline: float = 60.0,

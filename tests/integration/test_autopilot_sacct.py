@@ -123,7 +123,10 @@ def test_without_accounting_the_loop_says_once_that_it_goes_on_without(slurm: Sl
         while sum(line.startswith("b: ") for line in lines) < 3:  # three passes: a submission, two holds
             line = loop.stderr.readline()
             assert line, f"the loop exited: {lines}"
-            lines.append(line.rstrip("\n").split(" ", 2)[2])
+            # "<date> <time> <message>"; a line that is not one (a message's continuation) is kept whole
+            # so that an assertion below shows it, not an IndexError here.
+            parts = line.rstrip("\n").split(" ", 2)
+            lines.append(parts[2] if len(parts) == 3 else line.rstrip("\n"))
     finally:
         loop.send_signal(signal.SIGINT)
         loop.wait(30)
