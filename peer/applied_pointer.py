@@ -15,6 +15,11 @@ from pathlib import Path
 from peer.durable import write_atomic
 
 
+def state_dir(data_dir: Path) -> Path:
+    """Where a peer keeps its applied state (θ, momentum, this pointer) and its trainer's files."""
+    return data_dir / "state"
+
+
 @dataclass(frozen=True)
 class Applied:
     index: int = 0

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from peer import config as cfg
 from peer.core.site_names import is_job_member, job_member
 from peer.dirlock import lock_dir
+from peer.head_start import head_start
 from peer import job_record, logformat, relay, slurm_env
 from peer.core.election import ElectionConfig
 from peer.core.lease_config import LeaseConfig
@@ -294,11 +295,18 @@ def _leave_before_end(node: Node, site: str, leave_before: float) -> asyncio.Tim
 
 async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str = "INFO",
                leave_before: float | None = None) -> int:
+    try:  # the lock, and the trainer loading while this process imports what follows
+        head = await head_start(config)
+    except OSError as err:  # another peer holds the data dir; the worker could not be spawned
+        print(f"peer: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     from peer.node import Node  # torch and numba (~370 MiB): a relay (--role relay) never needs them
 
     try:
-        node = Node(config)
+        node = Node(config, head=head)
     except OSError as err:  # certificates missing or not this site's
+        if head is not None:
+            await head.close()
         print(f"peer: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     logformat.configure(log_level, log_format, config.site, lambda: {
@@ -307,6 +315,8 @@ async def _run(config: cfg.PeerConfig, log_format: str = "human", log_level: str
         address = await node.start()
     except (OSError, CorruptStore) as err:
         print(f"peer: error: {err}", file=sys.stderr)
+        node.stop()  # its trainer has been loading since the head start
+        await node.wait_stopped()
         return EXIT_USAGE
     except TrainerError as err:
         print(f"peer: error: this site's trainer did not start: {err}", file=sys.stderr)

@@ -47,10 +47,11 @@ from peer.gen.sitemesh.v1 import admin_pb2, admin_pb2_grpc
 from peer.logstore import FileStore
 from peer.peer_events import PeerEvents
 from peer.admin_rpc import AdminServicer
-from peer.applied_pointer import Applied, AppliedPointer
+from peer.applied_pointer import Applied, AppliedPointer, state_dir
 from peer.join_errors import JoinFailed, JoinRefused
 from peer.changes import Changes
 from peer.dirlock import lock_dir
+from peer.head_start import HeadStart
 from peer.reach import Reach
 from peer.transport.channels import ChannelPool, bind, new_server
 from peer.transport.guard import site_security
@@ -63,9 +64,8 @@ from peer.transport.rounds_rpc import ROUNDS
 from peer.coordinator import Coordinator
 from peer.exchange.service import add_exchange_service
 from peer.gen.sitemesh.v1 import exchange_pb2
-from peer.core.rounds import EmptyRounds
+from peer.core.rounds import EmptyRounds, Message as RoundMessage
 from peer.core.seat_leave import SayLeft, Stop
-from peer.core.rounds import Message as RoundMessage
 from peer.core.lease_types import LeaseEvent, Message as LeaseMessage, Send as LeaseSend
 from peer.trainer.identity import training_identity
 from peer.trainer.process import TrainerError
@@ -91,6 +91,7 @@ class Node:
         config: PeerConfig,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        head: HeadStart | None = None,  # the lock and trainer taken before the imports; now the node's
     ) -> None:
         self.config = config
         self._clock = clock
@@ -128,7 +129,7 @@ class Node:
         self._said_left: asyncio.Task[None] | None = None
         self._told = 0
         self._store: FileStore | None = None
-        self._lock: IO[str] | None = None
+        self._lock: IO[str] | None = head.lock if head is not None else None
         self.applied_round = 0
         self.coordinator: Coordinator | None = None
         self.events = PeerEvents()
@@ -138,13 +139,13 @@ class Node:
         self.identity: agreement.TrainingIdentity | None = None
         """What this site trains (model, tokenizer, data by content), published in its membership
         labels and checked against every sender's (peer/core/agreement.py); None without a trainer."""
-        self._applied = AppliedPointer(self.data_dir / "state")
-        """What a peer without a trainer applied (a training peer's θ store keeps its own)."""
+        self._applied = AppliedPointer(state_dir(self.data_dir))  # a trainer-less peer's; a θ store keeps its own
+        # Who is let into membership at all: no duplicate site, no table overflow, no other run.
         self._admission = MemberAdmission(config.site, MAX_MEMBERS, config.membership.probe_interval_s)
-        """Who is let into membership at all: no duplicate site, no table overflow, no other run."""
         if config.trainer is not None and config.rounds is not None:
             training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
-                                    config.exchange_plane, config.trainer_threads, self.reach.dialer)
+                                    config.exchange_plane, config.trainer_threads, self.reach.dialer,
+                                    head.trainer if head else None)
             rounds = dataclasses.replace(config.rounds, overlap=config.overlap)
             self.coordinator = Coordinator(self, training, rounds, config.leases)
 
@@ -152,7 +153,7 @@ class Node:
     async def start(self) -> str:
         """Binds the server, loads durable state and starts the cores; returns the dial address."""
         host, _ = self.config.listen.rsplit(":", 1)
-        self._lock = lock_dir(self.data_dir)
+        self._lock = self._lock or lock_dir(self.data_dir)
         if self.coordinator is not None:
             self.coordinator.job.started()  # first: a job whose peer fails to start still cost its allocation
         port = bind(self._server, self.config.listen, self.creds)
@@ -248,8 +249,7 @@ class Node:
 
         A peer the mesh reached another way (a member's push-pull: an operator's `ops join`, a
         member dialling this site's address) has joined too, whether or not a seed answered.
-        Returns the number of members known afterwards; raises JoinFailed naming the seeds.
-        """
+        Returns the number of members known afterwards; raises JoinFailed naming the seeds."""
         seeds = [s for s in seeds if s != self.address]
         if not seeds:
             return len(self.members())

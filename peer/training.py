@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from peer.core.audit import universe_to_json
+from peer.applied_pointer import state_dir
 from peer.core.commitlog import RoundCommit, SampleRange
 from peer.durable import write_atomic
 from peer.exchange.planes import DEFAULT_PLANE
@@ -82,16 +83,18 @@ class HashMismatch(RuntimeError):
 class SiteTraining:
     def __init__(self, site: str, data_dir: Path, trainer_config: TrainerConfig, outer: OuterConfig,
                  creds: Credentials = PLAINTEXT, plane: str = DEFAULT_PLANE, threads: int | None = None,
-                 dialer: Dialer | None = None) -> None:
+                 dialer: Dialer | None = None, process: TrainerProcess | None = None) -> None:
+        """process: a trainer already spawned in `state_dir(data_dir)` (peer/head_start.py); None: `start`
+        spawns one."""
         self._threads = threads
         """Torch intra-op threads of the trainer worker (None: torch's default, one per core)."""
         self.site = site
-        self.states = ThetaStore(data_dir / "state")
+        self.states = ThetaStore(state_dir(data_dir))
         self.dir = self.states.dir
         self.trainer_config = trainer_config
         self.outer = outer
         self.exchange = RoundExchange(site, trainer_config, creds, plane, dialer)
-        self.process = TrainerProcess(threads)
+        self.process = process or TrainerProcess(threads)
         self.blocks: list[tuple[int, int]] = []
         self.weights: dict[str, torch.Tensor] = {}
         self.momentum: dict[str, torch.Tensor] = {}
@@ -119,7 +122,10 @@ class SiteTraining:
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        hello = await self.process.start(self.trainer_config, self.dir)
+        if self.process.spawned:
+            hello = await self.process.hello()
+        else:
+            hello = await self.process.start(self.trainer_config, self.dir)
         self.blocks = [(b, n) for b, n in hello.blocks]
         # The epoch's blocks, beside the commit log, so `ops audit` can prove I4/I5 from disk alone.
         universe = self.dir.parent / "leases" / "universe.json"

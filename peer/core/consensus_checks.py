@@ -185,6 +185,11 @@ def without_standing(msg: Message, seated: bool, replicated: Collection[SiteId],
             return f"{sender or '(no name)'} answers entries this leader never sent it"
         if msg.success and msg.match_index > last_index:
             return f"acknowledges index {msg.match_index} beyond this log's last {last_index}"
+    # This peer asks votes of voters and sends entries to voters and members only: a reply from
+    # anyone else is false, and its epoch must not depose anyone (one reply of epoch e + 1000,
+    # then another, and this peer's epoch would pass every honest voter's plausibility bound).
+    if isinstance(msg, (VoteReply, AppendReply)) and not seated:
+        return f"{sender or '(no name)'} answers what it was never asked: neither a voter nor a member of the run"
     return None
 
 

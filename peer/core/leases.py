@@ -159,7 +159,10 @@ class LeaseOwner:
         self.writes.clear()
         self.unacked_since.clear()
         self.syncing.clear()
-        self.expiry.clear()
+        # A primary that keeps a block keeps its holder's deadline: the holder renews with the same
+        # owner, so a fresh ttl at every voter change would let a silent holder keep its lease for
+        # as long as jobs keep joining and leaving (one change every few seconds at short walls).
+        kept_expiry, self.expiry = self.expiry, {}
         trusted = old is not None and self.live_since is not None and self.live_since < old.version
         held = {**self.retired, **self.records} if trusted else {}
         self.records, self.retired, self.serving = {}, {}, set()
@@ -178,7 +181,7 @@ class LeaseOwner:
             if old is None and self.live_since == 0:
                 self._adopt(b, fresh, now)  # the run's first view: the log is the whole truth
             elif old is not None and old.primary(b) == self.site and b in held:
-                self._adopt(b, held[b], now)
+                self._adopt(b, held[b], now, kept_expiry.get(b))
             else:
                 prev = old.owners(b) if old is not None else owners
                 sync = Handover({m for m in prev if m in view.members and m != self.site}, quorum(len(prev)),
@@ -482,14 +485,20 @@ class LeaseOwner:
             return f"data epoch {h.data_epoch} != {me.data_epoch}"
         return ""
 
-    def _adopt(self, b: BlockId, rec: LeaseRecord, now: float) -> None:
-        """Start serving `b` with `rec`: holders get a full ttl to find the new primary. The rev is
-        re-minted under this view, which marks the record as established in it (see Handover)."""
+    def _adopt(self, b: BlockId, rec: LeaseRecord, now: float, expiry: float | None = None) -> None:
+        """Start serving `b` with `rec`: holders get a full ttl to find the new primary (`expiry`: the
+        deadline a primary that keeps the block already gave). A holder that is no longer in the
+        ring (membership removed it: dead, or gone without releasing) has no owner to renew with and
+        no round to contribute to, so its lease is reclaimed at once; should it come back, its claims
+        are refused like a zombie's (stale generation). The rev is re-minted under this view, which
+        marks the record as established in it (see Handover)."""
+        assert self.view is not None
         rec = rec.bumped(self._base)
         self.serving.add(b)
         self.records[b] = rec
         if rec.holder is not None:
-            self.expiry[b] = now + self.cfg.ttl
+            gone = rec.holder not in self.view.members
+            self.expiry[b] = now if gone else (expiry if expiry is not None else now + self.cfg.ttl)
         self._dirty.add(b)
         self.unacked_since[b] = now
 

@@ -190,13 +190,24 @@ class TrainerProcess:
         assert self._proc is not None and self._exited is not None, "not started"
         return await _exit_status(self._proc, self._exited)
 
+    @property
+    def spawned(self) -> bool:
+        """True once `spawn` (or `start`) ran: what is left is `hello`."""
+        return self._proc is not None
+
     async def start(self, config: TrainerConfig, workdir: Path, shm_dir: Path | None = None) -> Hello:
-        """Spawn the worker with `config` and wait until its `Trainer` is built (tokenizing the
-        corpus on first use may take a while). The config and the log go to `workdir`; tensor files
-        to `shm_dir` (default: `default_shm_dir(workdir)`, emptied now and removed by `stop`).
-        One TrainerProcess per workdir at a time: the config, log and shm dir are named after it.
-        Call it from the event loop's thread and keep that thread alive: Linux kills the worker
-        when the thread that spawned it exits (parent_death.py)."""
+        """`spawn`, then `hello`: the worker with `config`, once its `Trainer` is built."""
+        await self.spawn(config, workdir, shm_dir)
+        return await self.hello()
+
+    async def spawn(self, config: TrainerConfig, workdir: Path, shm_dir: Path | None = None) -> None:
+        """Spawn the worker with `config` and return at once; it builds its `Trainer` (imports, the
+        model, tokenizing the corpus on first use) while the caller goes on (peer/head_start.py).
+        The config and the log go to `workdir`; tensor files to `shm_dir` (default:
+        `default_shm_dir(workdir)`, emptied now and removed by `stop`). One TrainerProcess per
+        workdir at a time: the config, log and shm dir are named after it. Call it from the event
+        loop's thread and keep that thread alive: Linux kills the worker when the thread that
+        spawned it exits (parent_death.py)."""
         if self._proc is not None:
             raise TrainerError("this TrainerProcess was already started; make a new one")
         workdir = Path(workdir)
@@ -220,6 +231,11 @@ class TrainerProcess:
         with open(self._log_path, "ab") as log:
             self._log_start = log.tell()
             self._proc, self._exited = await _spawn(*args, log=log, env=env)
+
+    async def hello(self) -> Hello:
+        """Wait until the spawned worker's `Trainer` is built; what it trains. On failure the worker
+        is reaped and the shm dir removed; the TrainerError says why."""
+        assert self._proc is not None, "spawn first"
         try:
             r = await self._call({"cmd": "hello"})
         except BaseException:

@@ -146,6 +146,22 @@ def test_a_reply_from_a_site_the_leader_never_replicated_to_is_refused() -> None
     assert core.status() == before
 
 
+@pytest.mark.parametrize("reply", ["vote", "append"])
+def test_a_reply_from_a_site_that_never_joined_deposes_nobody(reply: str) -> None:
+    # Found by the hypothesis test below: replies of epoch e+1 and then e+1000 from d raised a
+    # voter's epoch past every other voter's plausibility bound, so its elections were refused.
+    net, leader, follower = _settled()
+    for to in (leader, follower):
+        core = net.cluster.core(to)
+        before = core.status()
+        for epoch in (core.hard.epoch + 1, core.hard.epoch + 1000):
+            h = _header("d", epoch)
+            msg = (VoteReply(h, Epoch(epoch), False, False, "x") if reply == "vote"
+                   else AppendReply(h, False, LogIndex(0), 1, "x"))
+            _refused(core.receive(msg, net.t), "d answers what it was never asked")
+        assert core.status() == before
+
+
 @pytest.mark.parametrize("entries,prev,reason", [
     ((2, 4), (1, 1), "entries not consecutive: index 4 where 3 was due"),
     ((2,), (1, 9), "previous entry of epoch 9 sent at epoch"),

@@ -150,6 +150,48 @@ def test_expired_lease_is_reclaimed_and_the_zombie_is_fenced() -> None:
     assert not tr.vouched and f"stale: generation {g.generation} < {r.generation} for block {g.block_id}" in tr.refused[0].reason
 
 
+def test_a_voter_change_that_keeps_the_primary_keeps_the_holders_deadline() -> None:
+    # Jobs joining and leaving change the voter set every few seconds; were each change to restart
+    # the ttl, a silent holder (paused, cut) would keep its blocks for as long as the churn lasts.
+    b = next(b for b in range(100, 200) if RingView.of(1, "abc").primary(b) == RingView.of(2, "abcd").primary(b))
+    m = Mesh("abcd", universe={b: 8})
+    m.set_view("abc")
+    m.run()
+    owner = m.primary_of(b)
+    z = next(s for s in "abc" if s != owner)
+    g = grant(m, z, owner).grants[0]
+    m.tick(CFG.ttl - 1.0, sites=[owner])
+    m.set_view("abcd")
+    m.run()
+    assert rec(m, owner, b).holder == z
+    m.tick(1.1, sites=[owner])
+    r = rec(m, owner, b)  # (the owner's own idle client may have been granted it since)
+    assert r.holder != z and r.generation > g.generation, "reclaimed a ttl after the holder's last word"
+    assert [(e.kind, e.site) for e in m.events if e.block == b and e.kind is EventKind.RECLAIM] == [(EventKind.RECLAIM, z)]
+
+
+def test_a_holder_removed_from_the_ring_loses_its_lease_at_once_and_its_claim_is_refused() -> None:
+    m = Mesh("abc")
+    m.set_view("abc")
+    m.run()
+    owner, z = holder_site(m)
+    g = grant(m, z, owner).grants[0]
+    m.send(z, Start(hdr(m, z), LeaseRef(g.block_id, g.generation)), owner)
+    m.run()
+    m.set_view([s for s in "abc" if s != z])  # membership declared z dead: no renewal will come
+    m.tick(0.0, sites=[owner])
+    r = rec(m, owner, g.block_id)
+    assert r.holder != z and r.generation > g.generation
+    assert any(e.kind is EventKind.RECLAIM and e.site == z for e in m.events if e.block == g.block_id)
+    # z was only cut off: it comes back and claims what it trained, under the old generation
+    m.set_view("abc")
+    m.run()
+    m.send(z, Trained(hdr(m, z), 1, (Claim(LeaseRef(g.block_id, g.generation), spans((0, 4)), True),)), owner)
+    m.run()
+    tr = replies(m, z, TrainedReply)[-1]
+    assert not tr.vouched and "stale: generation" in tr.refused[0].reason
+
+
 def test_messages_with_stale_tokens_are_rejected_with_a_reason() -> None:
     m = Mesh("abc")
     m.set_view("abc")
