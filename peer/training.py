@@ -231,10 +231,6 @@ class SiteTraining:
         self._cache = Outcome(round_, roots, weights, momentum, bytes.fromhex(digest))
         return self._cache
 
-    async def apply(self, index: int, commit: RoundCommit, addresses: dict[str, str]) -> None:
-        """Makes the committed round this peer's state: `recompute`, then `install`."""
-        await self.install(index, commit, await self.recompute(commit, addresses))
-
     async def recompute(self, commit: RoundCommit, addresses: dict[str, str]) -> Outcome:
         """θ and m of the committed round, from its contributors' pseudo-gradients (site -> address).
         Safe to cancel: it changes no state of this site."""
@@ -272,7 +268,7 @@ class SiteTraining:
         await self._checkpoint_if_due(round_ - 1)
 
     async def settle(self) -> None:
-        """Waits for the last applied round's writes (see apply); raises, once, why they failed."""
+        """Waits for the last applied round's writes (see install); raises, once, why they failed."""
         writing, self._writing = self._writing, None
         if writing is not None:
             await writing

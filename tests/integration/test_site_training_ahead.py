@@ -47,8 +47,8 @@ def test_after_a_round_ahead_that_no_fold_reached_the_next_starts_from_the_newes
             two = await t.train(2, [SampleRange(b2, 0, n2)], STEPS, ahead=True)
             assert two.folded_at is None, "θ_1 was not applied while round 2 trained"
             commit_1 = await t.outcome(1, [("a", "", one.root, one.tokens)])
-            await t.apply(1, RoundCommit(1, (Contributor("a", one.tokens, one.ranges, one.root),),
-                                         commit_1.weights_hash), {})
+            await t.install(1, RoundCommit(1, (Contributor("a", one.tokens, one.ranges, one.root),),
+                                           commit_1.weights_hash), commit_1)
             await t.train(3, [SampleRange(b3, 0, n3)], STEPS, ahead=True)
         finally:
             await t.close()

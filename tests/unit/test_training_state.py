@@ -195,12 +195,12 @@ def test_a_round_is_written_in_the_background_and_the_next_apply_waits_for_it(tm
 
     async def scenario() -> None:
         first = await t.outcome(1, [])
-        await asyncio.wait_for(t.apply(7, RoundCommit(1, (), first.weights_hash), {}), 10)
+        await asyncio.wait_for(t.install(7, RoundCommit(1, (), first.weights_hash), first), 10)
         assert (t.applied_round, t.weights_hash) == (1, first.weights_hash), "θ_1 in memory at once"
         await asyncio.to_thread(writing.wait, 10)
         assert t.pointer() == (0, 0), "the pointer moves only when θ_1 is durable"
         second = await t.outcome(2, [])
-        nxt = asyncio.ensure_future(t.apply(8, RoundCommit(2, (), second.weights_hash), {}))
+        nxt = asyncio.ensure_future(t.install(8, RoundCommit(2, (), second.weights_hash), second))
         await asyncio.sleep(0.3)
         assert not nxt.done() and t.applied_round == 1, "round 2 waits for round 1's writes"
         release.set()
