@@ -391,12 +391,14 @@ class LeaseClient:
 
 def _certificates_once(vouchers: tuple[Voucher, ...]) -> tuple[Voucher, ...]:
     """Each owner's certificate on its first voucher only: the leader takes it from there for the
-    owner's other vouchers of the contribution (a certificate is ~600 bytes, a signature ~70)."""
-    seen: set[bytes] = set()
+    owner's other vouchers of the contribution (a certificate is ~600 bytes, a signature ~70). Per
+    owner, not per certificate: a site's jobs (b.j60, b.j61) sign with the one certificate of b, and
+    the leader looks it up by owner (admission.py)."""
+    seen: set[tuple[str, bytes]] = set()
     out = []
     for v in vouchers:
-        if v.certificate in seen:
+        if (v.owner, v.certificate) in seen:
             v = replace(v, certificate=b"")
-        seen.add(v.certificate)
+        seen.add((v.owner, v.certificate))
         out.append(v)
     return tuple(out)

@@ -129,6 +129,24 @@ def test_the_contribution_sends_each_owners_certificate_once(certs: Path) -> Non
     assert _not_credited(c, 3, Credit(0, {7: ring}.get, keys(certs, "c").verify)) == ""
 
 
+def test_two_jobs_of_one_site_each_send_the_sites_certificate_and_are_credited(certs: Path) -> None:
+    # A job's member signs with its site's certificate: b.j60 and b.j61 carry the same bytes. The
+    # soak of 2026-12-07 20:00 lost 14 honest contributions to "no certificate of b.j61 comes with
+    # its voucher" when the second job's certificate was dropped as already sent.
+    from peer.core.admission import _not_credited
+    from peer.core.lease_client import _certificates_once
+
+    b = keys(certs, "b")
+    ring = RingView.of(7, ["b.j60", "b.j61"])
+    blocks = {ring.primary(BlockId(n)): BlockId(n) for n in range(1, 40)}
+    vs = tuple(signed(replace(v_of(owner, holder="c"), block_id=blocks[SiteId(owner)]), b)
+               for owner in ("b.j60", "b.j61"))
+    once = _certificates_once(vs)
+    assert [bool(v.certificate) for v in once] == [True, True]
+    c = Offer(SiteId("c"), 3, (), once)
+    assert _not_credited(c, 3, Credit(0, {7: ring}.get, keys(certs, "a").verify)) == ""
+
+
 def test_a_signed_voucher_crosses_the_wire_and_oversized_fields_are_refused(certs: Path) -> None:
     from peer.gen.sitemesh.v1 import leases_pb2
     from peer.transport.wire import WireError, from_proto, to_proto
