@@ -9,6 +9,7 @@ from peer.core.lease_types import (
     Claim,
     EventKind,
     Gen,
+    Grant,
     GrantReply,
     GrantRequest,
     LeaseHeader,
@@ -124,14 +125,28 @@ def test_steal_takes_only_leased_not_started_blocks_and_the_victim_learns_at_ren
     assert any(e.kind is EventKind.STEAL for e in m.events)
 
 
-def test_expired_lease_is_reclaimed_and_the_zombie_is_fenced() -> None:
-    m = Mesh("abc")
+def started_lease(m: Mesh) -> tuple[str, str, Grant]:
+    """In the 3-site mesh `m`: (owner, holder, lease) of a block its primary granted to another
+    site, which started it."""
     m.set_view("abc")
     m.run()
     owner, z = holder_site(m)
     g = grant(m, z, owner).grants[0]
     m.send(z, Start(hdr(m, z), LeaseRef(g.block_id, g.generation)), owner)
     m.run()
+    return owner, z, g
+
+
+def claim_under(m: Mesh, z: str, owner: str, g: Grant) -> TrainedReply:
+    """`z` claims samples 0..4 of `g`'s block under `g`'s generation, for round 1; the owner's answer."""
+    m.send(z, Trained(hdr(m, z), 1, (Claim(LeaseRef(g.block_id, g.generation), spans((0, 4)), True),)), owner)
+    m.run()
+    return replies(m, z, TrainedReply)[-1]
+
+
+def test_expired_lease_is_reclaimed_and_the_zombie_is_fenced() -> None:
+    m = Mesh("abc")
+    owner, z, g = started_lease(m)
     assert rec(m, owner, g.block_id).state is LeaseState.STARTED
     m.now += CFG.ttl - 0.1
     m.effects(SiteId(owner), m.owners[SiteId(owner)].tick(m.now))
@@ -144,16 +159,14 @@ def test_expired_lease_is_reclaimed_and_the_zombie_is_fenced() -> None:
     assert r.state is LeaseState.FREE and r.generation > g.generation
     assert [e.kind for e in m.events if e.block == g.block_id][-1] is EventKind.RECLAIM
     # the zombie wakes up and claims what it trained before the pause: refused, no voucher
-    m.send(z, Trained(hdr(m, z), 1, (Claim(LeaseRef(g.block_id, g.generation), spans((0, 4)), True),)), owner)
-    m.run()
-    tr = replies(m, z, TrainedReply)[-1]
+    tr = claim_under(m, z, owner, g)
     assert not tr.vouched and f"stale: generation {g.generation} < {r.generation} for block {g.block_id}" in tr.refused[0].reason
 
 
 def test_a_voter_change_that_keeps_the_primary_keeps_the_holders_deadline() -> None:
     # Jobs joining and leaving change the voter set every few seconds; were each change to restart
     # the ttl, a silent holder (paused, cut) would keep its blocks for as long as the churn lasts.
-    b = next(b for b in range(100, 200) if RingView.of(1, "abc").primary(b) == RingView.of(2, "abcd").primary(b))
+    b = BlockId(next(b for b in range(100, 200) if RingView.of(1, "abc").primary(b) == RingView.of(2, "abcd").primary(b)))
     m = Mesh("abcd", universe={b: 8})
     m.set_view("abc")
     m.run()
@@ -172,12 +185,7 @@ def test_a_voter_change_that_keeps_the_primary_keeps_the_holders_deadline() -> N
 
 def test_a_holder_removed_from_the_ring_loses_its_lease_at_once_and_its_claim_is_refused() -> None:
     m = Mesh("abc")
-    m.set_view("abc")
-    m.run()
-    owner, z = holder_site(m)
-    g = grant(m, z, owner).grants[0]
-    m.send(z, Start(hdr(m, z), LeaseRef(g.block_id, g.generation)), owner)
-    m.run()
+    owner, z, g = started_lease(m)
     m.set_view([s for s in "abc" if s != z])  # membership declared z dead: no renewal will come
     m.tick(0.0, sites=[owner])
     r = rec(m, owner, g.block_id)
@@ -186,9 +194,7 @@ def test_a_holder_removed_from_the_ring_loses_its_lease_at_once_and_its_claim_is
     # z was only cut off: it comes back and claims what it trained, under the old generation
     m.set_view("abc")
     m.run()
-    m.send(z, Trained(hdr(m, z), 1, (Claim(LeaseRef(g.block_id, g.generation), spans((0, 4)), True),)), owner)
-    m.run()
-    tr = replies(m, z, TrainedReply)[-1]
+    tr = claim_under(m, z, owner, g)
     assert not tr.vouched and "stale: generation" in tr.refused[0].reason
 
 
