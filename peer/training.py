@@ -122,10 +122,9 @@ class SiteTraining:
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        if self.process.spawned:
-            hello = await self.process.hello()
-        else:
-            hello = await self.process.start(self.trainer_config, self.dir)
+        if not self.process.spawned:  # else the head start spawned it (peer/head_start.py)
+            await self.process.spawn(self.trainer_config, self.dir)
+        hello = await self.process.hello()
         self.blocks = [(b, n) for b, n in hello.blocks]
         # The epoch's blocks, beside the commit log, so `ops audit` can prove I4/I5 from disk alone.
         universe = self.dir.parent / "leases" / "universe.json"
