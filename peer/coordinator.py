@@ -143,13 +143,16 @@ class Coordinator:
         assert self.leasing is not None
         return self.leasing
 
+    def _to_live(self, msg: r.Message) -> None:
+        for view in self.node.members():
+            if view.state is MemberState.ALIVE:
+                self.node.send_round_message(view.address, msg)
+
     def run(self, effect: Effect) -> None:
         """One of the round protocol's effects; a long one runs as a task that ends in one event."""
         if isinstance(effect, r.Broadcast):
             log.info("round %d open", effect.msg.round)
-            for view in self.node.members():
-                if view.state is MemberState.ALIVE:
-                    self.node.send_round_message(view.address, effect.msg)
+            self._to_live(effect.msg)
         elif isinstance(effect, r.SendOpen):
             to = self.node.member(effect.site)
             if to is not None and to.state is MemberState.ALIVE:
@@ -158,6 +161,7 @@ class Coordinator:
         elif isinstance(effect, r.EpochComplete):
             log.info("run's data complete: %d data epoch(s), every one of %d samples committed exactly once each",
                      effect.data_epochs, effect.samples)
+            self._to_live(effect.msg)
         elif isinstance(effect, ev.SendReport):
             self._send_report(effect)
         elif isinstance(effect, ev.Train):

@@ -142,6 +142,14 @@ class NobodyStays:
 
 
 @dataclass(frozen=True)
+class RunCompleted:
+    """The leader of this peer's epoch said (`RunComplete`) that the run's data is complete, that no
+    round after `round` opens and that it holds θ_round."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class MemberUp:
     """Membership saw `site` come (back) up: ALIVE after SUSPECT, DEAD or LEFT, first heard of, or a
     new process of it at a new address. What was sent to it meanwhile may never have arrived."""
@@ -167,8 +175,8 @@ class OutcomeFailed:
 
 
 Event = Union[Tick, LeasesChanged, Opened, TrainDone, TrainFailed, Committed, Persisted, ApplyFailed,
-              CatchUpFailed, Diverged, LeaveRequested, DecideRound, MemberDown, MemberSuspect, MemberUp, NobodyStays, OutcomeReady,
-              OutcomeFailed]
+              CatchUpFailed, Diverged, LeaveRequested, DecideRound, MemberDown, MemberSuspect, MemberUp, NobodyStays, RunCompleted,
+              OutcomeReady, OutcomeFailed]
 
 # ----- effects ------------------------------------------------------------------------------------
 

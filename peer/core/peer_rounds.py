@@ -137,6 +137,13 @@ class PeerRounds:
                 self._opened = (msg.round, now)
                 self.leader.opened_elsewhere()
             return self.handle(ev.Opened(msg), now, seen)
+        if isinstance(msg, r.RunComplete):
+            # Only the leader this peer knows may say so: the claim ends a leaving site's wait.
+            if (msg.header.from_site, msg.header.epoch) != (seen.leader, seen.epoch):
+                return [ev.Note(f"refused RunComplete of round {msg.round} from {msg.header.from_site}: "
+                                f"not the leader of epoch {seen.epoch} ({seen.leader or 'none known'})",
+                                warning=True)]
+            return self.handle(ev.RunCompleted(msg.round), now, seen)
         if seen.leading:
             return self._lead(self.leader.receive(msg, now), now, seen)
         return []

@@ -57,7 +57,16 @@ class Contribution:
         return admission.Offer(SiteId(self.site), self.round, self.ranges, self.vouchers, self.tokens)
 
 
-Message = Union[RoundOpen, Contribution]
+@dataclass(frozen=True)
+class RunComplete:
+    """Leader -> members: every data epoch is committed, no round after `round` opens, and the
+    leader holds θ_round. A site leaving with samples in that round needs no round after it."""
+
+    header: Header
+    round: int
+
+
+Message = Union[RoundOpen, Contribution, RunComplete]
 
 
 class EmptyRounds:
@@ -174,10 +183,12 @@ class Decide:
 
 @dataclass(frozen=True)
 class EpochComplete:
-    """Effect (leader): the log completed `data_epochs` passes, every sample exactly once per pass."""
+    """Effect (leader): the log completed `data_epochs` passes, every sample exactly once per pass,
+    and this leader applied the last round: send `msg` to every live member."""
 
     samples: int
     data_epochs: int
+    msg: RunComplete
 
 
 @dataclass(frozen=True)
@@ -299,7 +310,7 @@ class RoundLeader:
                 if self._epoch_reported:
                     return []
                 self._epoch_reported = True
-                return [EpochComplete(self.ledger.total, self.config.data_epochs)]
+                return [EpochComplete(self.ledger.total, self.config.data_epochs, RunComplete(header, committed_round))]
             if now < self._idle_until:
                 return []
             if not live_sites or (committed_round == 0 and not self._started

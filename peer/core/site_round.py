@@ -160,6 +160,8 @@ class SiteRound:
         """While leaving: no round after this site's last will open (`NobodyStays`)."""
         self._sent_to = ""
         """The leader that opened the round of `sent` (the one that decides it)."""
+        self._run_complete = 0
+        """The run's last round, once its leader said it holds θ of it (`RunCompleted`); 0: not said."""
         self._down: set[str] = set()
         """Sites membership declared DEAD or LEFT and not up again since."""
         self._pace: float | None = None
@@ -187,6 +189,8 @@ class SiteRound:
             return self._leave(event.wait_s, now)
         elif isinstance(event, ev.NobodyStays):
             self._nobody_stays = event.value
+        elif isinstance(event, ev.RunCompleted):
+            self._run_complete = max(self._run_complete, event.round)
         elif isinstance(event, ev.MemberDown):
             self._down.add(event.site)
         elif isinstance(event, ev.MemberUp):
@@ -249,6 +253,11 @@ class SiteRound:
                 out += self._give_back(now)
             if self.committed_round > sent or now >= self._leave_until:
                 out += self._release(now)
+            elif self.committed_round >= sent and self._run_complete >= sent:
+                # The run's data is complete: no round after opens to prove θ_sent is held by a peer
+                # that stays, so the leader says it (it applied the round before it said so).
+                out += [ev.Note(f"leaving: the run's data is complete and its leader holds θ_{self._run_complete}; "
+                                f"no round after round {sent} will open")] + self._release(now)
             elif self._nobody_stays and self.committed_round >= sent and self.applied_round >= sent:
                 # Every other live member leaves too: no leader that stays will open the round after,
                 # and nobody that stays needs θ_sent. This site's disk holds it: the run pauses, not lost.
@@ -484,7 +493,9 @@ class SiteRound:
         leader therefore admits no report of its own (PeerRounds), and a commit of that round
         without this site's report ends the wait at once: nobody will fetch its Δ. When every other
         live member is leaving too (`NobodyStays`), no round after opens (a leaving leader opens
-        none): the wait ends once this site holds θ of its round (docs/decisions/rounds-open-resend.md)."""
+        none): the wait ends once this site holds θ of its round (docs/decisions/rounds-open-resend.md).
+        When the run's data is complete no round after opens either: the leader's `RunComplete`
+        (sent once it applied the last round) is the proof instead of that round's commit."""
         self.leaving = True
         b = self.busy
         out: list[ev.Effect] = []

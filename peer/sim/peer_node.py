@@ -307,6 +307,9 @@ class PeerNode:
             self.open_at.setdefault(effect.msg.round, w.sim.now)
             w.opens_lost_to_restart += sum(1 for s in self.live if s in w.bouncing)
             return [SimSend(s, effect.msg) for s in sorted(self.live)]
+        elif isinstance(effect, r.EpochComplete):
+            w.notes.append(f"{self.site}: run's data complete at round {effect.msg.round}")
+            return [SimSend(s, effect.msg) for s in sorted(self.live)]
         elif isinstance(effect, r.SendOpen):
             w.notes.append(f"{self.site}: {effect.why}")
             w.opens_resent += 1

@@ -33,8 +33,8 @@ from peer.core.vouchers import VoucherKeys
 from peer.logstore import MemoryStore
 from peer.sim.faulty import FaultySite
 from peer.sim.network import SimNetwork
-from peer.sim.peer_config import (CONVERGE_S, DETECT_S, GRACE_S, LEFT_S, LIVENESS_S, RESEND_S,
-                                  TOKENS_PER_SAMPLE, PeerSimConfig)
+from peer.sim.peer_config import (CONVERGE_S, DETECT_S, GRACE_S, LEAVE_ALL_S, LEAVE_ALL_WAIT_S, LEFT_S, LIVENESS_S,
+                                  RESEND_S, TOKENS_PER_SAMPLE, PeerSimConfig)
 from peer.sim.peer_node import THETA0, Durable, PeerNode, theta
 from peer.sim.runner import NodeState, Simulation, derive_rng
 
@@ -111,6 +111,10 @@ class World:
         that have not started again."""
         self.leave_all_s: list[float] = []
         """Seconds from a SIGTERM to every site at once until the last of them stopped."""
+        self.end_leave: tuple[str, float] | None = None
+        """The site told to leave as the run's last round committed (its report in it), and when."""
+        self.end_leave_s: list[float] = []
+        """Seconds from that SIGTERM until the site stopped."""
         self.phase: str | None = None
         """The fault phase under way (partition, leave, restart): the other faults wait for its end."""
         self.phases_done: list[str] = []
@@ -219,7 +223,26 @@ class World:
             self.epochs_done += 1
             self.epoch_samples = set()
             if self.epochs_done >= self.cfg.epochs:
+                self._leave_at_end(rnd, commit)
                 self._finish(self.sim.now + CONVERGE_S)
+
+    def _leave_at_end(self, rnd: int, commit: RoundCommit) -> None:
+        """The `leave` fault, once more: SIGTERM to a contributor of the run's last round as it
+        commits, before the others fetched its pseudo-gradient. No round after opens to prove that a
+        peer that stays holds θ of it: the leader's RunComplete must, so the site stops within
+        LEAVE_ALL_S of its LEAVE_ALL_WAIT_S wait (`_finish`), and every site that stays still
+        applies the round (`PeerChecker.at_end`)."""
+        leader, up = self.leader(), self.up()
+        who = [c.site for c in commit.contributors if c.tokens and c.site != leader and c.site in up
+               and c.site not in self.leavers]
+        if "leave" not in self.cfg.faults or self.phase is not None or not who or len(up) < 2:
+            return
+        site, t0 = who[0], self.sim.now
+        self.end_leave = (site, t0)
+        self.note(f"SIGTERM {site}, a contributor of the run's last round {rnd}, as it commits")
+        self.disrupted = t0
+        self.sim.schedule(t0, lambda: self.sim.act(site, lambda node, now: node.leave(now, LEAVE_ALL_WAIT_S)),
+                          f"SIGTERM {site}")
 
     def waited_out(self, leader: PeerNode, round_: int, site: str) -> None:
         """`leader` excluded `site` from `round_` at the deadline: if the site came back up while the
@@ -255,7 +278,17 @@ class World:
         no fault phase is under way (sites it killed are back: every site down would pass vacuously)."""
         if self.phase is not None:
             until = max(until, self.sim.now + CONVERGE_S)  # convergence is timed from the phase's end
-        if (self.caught_up() and self.phase is None) or self.sim.now >= until:
+        if self.end_leave is not None:
+            site, t0 = self.end_leave
+            if self.sim.state(site) is NodeState.DOWN:
+                self.end_leave_s.append(self.sim.now - t0)
+                self.end_leave = None
+            elif self.sim.now - t0 > LEAVE_ALL_S:
+                self.violations.append(f"{site} was told to leave at t={t0:.2f}, as the run's last round (which "
+                                       f"holds its samples) committed, and still runs {LEAVE_ALL_S:g} s later: its "
+                                       "leave waits for a round nobody will open (liveness)")
+                self.end_leave = None
+        if (self.caught_up() and self.phase is None and self.end_leave is None) or self.sim.now >= until:
             self.sim.stop()
         else:
             self.sim.schedule(self.sim.now + 0.5, lambda: self._finish(until), "run complete (converging)")

@@ -1,4 +1,4 @@
-"""The rounds service's one-way routes (RoundOpen, Contribution <-> sitemesh.v1.Rounds)."""
+"""The rounds service's one-way routes (RoundOpen, Contribution, RunComplete <-> sitemesh.v1.Rounds)."""
 
 from __future__ import annotations
 
@@ -11,5 +11,6 @@ ROUNDS = OneWayService(
     (
         Route(rounds.RoundOpen, rounds_pb2.RoundOpen, "SendRoundOpen"),
         Route(rounds.Contribution, rounds_pb2.Contribution, "SendContribution"),
+        Route(rounds.RunComplete, rounds_pb2.RunComplete, "SendRunComplete"),
     ),
 )

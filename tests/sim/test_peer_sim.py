@@ -138,6 +138,23 @@ def test_every_site_told_to_leave_at_once_stops_well_within_its_leave_wait() -> 
     assert any("every other live member is leaving too, so no round after round" in n for n in notes)
 
 
+END_LEAVE_SEEDS = (10, 18, 21, 22)
+"""Seeds of CI_SEEDS whose `leave` fault tells a contributor of the run's last round to leave as
+that round commits (no fault phase under way then); without RunComplete, 10, 18 and 21 wait."""
+
+
+def test_a_contributor_told_to_leave_as_the_runs_last_round_commits_stops_well_within_its_wait() -> None:
+    """test_watch_run's SIGTERM after the run's data was complete: a site with samples in the last
+    round waited its whole leave wait for a round after it, which never opens. The leader's
+    RunComplete ends the wait, and the sites that stay still apply that round (at_end)."""
+    runs = [simulate(seed) for seed in END_LEAVE_SEEDS]
+    assert [res.violations for _, res in runs] == [[]] * len(runs)
+    took = [t for w, _ in runs for t in w.end_leave_s]
+    assert len(took) == len(END_LEAVE_SEEDS) and max(took) < peer_config.LEAVE_ALL_S, took
+    notes = [n for w, _ in runs for n in w.notes]
+    assert sum("leaving: the run's data is complete and its leader holds" in n for n in notes) == len(runs), notes
+
+
 def test_leaves_that_wait_for_a_round_nobody_will_open_are_caught(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(PeerRounds, "_all_leave", lambda self, out, now, seen: out)

@@ -87,6 +87,23 @@ def test_a_round_message_of_a_stale_epoch_is_refused_and_says_why() -> None:
     assert out == [ev.Note("refused Contribution of round 1 from b: stale epoch 1 < 3")]
 
 
+def test_only_the_leader_of_this_peers_epoch_may_say_the_run_is_complete() -> None:
+    """RunComplete ends a leaving site's wait for its last round: a member that does not lead, or a
+    leader this peer does not know yet, must not be able to cut that wait short."""
+    p = Peer()
+    seen = _seen(leading=False, leader="b")
+
+    def said(site: str, epoch: int) -> r.RunComplete:
+        return r.RunComplete(Header(SiteId(site), f"addr-{site}", Epoch(epoch), 4), 4)
+
+    assert p.rounds.round_message(said("c", 1), 1.0, seen) == [ev.Note(
+        "refused RunComplete of round 4 from c: not the leader of epoch 1 (b)", warning=True)]
+    assert "not the leader of epoch 1" in p.rounds.round_message(said("b", 2), 1.0, seen)[0].text  # type: ignore[union-attr]
+    assert p.rounds.core.site._run_complete == 0
+    assert p.rounds.round_message(said("b", 1), 1.0, seen) == []
+    assert p.rounds.core.site._run_complete == 4
+
+
 def test_a_leaving_leader_withdraws_its_own_report_from_the_open_round() -> None:
     """Seed 582 of the whole-peer simulator: a leaving leader committed its own pseudo-gradient and
     left; nobody else held it, so θ of that round was on no site that stayed."""

@@ -12,7 +12,7 @@ from peer.core.election import Epoch, Header, SiteId
 from peer.core.exclusion import Exclusion, ExclusionKind
 from peer.core.lease_types import Gen, Voucher, of_range
 from peer.core import rounds
-from peer.core.rounds import (Broadcast, Contribution, Decide, EpochComplete, RoundOpen, RoundsConfig, Reported,
+from peer.core.rounds import (Broadcast, Contribution, Decide, EpochComplete, RoundOpen, RoundsConfig, Reported, RunComplete,
                               SendOpen)
 
 UNIVERSE = {10: 8, 11: 8, 12: 4}  # 20 samples
@@ -209,7 +209,7 @@ def test_data_epochs_done_reports_once_and_opens_nothing() -> None:
     ledger.apply(1, [(SiteId("a"), tuple(SampleRange(b, 0, n) for b, n in UNIVERSE.items()))])
     leader.on_commit(1)
     assert leader.done
-    assert leader.tick(0.0, H, 1, ["a"], b"") == [EpochComplete(20, 1)]
+    assert leader.tick(0.0, H, 1, ["a"], b"") == [EpochComplete(20, 1, RunComplete(H, 1))]
     assert leader.tick(1.0, H, 1, ["a"], b"") == []
 
 

@@ -342,6 +342,44 @@ def test_a_leave_stops_waiting_for_a_round_nobody_will_open_when_every_site_leav
     assert any(isinstance(e, ev.LeaveReady) for e in s.handle(ev.Tick(), 53.0)) is not released, "bounded anyway"
 
 
+# A site leaves with samples in the run's last round: no round after opens, so the leader's word
+# that it holds θ of that round (RunComplete, after it applied it) ends the wait, in either order
+# with this site's own commit of the round; said of an earlier round, or before the commit, it does not.
+RUN_COMPLETE = [
+    ("committed, then the leader holds it", ["commit", "complete 1"], True),
+    ("the leader holds it, then committed here", ["complete 1", "commit"], True),
+    ("said before the leave", ["before", "commit"], True),
+    ("said of an earlier round", ["complete 0", "commit"], False),
+    ("said, not committed here", ["complete 1"], False),
+]
+
+
+@pytest.mark.parametrize("steps,released", [(s, r) for _, s, r in RUN_COMPLETE], ids=[i for i, _, _ in RUN_COMPLETE])
+def test_a_leave_with_samples_in_the_runs_last_round_ends_when_the_leader_holds_it(steps: list[str],
+                                                                                   released: bool) -> None:
+    """SIGTERM to a site after the run's data was complete waited out the whole round deadline (120 s
+    in test_watch_run) for a round that never opens, whenever that site had trained the last samples."""
+    s = OneSite()
+    s.lease_ticks(0.3)
+    (train,) = _trains(s.handle(_open(), 1.0))
+    s.handle(ev.TrainDone(1, train.ranges, 160, b"root"), 2.0)
+    mine = Contributor(SiteId("a"), 160, train.ranges, b"root")
+    events: dict[str, ev.Event] = {
+        "commit": ev.Committed(7, RoundCommit(Round(1), (mine,), b"t1")), "before": ev.RunCompleted(1),
+        "complete 1": ev.RunCompleted(1), "complete 0": ev.RunCompleted(0)}
+    out: list[ev.Effect] = []
+    if "before" in steps:
+        out += s.handle(events["before"], 2.5)
+    out += s.handle(ev.LeaveRequested(50.0), 3.0)
+    for i, step in enumerate(x for x in steps if x != "before"):
+        out += s.handle(events[step], 4.0 + i)
+    assert any(isinstance(e, ev.LeaveReady) for e in out) is released
+    if released:
+        assert any("the run's data is complete" in why for why in s.core.reasons), s.core.reasons
+        assert s.client.held == {}, "every lease given back"
+    assert any(isinstance(e, ev.LeaveReady) for e in s.handle(ev.Tick(), 53.0)) is not released, "bounded anyway"
+
+
 def test_a_leave_gives_up_waiting_at_its_deadline() -> None:
     s = OneSite()
     s.lease_ticks(0.3)

@@ -27,7 +27,7 @@ from peer.gen.sitemesh.v1 import consensus_pb2 as sitemesh_dot_v1_dot_consensus_
 from peer.gen.sitemesh.v1 import leases_pb2 as sitemesh_dot_v1_dot_leases__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sitemesh/v1/rounds.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\x1a\x1bsitemesh/v1/consensus.proto\x1a\x18sitemesh/v1/leases.proto\"\xac\x01\n\tRoundOpen\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x13\n\x0binner_steps\x18\x03 \x01(\r\x12\x12\n\ndeadline_s\x18\x05 \x01(\x01\x12\x19\n\x11\x62\x61se_weights_hash\x18\x06 \x01(\x0c\x12\x10\n\x08\x62udget_s\x18\x07 \x01(\x01J\x04\x08\x04\x10\x05R\x06grants\"\xea\x01\n\x0c\x43ontribution\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0e\n\x06tokens\x18\x05 \x01(\x04\x12(\n\x06ranges\x18\x06 \x03(\x0b\x32\x18.sitemesh.v1.SampleRange\x12\x1c\n\x14pseudo_gradient_root\x18\x07 \x01(\x0c\x12&\n\x08vouchers\x18\x08 \x03(\x0b\x32\x14.sitemesh.v1.Voucher2\x8e\x01\n\x06Rounds\x12>\n\rSendRoundOpen\x12\x16.sitemesh.v1.RoundOpen\x1a\x15.sitemesh.v1.Accepted\x12\x44\n\x10SendContribution\x12\x19.sitemesh.v1.Contribution\x1a\x15.sitemesh.v1.Acceptedb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sitemesh/v1/rounds.proto\x12\x0bsitemesh.v1\x1a\x18sitemesh/v1/common.proto\x1a\x1bsitemesh/v1/consensus.proto\x1a\x18sitemesh/v1/leases.proto\"\xac\x01\n\tRoundOpen\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x13\n\x0binner_steps\x18\x03 \x01(\r\x12\x12\n\ndeadline_s\x18\x05 \x01(\x01\x12\x19\n\x11\x62\x61se_weights_hash\x18\x06 \x01(\x0c\x12\x10\n\x08\x62udget_s\x18\x07 \x01(\x01J\x04\x08\x04\x10\x05R\x06grants\"\xea\x01\n\x0c\x43ontribution\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0e\n\x06tokens\x18\x05 \x01(\x04\x12(\n\x06ranges\x18\x06 \x03(\x0b\x32\x18.sitemesh.v1.SampleRange\x12\x1c\n\x14pseudo_gradient_root\x18\x07 \x01(\x0c\x12&\n\x08vouchers\x18\x08 \x03(\x0b\x32\x14.sitemesh.v1.Voucher\"J\n\x0bRunComplete\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1c.sitemesh.v1.ConsensusHeader\x12\r\n\x05round\x18\x02 \x01(\x04\x32\xd2\x01\n\x06Rounds\x12>\n\rSendRoundOpen\x12\x16.sitemesh.v1.RoundOpen\x1a\x15.sitemesh.v1.Accepted\x12\x44\n\x10SendContribution\x12\x19.sitemesh.v1.Contribution\x1a\x15.sitemesh.v1.Accepted\x12\x42\n\x0fSendRunComplete\x12\x18.sitemesh.v1.RunComplete\x1a\x15.sitemesh.v1.Acceptedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,6 +38,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUNDOPEN']._serialized_end=295
   _globals['_CONTRIBUTION']._serialized_start=298
   _globals['_CONTRIBUTION']._serialized_end=532
-  _globals['_ROUNDS']._serialized_start=535
-  _globals['_ROUNDS']._serialized_end=677
+  _globals['_RUNCOMPLETE']._serialized_start=534
+  _globals['_RUNCOMPLETE']._serialized_end=608
+  _globals['_ROUNDS']._serialized_start=611
+  _globals['_ROUNDS']._serialized_end=821
 # @@protoc_insertion_point(module_scope)

@@ -44,3 +44,11 @@ class Contribution(_message.Message):
     pseudo_gradient_root: bytes
     vouchers: _containers.RepeatedCompositeFieldContainer[_leases_pb2.Voucher]
     def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ..., site: _Optional[str] = ..., address: _Optional[str] = ..., tokens: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[_consensus_pb2.SampleRange, _Mapping]]] = ..., pseudo_gradient_root: _Optional[bytes] = ..., vouchers: _Optional[_Iterable[_Union[_leases_pb2.Voucher, _Mapping]]] = ...) -> None: ...
+
+class RunComplete(_message.Message):
+    __slots__ = ("header", "round")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    header: _consensus_pb2.ConsensusHeader
+    round: int
+    def __init__(self, header: _Optional[_Union[_consensus_pb2.ConsensusHeader, _Mapping]] = ..., round: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,11 @@ class RoundsStub:
                 request_serializer=sitemesh_dot_v1_dot_rounds__pb2.Contribution.SerializeToString,
                 response_deserializer=sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
                 _registered_method=True)
+        self.SendRunComplete = channel.unary_unary(
+                '/sitemesh.v1.Rounds/SendRunComplete',
+                request_serializer=sitemesh_dot_v1_dot_rounds__pb2.RunComplete.SerializeToString,
+                response_deserializer=sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
+                _registered_method=True)
 
 
 class RoundsServicer:
@@ -62,6 +67,12 @@ class RoundsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendRunComplete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoundsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_RoundsServicer_to_server(servicer, server):
             'SendContribution': grpc.unary_unary_rpc_method_handler(
                     servicer.SendContribution,
                     request_deserializer=sitemesh_dot_v1_dot_rounds__pb2.Contribution.FromString,
+                    response_serializer=sitemesh_dot_v1_dot_common__pb2.Accepted.SerializeToString,
+            ),
+            'SendRunComplete': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendRunComplete,
+                    request_deserializer=sitemesh_dot_v1_dot_rounds__pb2.RunComplete.FromString,
                     response_serializer=sitemesh_dot_v1_dot_common__pb2.Accepted.SerializeToString,
             ),
     }
@@ -129,6 +145,33 @@ class Rounds:
             target,
             '/sitemesh.v1.Rounds/SendContribution',
             sitemesh_dot_v1_dot_rounds__pb2.Contribution.SerializeToString,
+            sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendRunComplete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sitemesh.v1.Rounds/SendRunComplete',
+            sitemesh_dot_v1_dot_rounds__pb2.RunComplete.SerializeToString,
             sitemesh_dot_v1_dot_common__pb2.Accepted.FromString,
             options,
             channel_credentials,
