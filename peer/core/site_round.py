@@ -189,8 +189,10 @@ class SiteRound:
             return self._leave(event.wait_s, now)
         elif isinstance(event, ev.NobodyStays):
             self._nobody_stays = event.value
-        elif isinstance(event, ev.RunCompleted):
-            self._run_complete = max(self._run_complete, event.round)
+        elif isinstance(event, ev.RunCompleted) and event.round > self._run_complete:
+            self._run_complete = event.round
+            return [ev.Note(f"the run's data is complete: no round after round {event.round} opens, and its "
+                            "leader holds θ of it")] + self._progress(now)
         elif isinstance(event, ev.MemberDown):
             self._down.add(event.site)
         elif isinstance(event, ev.MemberUp):

@@ -273,6 +273,10 @@ def test_each_peer_keeps_its_job_record_to_its_exit(run: Cluster) -> None:
         assert rec.job_start <= rec.first_step < rec.last_step <= rec.updated
         assert 0 < rec.inner_s <= rec.last_step - rec.first_step + 1.0
     peer = run.peers["b"]
+    # The leader said so over the wire (RunComplete): a leave with samples in the last round ends
+    # there instead of waiting out the round deadline (docs/decisions/rounds-leave-at-runs-end.md).
+    wait_for(lambda: "the run's data is complete: no round after round" in peer.log_path.read_text(), 30.0,
+             "the leader's RunComplete at b")
     peer.proc.send_signal(signal.SIGTERM)
     assert peer.proc.wait(timeout=60) == 0
     (rec,) = read_dir(run.workdir / "b")

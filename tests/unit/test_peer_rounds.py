@@ -100,7 +100,8 @@ def test_only_the_leader_of_this_peers_epoch_may_say_the_run_is_complete() -> No
         "refused RunComplete of round 4 from c: not the leader of epoch 1 (b)", warning=True)]
     assert "not the leader of epoch 1" in p.rounds.round_message(said("b", 2), 1.0, seen)[0].text  # type: ignore[union-attr]
     assert p.rounds.core.site._run_complete == 0
-    assert p.rounds.round_message(said("b", 1), 1.0, seen) == []
+    assert p.rounds.round_message(said("b", 1), 1.0, seen) == [ev.Note(
+        "the run's data is complete: no round after round 4 opens, and its leader holds θ of it")]
     assert p.rounds.core.site._run_complete == 4
 
 
