@@ -195,6 +195,11 @@ class PeerConfig:
             raise ConfigError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
         self._check_reach()
 
+    def training(self) -> tuple[TrainerConfig, RoundsConfig] | None:
+        """The trainer and the rounds of a peer that trains (set together); None for one that does
+        not. The node builds its training from it, and the head start its trainer worker."""
+        return None if self.trainer is None or self.rounds is None else (self.trainer, self.rounds)
+
     def _check_reach(self) -> None:
         if self.reach not in REACH:
             raise ConfigError(f"reach {self.reach!r}: use one of {', '.join(REACH)}")

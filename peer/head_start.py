@@ -46,11 +46,11 @@ async def head_start(config: PeerConfig) -> HeadStart | None:
     if config.data_dir is None:
         return None
     lock = lock_dir(config.data_dir)
-    trainer = None
-    if config.trainer is not None and config.rounds is not None:
+    trainer, training = None, config.training()
+    if training is not None:
         trainer = TrainerProcess(config.trainer_threads)
         try:
-            await trainer.spawn(config.trainer, state_dir(config.data_dir))
+            await trainer.spawn(training[0], state_dir(config.data_dir))
         except BaseException:
             lock.close()
             raise

@@ -142,11 +142,11 @@ class Node:
         self._applied = AppliedPointer(state_dir(self.data_dir))  # a trainer-less peer's; a θ store keeps its own
         # Who is let into membership at all: no duplicate site, no table overflow, no other run.
         self._admission = MemberAdmission(config.site, MAX_MEMBERS, config.membership.probe_interval_s)
-        if config.trainer is not None and config.rounds is not None:
-            training = SiteTraining(config.site, self.data_dir, config.trainer, config.outer, self.creds,
+        if (trains := config.training()) is not None:
+            training = SiteTraining(config.site, self.data_dir, trains[0], config.outer, self.creds,
                                     config.exchange_plane, config.trainer_threads, self.reach.dialer,
                                     head.trainer if head else None)
-            rounds = dataclasses.replace(config.rounds, overlap=config.overlap)
+            rounds = dataclasses.replace(trains[1], overlap=config.overlap)
             self.coordinator = Coordinator(self, training, rounds, config.leases)
 
     # ----- lifecycle -------------------------------------------------------------------------
